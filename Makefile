@@ -1,0 +1,44 @@
+# Two commands on a fresh machine: `make install` then `make run`; `make test` runs the tests.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch/torchvision pinned to the versions this project is tested with.
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+# Open MPI refuses root unless told otherwise (containers and CI run as root).
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: install run test bench data clean
+
+install: $(VENV)/.installed data
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH_PINS)
+	$(PY) -m pip install --quiet -e '.[mpi,dev]'
+	touch $@
+
+# Fashion-MNIST from Debian's package, where apt-get is available and we may use it.
+data:
+	@if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then \
+		echo "Fashion-MNIST: /usr/share/datasets/fashion-mnist"; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		(apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
+		 (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist)) && \
+		echo "Fashion-MNIST installed from dataset-fashion-mnist"; \
+	else \
+		echo "note: install Debian's dataset-fashion-mnist or pass --data-dir to use Fashion-MNIST"; \
+	fi
+
+run: install
+	$(PY) -m p2pfl.run
+
+test: install
+	P2PFL_NO_DOWNLOAD=1 $(PY) -m pytest -q tests
+
+bench: install
+	$(PY) bench/bench_dfedavg.py
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

@@ -1,0 +1,62 @@
+"""Figures of a run folder: accuracy per round, the partition, comparisons between runs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+
+def _finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_accuracy(rows: list[dict], path: Path, title: str = "") -> None:
+    """Aggregated model solid, mean client dotted, client min-max shaded."""
+    rows = [r for r in rows if "test_acc" in r]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if rows:
+        x = [r["round"] for r in rows]
+        ax.plot(x, [100 * r["test_acc"] for r in rows], "-", color="tab:blue", label="aggregated model")
+        ax.plot(x, [100 * r["client_acc_mean"] for r in rows], ":", color="tab:orange", label="mean client")
+        ax.fill_between(x, [100 * r["client_acc_min"] for r in rows], [100 * r["client_acc_max"] for r in rows],
+                        color="tab:orange", alpha=0.15, label="client min-max")
+    _finish(fig, ax, path, "round", "test accuracy (%)", title)
+
+
+def plot_partition(summary: list[dict], path: Path) -> None:
+    """Samples of each class held by each peer (rows: peers)."""
+    counts = np.array([s["classes"] for s in summary])
+    fig, ax = plt.subplots(figsize=(6, min(10, 2 + 0.03 * len(counts))))
+    im = ax.imshow(counts, aspect="auto", interpolation="nearest", cmap="viridis")
+    ax.set_xlabel("class")
+    ax.set_ylabel("peer")
+    ax.set_title(f"partition: {len(counts)} peers, {int(counts.sum())} samples")
+    fig.colorbar(im, ax=ax, label="samples")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_comparison(runs: dict[str, list[dict]], path: Path, key: str = "test_acc", target: float | None = None,
+                    title: str = "") -> None:
+    """One curve per run (label -> metrics rows)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, rows in runs.items():
+        rows = [r for r in rows if key in r]
+        ax.plot([r["round"] for r in rows], [100 * r[key] for r in rows], label=label)
+    if target is not None:
+        ax.axhline(100 * target, color="grey", ls="--", lw=0.8)
+    _finish(fig, ax, path, "round", f"{key} (%)", title)

@@ -1,0 +1,139 @@
+"""The algorithms by name, with their defaults and their own settings.
+
+The table is plain data so the CLI can list names and defaults without importing an algorithm's
+module; an algorithm's code is imported only when a run asks for it.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from p2pfl.errors import UserError
+
+
+@dataclass(frozen=True)
+class Option:
+    """An algorithm-specific setting: a CLI flag and a TOML key (stored in RunConfig.extras)."""
+
+    name: str
+    help: str
+    type: Callable[[str], Any] | None = None
+    check: Callable[[Any], str | None] | None = None  # returns an error sentence or None
+    flag_action: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"dest": self.name, "help": self.help}
+        if self.flag_action:
+            kw["action"] = self.flag_action
+        else:
+            kw["type"] = self.type
+        return kw
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in str(text).replace(" ", "").split(",") if v]
+    except ValueError:
+        raise UserError(f"expected comma-separated integers, got {text!r}")
+
+
+def _positive(value: Any) -> str | None:
+    return None if value > 0 else f"must be positive, got {value}"
+
+
+def _non_negative(value: Any) -> str | None:
+    return None if value >= 0 else f"must be non-negative, got {value}"
+
+
+def _one_of(*options: str) -> Callable[[Any], str | None]:
+    return lambda v: None if v in options else f"must be one of {', '.join(options)}, got {v!r}"
+
+
+def _positive_ints(values: Any) -> str | None:
+    if not values or any(int(v) < 1 for v in values):
+        return f"needs positive integers, got {values}"
+    return None
+
+
+def _fraction(value: Any) -> str | None:
+    return None if 0 < value <= 1 else f"must be in (0, 1], got {value}"
+
+
+OPTIONS = {o.name: o for o in [
+    Option("ntk_taus", "candidate evolution steps t, comma-separated (default 100,200,...,800)", int_list,
+           _positive_ints),
+    Option("ntk_loss", "kernel evolution: ce (ODE, reference code) or mse (closed form, paper eqs. 4-5)", str,
+           _one_of("ce", "mse")),
+    Option("ntk_selection", "pick t by: network (true loss on neighbourhood data), linearized (residual of "
+           "the evolved outputs) or own (true loss on the peer's own data)", str,
+           _one_of("network", "linearized", "own")),
+    Option("ntk_jacobian", "Jacobian path: factored (exact, fast, Linear+activation nets) or dense", str,
+           _one_of("factored", "dense")),
+    Option("ntk_ode_substeps", "Runge-Kutta substeps per evolution step for the CE ODE (default 1)", int,
+           _positive),
+    Option("ntk_batches", "Jacobian batching m1: split local data in m1 slices evolved one after another", int,
+           _positive),
+    Option("ntk_subsample", "data subsampling m2: fraction of each peer's samples in its Jacobian", float,
+           _fraction),
+    Option("ntk_topk", "Jacobian compression: keep this fraction of entries (top-k by magnitude)", float,
+           _fraction),
+    Option("ntk_quant_bits", "Jacobian compression: quantize entries to this many bits (0 = off)", int,
+           _non_negative),
+    Option("ntk_projection", "Jacobian compression: project inputs to this many dims with a shared-seed "
+           "Gaussian matrix (0 = off)", int, _non_negative),
+    Option("ntk_no_avg", "skip the per-round weight averaging (ablation of fig. 6)", flag_action="store_true"),
+    Option("final_selection", "final model averaging order: all, high-to-low, random, low-to-high", str,
+           _one_of("all", "high-to-low", "random", "low-to-high")),
+    Option("clients_per_round", "clients the server samples each round (centralized algorithms)", int,
+           _positive),
+]}
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    name: str
+    module: str
+    cls: str
+    summary: str
+    defaults: dict[str, Any] = field(default_factory=dict)
+    options: tuple[str, ...] = ()
+
+    def check_extras(self, cfg) -> None:
+        for name, value in cfg.extras.items():
+            if name not in self.options:
+                raise UserError(f"--{name.replace('_', '-')} does not apply to --algo {self.name}")
+            check = OPTIONS[name].check
+            problem = check(value) if check else None
+            if problem:
+                raise UserError(f"--{name.replace('_', '-')} {problem}")
+
+    def build(self, ctx):
+        module = importlib.import_module(f"p2pfl.algorithms.{self.module}")
+        return getattr(module, self.cls)(ctx)
+
+
+class Registry(dict):
+    def spec(self, name: str) -> AlgorithmSpec:
+        return self[name]
+
+    def extra_flags(self) -> list[Option]:
+        return list(OPTIONS.values())
+
+    def extra_fields(self) -> list[str]:
+        return list(OPTIONS)
+
+
+REGISTRY = Registry({s.name: s for s in [
+    AlgorithmSpec("dpsgd", "dpsgd", "DPSGD", "D-PSGD (Lian et al. 2017): one SGD step per gossip round",
+                  {"lr": 0.1, "batch_size": 10, "momentum": 0.0}),
+    AlgorithmSpec("dfedavg", "dfedavg", "DFedAvg", "local epochs of SGD, then averaging with neighbours",
+                  {"lr": 0.1, "batch_size": 25, "local_epochs": 20, "momentum": 0.0}),
+    AlgorithmSpec("dfedavgm", "dfedavg", "DFedAvg", "DFedAvg with heavy-ball momentum, reset each round",
+                  {"lr": 0.01, "batch_size": 50, "local_epochs": 20, "momentum": 0.9}),
+]})

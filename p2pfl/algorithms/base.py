@@ -1,0 +1,77 @@
+"""What every algorithm gets (RunContext) and the one exchange most of them share (neighbour averaging)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from p2pfl.comm import Message, Transport
+from p2pfl.config import RunConfig
+from p2pfl.data import Dataset
+from p2pfl.models import PeerStack
+from p2pfl.training import SGDSettings
+from topologies import TopologySchedule, mixing_weights
+
+
+@dataclass
+class RunContext:
+    cfg: RunConfig
+    transport: Transport
+    data: Dataset  # tensors on the run's device
+    shards: list[torch.Tensor]  # every peer's training indices (all ranks know the partition)
+    schedule: TopologySchedule
+    stack: PeerStack
+    peers: list[int]  # the peers this rank hosts
+    flat: torch.Tensor  # (len(peers), D) their parameters
+    device: torch.device
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def local_shards(self) -> list[torch.Tensor]:
+        return [self.shards[p] for p in self.peers]
+
+    @property
+    def sample_counts(self) -> list[int]:
+        return [len(s) for s in self.shards]
+
+    def lr(self, round_index: int) -> float:
+        """lr_k = lr * exp(-decay * k), the NTK-DFL reference code's schedule (decay 0: constant)."""
+        return self.cfg.lr * math.exp(-self.cfg.lr_decay * round_index)
+
+    def sgd(self) -> SGDSettings:
+        c = self.cfg
+        return SGDSettings(c.lr, c.batch_size, c.local_epochs, c.momentum, c.weight_decay)
+
+
+class Algorithm:
+    """One communication round at a time; an algorithm changes ctx.flat and returns per-peer train losses."""
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+
+    def round(self, round_index: int) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def finish(self, run_dir: Path | None) -> dict | None:
+        """After the last round: extra results for the run folder (rank 0 writes them)."""
+        return None
+
+
+def neighbour_average(ctx: RunContext, round_index: int, flat: torch.Tensor, phase: str = "average") -> torch.Tensor:
+    """Each peer sends its weights to its neighbours and takes the mixing-weighted average of its
+    neighbourhood, synchronously: x_i <- sum_j W_ij x_j over j in N(i) + {i}, summed in peer order."""
+    graph = ctx.schedule.graph(round_index)
+    weights = mixing_weights(graph, ctx.cfg.mixing, ctx.sample_counts)
+    row_of = {p: i for i, p in enumerate(ctx.peers)}
+    messages = [Message(p, j, (flat[row_of[p]],)) for p in ctx.peers for j in graph.neighbors(p)]
+    expect = [(j, p) for p in ctx.peers for j in graph.neighbors(p)]
+    inbox = ctx.transport.exchange(phase, round_index, messages, expect)
+    out = torch.empty_like(flat)
+    for p in ctx.peers:
+        acc = torch.zeros_like(flat[0])
+        for j, w in weights[p]:
+            acc += w * (flat[row_of[p]] if j == p else inbox[p][j][0].to(flat.device))
+        out[row_of[p]] = acc
+    return out

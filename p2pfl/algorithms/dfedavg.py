@@ -1,0 +1,19 @@
+"""DFedAvg and DFedAvgM: local epochs of SGD (with momentum for M), then averaging with neighbours.
+
+The order (train, then average) and the momentum reset each round follow NTK-DFL's baseline code.
+Its "D-PSGD" (one local epoch of batch 10, then averaging) is this class with
+--local-epochs 1 --batch-size 10 --lr 0.1; --algo dpsgd is the classic one-step D-PSGD.
+"""
+import torch
+
+from p2pfl.algorithms.base import Algorithm, neighbour_average
+from p2pfl.training import train_epochs
+
+
+class DFedAvg(Algorithm):
+    def round(self, round_index: int) -> torch.Tensor:
+        ctx = self.ctx
+        losses = train_epochs(ctx.stack, ctx.flat, ctx.local_shards, ctx.peers, ctx.data.train_x,
+                              ctx.data.train_y, ctx.sgd(), ctx.lr(round_index), ctx.cfg.seed, round_index)
+        ctx.flat = neighbour_average(ctx, round_index, ctx.flat)
+        return losses

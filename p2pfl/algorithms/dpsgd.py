@@ -1,0 +1,19 @@
+"""Classic D-PSGD (Lian et al. 2017, Algorithm 1): each round every peer takes a stochastic gradient
+at its current weights, averages weights with its neighbours, then applies the gradient step to the
+average: x_i <- sum_j W_ij x_j - lr * g_i(x_i). One SGD step per gossip round."""
+import torch
+
+from p2pfl.algorithms.base import Algorithm, neighbour_average
+from p2pfl.training import apply_step, gradients, sample_batch
+
+
+class DPSGD(Algorithm):
+    def round(self, round_index: int) -> torch.Tensor:
+        ctx = self.ctx
+        opt = ctx.sgd()
+        index, mask = sample_batch(ctx.local_shards, opt.batch_size, ctx.cfg.seed, round_index, ctx.peers)
+        index, mask = index.to(ctx.device), mask.to(ctx.device)
+        grad, losses = gradients(ctx.stack, ctx.flat, ctx.data.train_x[index], ctx.data.train_y[index], mask)
+        ctx.flat = neighbour_average(ctx, round_index, ctx.flat)
+        apply_step(ctx.flat, grad, mask.sum(1) > 0, opt, ctx.lr(round_index), None)
+        return losses

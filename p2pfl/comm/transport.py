@@ -1,0 +1,141 @@
+"""What algorithms talk to: point-to-point messages between peers, grouped in phases.
+
+Algorithms never see MPI. A phase hands the transport the (src peer, dst peer, tensors) messages of
+this rank's peers and the (src, dst) pairs it expects to receive, and gets back what arrived. Every
+message is counted in bytes (what was sent, and its dense equivalent where a codec compressed it).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+
+Inbox = dict[int, dict[int, tuple[torch.Tensor, ...]]]  # inbox[dst][src] = tensors
+
+
+@dataclass
+class Message:
+    src: int
+    dst: int
+    tensors: tuple[torch.Tensor, ...]
+    dense_nbytes: int | None = None  # what the payload would weigh uncompressed
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+
+class Placement:
+    """Nodes on ranks in contiguous blocks; extra nodes (a star's server) live on rank 0."""
+
+    def __init__(self, peers: int, ranks: int, extra_on_root: int = 0):
+        if peers < ranks:
+            raise ValueError(f"{peers} peers cannot fill {ranks} ranks")
+        self.peers, self.ranks = peers, ranks
+        base, rest = divmod(peers, ranks)
+        self.starts = [r * base + min(r, rest) for r in range(ranks + 1)]
+        self.extra = list(range(peers, peers + extra_on_root))
+
+    def rank_of(self, node: int) -> int:
+        if node >= self.peers:
+            return 0
+        lo, hi = 0, self.ranks
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.starts[mid] <= node:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def peers_of(self, rank: int) -> list[int]:
+        return list(range(self.starts[rank], self.starts[rank + 1]))
+
+    def nodes_of(self, rank: int) -> list[int]:
+        return self.peers_of(rank) + (self.extra if rank == 0 else [])
+
+    def counts(self) -> list[int]:
+        return [self.starts[r + 1] - self.starts[r] for r in range(self.ranks)]
+
+
+class ByteCounter:
+    """Bytes this rank's peers sent, per phase, since the last take()."""
+
+    def __init__(self):
+        self.sent: dict[str, int] = defaultdict(int)
+        self.dense: dict[str, int] = defaultdict(int)
+
+    def record(self, phase: str, messages: Iterable[Message]) -> None:
+        for m in messages:
+            self.sent[phase] += m.nbytes
+            self.dense[phase] += m.nbytes if m.dense_nbytes is None else m.dense_nbytes
+
+    def take(self) -> tuple[dict[str, int], dict[str, int]]:
+        sent, dense = dict(self.sent), dict(self.dense)
+        self.sent.clear()
+        self.dense.clear()
+        return sent, dense
+
+
+class CommTimeout(RuntimeError):
+    pass
+
+
+class Transport:
+    rank = 0
+    size = 1
+
+    def __init__(self, placement: Placement, timeout: float = 600.0):
+        self.placement = placement
+        self.timeout = timeout
+        self.counter = ByteCounter()
+        self.local_nodes = set(placement.nodes_of(self.rank))
+
+    def exchange(self, phase: str, round_index: int, messages: Sequence[Message],
+                 expect: Iterable[tuple[int, int]]) -> Inbox:
+        """Send messages from this rank's peers; return what this rank's peers receive.
+
+        expect lists the (src, dst) pairs with dst on this rank; the call returns when all arrived."""
+        for m in messages:
+            if m.src not in self.local_nodes:
+                raise ValueError(f"peer {m.src} is not on rank {self.rank}")
+        self.counter.record(phase, messages)
+        inbox: Inbox = defaultdict(dict)
+        remote: list[Message] = []
+        for m in messages:
+            if m.dst in self.local_nodes:
+                inbox[m.dst][m.src] = m.tensors
+            else:
+                remote.append(m)
+        pending = {(s, d) for s, d in expect if d in self.local_nodes and s not in self.local_nodes}
+        if remote or pending:
+            self._remote_exchange(phase, round_index, remote, pending, inbox)
+        missing = [(s, d) for s, d in expect if d in self.local_nodes and s not in inbox.get(d, {})]
+        if missing:
+            raise CommTimeout(f"{phase} (round {round_index}): no message for {missing[:10]}")
+        return inbox
+
+    def _remote_exchange(self, phase, round_index, remote, pending, inbox) -> None:
+        raise RuntimeError("this transport has a single rank; peers on other ranks cannot exist")
+
+    # Bookkeeping collectives: simulation plumbing (metrics), not simulated traffic, so not counted.
+    def gather_rows(self, rows: torch.Tensor) -> torch.Tensor | None:
+        """Rows of this rank's peers -> every peer's row in peer order, on rank 0 (None elsewhere)."""
+        return rows
+
+    def gather(self, obj) -> list | None:
+        return [obj]
+
+    def bcast(self, obj):
+        return obj
+
+    def allreduce_sum(self, value: float) -> float:
+        return value
+
+    def barrier(self) -> None:
+        pass
+
+    def abort(self, code: int) -> None:
+        pass

@@ -1,0 +1,270 @@
+"""One RunConfig for a run: defaults < TOML file < command-line flags.
+
+Every check of user input lives here and raises UserError with one clear sentence, so the CLI can
+print one line and exit 2 instead of failing deep inside a round.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from p2pfl.errors import UserError
+
+TOPOLOGIES = ("regular", "erdos-renyi", "ring", "star", "full", "chain")
+DATASETS = ("fashion-mnist", "mnist", "synthetic")
+PARTITIONS = ("dirichlet", "iid", "classes")
+DIRICHLET_STYLES = ("per-peer", "per-class")
+MIXINGS = ("uniform", "metropolis", "sample-weighted")
+AGGREGATES = ("uniform", "sample-weighted")
+INITS = ("same", "different")
+
+
+@dataclass
+class RunConfig:
+    algo: str = "dfedavg"
+    peers: int | None = None  # None: MPI world size, or 10 without MPI
+    rounds: int = 20
+    topology: str = "regular"
+    kappa: float = 5
+    static: bool = False
+    mixing: str = "uniform"
+    dataset: str = "fashion-mnist"
+    data_dir: str | None = None
+    partition: str = "dirichlet"
+    dirichlet_style: str = "per-peer"
+    alpha: float = 0.1
+    classes_per_peer: int = 2
+    samples_per_peer: int = 200
+    test_samples: int | None = None  # None: the whole test set
+    seed: int = 0
+    out: str | None = None
+    device: str = "auto"
+    init: str = "same"
+    hidden: list[int] = field(default_factory=lambda: [100])
+    # Local training; None means "the algorithm's default" (see p2pfl.algorithms.REGISTRY).
+    lr: float | None = None
+    lr_decay: float | None = None
+    batch_size: int | None = None
+    local_epochs: int | None = None
+    momentum: float | None = None
+    weight_decay: float = 0.0
+    aggregate: str = "uniform"
+    eval_every: int = 1
+    save_edges: bool = False
+    batched: bool = True
+    comm_timeout: float = 600.0
+    progress: bool = True
+    extras: dict[str, Any] = field(default_factory=dict)  # algorithm-specific settings
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(RunConfig) if f.name != "extras"}
+
+
+def _parse_hidden(text: str) -> list[int]:
+    try:
+        widths = [int(w) for w in str(text).replace(" ", "").split(",") if w]
+    except ValueError:
+        raise UserError(f"--hidden takes comma-separated layer widths such as 100 or 200,100, not {text!r}")
+    return widths
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but its errors become UserError (one line, exit 2) instead of usage + message."""
+
+    def error(self, message):
+        raise UserError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from p2pfl.algorithms import REGISTRY
+
+    p = _OneLineParser(prog="python -m p2pfl.run", description="Decentralized learning on a graph of peers.",
+                       argument_default=argparse.SUPPRESS)
+    p.add_argument("--config", help="TOML file of settings; flags given here override it")
+    p.add_argument("--algo", help=f"one of: {', '.join(REGISTRY)} (default dfedavg)")
+    p.add_argument("--peers", type=int, help="number of peers (default: MPI world size, or 10 without MPI)")
+    p.add_argument("--rounds", type=int, help="communication rounds (default 20)")
+    p.add_argument("--topology", help=f"one of: {', '.join(TOPOLOGIES)} (default regular)")
+    p.add_argument("--kappa", type=float, help="degree for regular, mean degree for erdos-renyi (default 5)")
+    p.add_argument("--static", action="store_true", help="one graph for the whole run (default: new each round)")
+    p.add_argument("--mixing", help=f"neighbour averaging weights: {', '.join(MIXINGS)} (default uniform)")
+    p.add_argument("--dataset", help=f"one of: {', '.join(DATASETS)} (default fashion-mnist)")
+    p.add_argument("--data-dir", help="folder holding the dataset files")
+    p.add_argument("--partition", help=f"one of: {', '.join(PARTITIONS)} (default dirichlet)")
+    p.add_argument("--dirichlet-style", help="per-peer (NTK-FL/NTK-DFL label mix) or per-class (NIID-Bench)")
+    p.add_argument("--alpha", type=float, help="Dirichlet concentration (default 0.1)")
+    p.add_argument("--classes-per-peer", type=int, help="classes per peer for --partition classes (default 2)")
+    p.add_argument("--samples-per-peer", type=int, help="training samples per peer (default 200)")
+    p.add_argument("--test-samples", type=int, help="evaluate on the first N test samples (default all)")
+    p.add_argument("--seed", type=int, help="seed of every random choice (default 0)")
+    p.add_argument("--out", help="run folder (default runs/<algo>-<time>)")
+    p.add_argument("--device", help="auto, cpu, cuda or cuda:N (auto: GPU by local rank, else CPU)")
+    p.add_argument("--init", help="same (one initial model for all peers) or different (per-peer init)")
+    p.add_argument("--hidden", type=_parse_hidden, help="hidden layer widths, e.g. 100 or 200,100 (default 100)")
+    p.add_argument("--lr", type=float, help="learning rate (default: the algorithm's)")
+    p.add_argument("--lr-decay", type=float, help="lr_k = lr * exp(-decay * k) (default: the algorithm's)")
+    p.add_argument("--batch-size", type=int, help="local minibatch size (default: the algorithm's)")
+    p.add_argument("--local-epochs", type=int, help="local epochs per round (default: the algorithm's)")
+    p.add_argument("--momentum", type=float, help="SGD momentum (default: the algorithm's)")
+    p.add_argument("--weight-decay", type=float, help="SGD weight decay (default 0)")
+    p.add_argument("--aggregate", help="aggregated model: uniform or sample-weighted average of all peers")
+    p.add_argument("--eval-every", type=int, help="evaluate every N rounds (default 1; the last round always)")
+    p.add_argument("--save-edges", action="store_true", help="write each round's edge list to edges.jsonl")
+    p.add_argument("--no-batch", dest="batched", action="store_false",
+                   help="train a rank's peers one by one instead of as one vmap batch")
+    p.add_argument("--comm-timeout", type=float, help="seconds to wait for a peer's message (default 600)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    for extra in REGISTRY.extra_flags():
+        p.add_argument(extra.flag, **extra.kwargs)
+    return p
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except FileNotFoundError:
+        raise UserError(f"config file {path} does not exist")
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"config file {path} is not valid TOML: {exc}")
+    return {key.replace("-", "_"): value for key, value in raw.items()}
+
+
+def parse_config(argv: list[str] | None = None) -> RunConfig:
+    """Merge defaults, the --config file and the flags, then validate."""
+    args = vars(build_parser().parse_args(argv))
+    values: dict[str, Any] = {}
+    config_path = args.pop("config", None)
+    if config_path:
+        values.update(load_toml(config_path))
+    values.update(args)
+    return make_config(values)
+
+
+def make_config(values: dict[str, Any]) -> RunConfig:
+    from p2pfl.algorithms import REGISTRY
+
+    known = set(FIELDS) | set(REGISTRY.extra_fields())
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise UserError(f"unknown setting(s): {', '.join(unknown)}")
+    base = {k: v for k, v in values.items() if k in FIELDS}
+    extras = {k: v for k, v in values.items() if k not in FIELDS}
+    if isinstance(base.get("hidden"), (str, int)):
+        base["hidden"] = _parse_hidden(str(base["hidden"]))
+    cfg = RunConfig(**base, extras=extras)
+    validate(cfg)
+    return cfg
+
+
+def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise UserError(f"unknown {name} {value!r}; choose one of: {', '.join(options)}")
+
+
+def validate(cfg: RunConfig) -> None:
+    """Checks that need no data and no MPI; resolve() does the rest once peers are known."""
+    from p2pfl.algorithms import REGISTRY
+
+    if cfg.algo not in REGISTRY:
+        raise UserError(f"unknown algorithm {cfg.algo!r}; choose one of: {', '.join(REGISTRY)}")
+    _choice("topology", cfg.topology, TOPOLOGIES)
+    _choice("dataset", cfg.dataset, DATASETS)
+    _choice("partition", cfg.partition, PARTITIONS)
+    _choice("Dirichlet style", cfg.dirichlet_style, DIRICHLET_STYLES)
+    _choice("mixing", cfg.mixing, MIXINGS)
+    _choice("aggregate", cfg.aggregate, AGGREGATES)
+    _choice("init", cfg.init, INITS)
+    if cfg.rounds < 1:
+        raise UserError(f"--rounds must be at least 1, got {cfg.rounds}")
+    if not (cfg.alpha > 0 and math.isfinite(cfg.alpha)):
+        raise UserError(f"--alpha must be a positive number, got {cfg.alpha}")
+    if cfg.samples_per_peer < 1:
+        raise UserError(f"--samples-per-peer must be at least 1, got {cfg.samples_per_peer}")
+    if cfg.classes_per_peer < 1:
+        raise UserError(f"--classes-per-peer must be at least 1, got {cfg.classes_per_peer}")
+    if cfg.test_samples is not None and cfg.test_samples < 1:
+        raise UserError(f"--test-samples must be at least 1, got {cfg.test_samples}")
+    if cfg.eval_every < 1:
+        raise UserError(f"--eval-every must be at least 1, got {cfg.eval_every}")
+    if not cfg.hidden or any(w < 1 for w in cfg.hidden):
+        raise UserError(f"--hidden needs at least one positive width, got {cfg.hidden}")
+    for name in ("lr", "batch_size", "local_epochs"):
+        value = getattr(cfg, name)
+        if value is not None and value <= 0:
+            raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if cfg.momentum is not None and not 0 <= cfg.momentum < 1:
+        raise UserError(f"--momentum must be in [0, 1), got {cfg.momentum}")
+    if cfg.weight_decay < 0:
+        raise UserError(f"--weight-decay must be non-negative, got {cfg.weight_decay}")
+    if cfg.lr_decay is not None and cfg.lr_decay < 0:
+        raise UserError(f"--lr-decay must be non-negative, got {cfg.lr_decay}")
+    if cfg.comm_timeout <= 0:
+        raise UserError(f"--comm-timeout must be positive, got {cfg.comm_timeout}")
+    if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
+        raise UserError(f"unknown device {cfg.device!r}; use auto, cpu, cuda or cuda:N")
+    if cfg.peers is not None:
+        check_peers(cfg, cfg.peers)
+    REGISTRY.spec(cfg.algo).check_extras(cfg)
+
+
+def check_peers(cfg: RunConfig, peers: int) -> None:
+    """Checks that depend on the number of peers (known only once MPI is up when --peers is absent)."""
+    from topologies.generators import check_graph
+
+    if peers < 1:
+        raise UserError(f"--peers must be at least 1, got {peers}")
+    check_graph(cfg.topology, peers, cfg.kappa)
+
+
+def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
+    """Fill what depends on the launch: the number of peers and the algorithm's defaults."""
+    from p2pfl.algorithms import REGISTRY
+
+    if cfg.peers is None:
+        cfg.peers = world_size if world_size > 1 else 10
+        check_peers(cfg, cfg.peers)
+    if cfg.peers < world_size:
+        raise UserError(f"{cfg.peers} peers cannot fill {world_size} MPI ranks; use --peers >= {world_size}")
+    spec = REGISTRY.spec(cfg.algo)
+    for name, value in spec.defaults.items():
+        if name in FIELDS:
+            if getattr(cfg, name) is None:
+                setattr(cfg, name, value)
+        else:
+            cfg.extras.setdefault(name, value)
+    for name in ("lr", "lr_decay", "batch_size", "local_epochs", "momentum"):
+        if getattr(cfg, name) is None:
+            setattr(cfg, name, {"lr_decay": 0.0, "momentum": 0.0, "local_epochs": 1}.get(name))
+    return cfg
+
+
+def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
+    out = {k: v for k, v in cfg.to_dict().items() if v is not None and k != "extras"}
+    out.update({k: v for k, v in cfg.extras.items() if v is not None})
+    return out
+
+
+def write_toml(values: dict[str, Any], path: Path) -> None:
+    """A flat TOML writer (tomllib only reads): strings, numbers, booleans and lists of those."""
+
+    def fmt(value: Any) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, (int, float)):
+            return repr(value)
+        if isinstance(value, (list, tuple)):
+            return "[" + ", ".join(fmt(v) for v in value) + "]"
+        text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{text}"'
+
+    lines = [f"{key} = {fmt(value)}" for key, value in values.items()]
+    path.write_text("\n".join(lines) + "\n")

@@ -1,0 +1,31 @@
+"""Reader for the IDX format of MNIST and Fashion-MNIST, gzipped or not, with clear errors."""
+from __future__ import annotations
+
+import gzip
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from p2pfl.errors import UserError
+
+_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    try:
+        raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
+    except (EOFError, OSError, zlib.error) as exc:
+        raise UserError(f"data file {path} is truncated or corrupt ({exc.__class__.__name__}: {exc})")
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _TYPES:
+        raise UserError(f"data file {path} is not an IDX file (bad magic number)")
+    ndim = raw[3]
+    if len(raw) < 4 + 4 * ndim:
+        raise UserError(f"data file {path} is truncated (header cut short)")
+    shape = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    dtype = np.dtype(_TYPES[raw[2]])
+    expected = int(np.prod(shape)) * dtype.itemsize
+    body = len(raw) - 4 - 4 * ndim
+    if body != expected:
+        raise UserError(f"data file {path} is truncated or corrupt: {body} data bytes, header says {expected}")
+    return np.frombuffer(raw, dtype=dtype, offset=4 + 4 * ndim).reshape(shape).astype(dtype.newbyteorder("="))

@@ -1,0 +1,9 @@
+"""Errors that are the user's to fix: the CLI prints them as one line and exits with status 2."""
+
+
+class UserError(Exception):
+    """Bad input (flags, config file, data files): reported without a traceback."""
+
+
+class DivergenceError(Exception):
+    """A peer's model became NaN/inf; the message names the round and the peers."""

@@ -1,0 +1,110 @@
+"""Per-round evaluation and the metrics.jsonl writer.
+
+Weights and per-peer results are gathered to rank 0 in peer order, so the aggregated model and every
+figure is computed from the same numbers whatever the layout of peers over ranks.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from p2pfl.errors import DivergenceError
+from p2pfl.training import evaluate
+
+
+def inter_model_variance(weights: torch.Tensor) -> float:
+    """NTK-DFL eq. (6): V = (1/d) sum_j sqrt(sum_i (wbar_j - w_ij)^2), over parameters j and peers i."""
+    w = weights.double()
+    value = float(((w - w.mean(0)) ** 2).sum(0).sqrt().mean())
+    return float(f"{value:.10g}")  # the last bits of a long float64 sum depend on the thread count
+
+
+def aggregate(weights: torch.Tensor, counts: list[int], kind: str) -> torch.Tensor:
+    """The aggregated model: uniform or sample-weighted average of all peers' weights."""
+    if kind == "uniform":
+        return weights.mean(0)
+    w = torch.tensor(counts, dtype=weights.dtype, device=weights.device)
+    return (w[:, None] * weights).sum(0) / w.sum()
+
+
+def check_finite(ctx, round_index: int) -> None:
+    """Stop every rank together, naming the peers, when a model holds NaN or inf."""
+    bad = [p for p, row in zip(ctx.peers, ctx.flat) if not torch.isfinite(row).all()]
+    gathered = ctx.transport.gather(bad)
+    every = ctx.transport.bcast(sorted(p for part in gathered for p in part) if gathered is not None else None)
+    if every:
+        raise DivergenceError(f"round {round_index}: peers {every[:20]}{' ...' if len(every) > 20 else ''} "
+                              f"have NaN/inf weights; lower --lr")
+
+
+class MetricsLog:
+    def __init__(self, ctx, run_dir: Path | None):
+        self.ctx = ctx
+        self.path = run_dir / "metrics.jsonl" if run_dir is not None else None
+        test_n = ctx.cfg.test_samples or len(ctx.data.test_y)
+        self.test_x, self.test_y = ctx.data.test_x[:test_n], ctx.data.test_y[:test_n]
+        self.rows: list[dict] = []
+        self.last_weights: torch.Tensor | None = None  # every peer's weights at the last evaluation (rank 0)
+        if self.path is not None:
+            self.path.write_text("")
+
+    def evaluate_all(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """Gathered weights (P, D) and each peer's test accuracy and loss, on rank 0."""
+        ctx = self.ctx
+        acc, loss = evaluate(ctx.stack, ctx.flat, self.test_x, self.test_y)
+        weights = ctx.transport.gather_rows(ctx.flat.float())
+        accs = ctx.transport.gather_rows(acc[:, None].double())
+        losses = ctx.transport.gather_rows(loss[:, None].double())
+        if weights is None:
+            return None, None, None
+        return weights, accs[:, 0], losses[:, 0]
+
+    def record(self, round_index: int, train_losses: torch.Tensor | None, wall_s: float, evaluate_now: bool) -> dict | None:
+        ctx = self.ctx
+        check_finite(ctx, round_index)
+        sent, dense = ctx.transport.counter.take()
+        gathered = ctx.transport.gather((sent, dense))
+        train = ctx.transport.gather_rows(train_losses[:, None].double()) if train_losses is not None else None
+        weights, accs, losses = self.evaluate_all() if evaluate_now else (None, None, None)
+        if ctx.transport.rank != 0:
+            return None
+        phases: dict[str, int] = {}
+        dense_total = 0
+        for s, d in gathered:
+            for k, v in s.items():
+                phases[k] = phases.get(k, 0) + v
+            dense_total += sum(d.values())
+        row: dict = {"round": round_index + 1}
+        if weights is not None:
+            self.last_weights = weights
+            model = aggregate(weights.to(ctx.device), ctx.sample_counts, ctx.cfg.aggregate)
+            agg_acc, agg_loss = evaluate(ctx.stack, model[None], self.test_x, self.test_y)
+            row.update(test_acc=float(agg_acc[0]), test_loss=float(agg_loss[0]),
+                       client_acc_mean=float(accs.mean()), client_acc_min=float(accs.min()),
+                       client_acc_max=float(accs.max()), client_loss_mean=float(losses.mean()),
+                       variance=inter_model_variance(weights))
+        if train is not None:
+            row["train_loss"] = float(train.mean())
+        row.update(bytes_sent=int(sum(phases.values())), bytes_dense=int(dense_total),
+                   bytes_by_phase=phases, wall_s=round(wall_s, 4))
+        self.rows.append(row)
+        if self.path is not None:
+            with self.path.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+        return row
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def rounds_to_target(rows: list[dict], target: float, key: str = "test_acc") -> int | None:
+    """First round whose accuracy reaches target, or None."""
+    for row in rows:
+        value = row.get(key)
+        if value is not None and not math.isnan(value) and value >= target:
+            return row["round"]
+    return None

@@ -1,0 +1,178 @@
+"""CLI entry: parse, validate, build the run, loop over rounds, write the run folder.
+
+    python -m p2pfl.run --algo dfedavg --peers 30
+    mpirun -n 4 --oversubscribe python -m p2pfl.run --algo dfedavg --peers 30
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from p2pfl.comm import make_transport, mpi_world
+from p2pfl.config import RunConfig, parse_config, resolve, resolved_dict, write_toml
+from p2pfl.errors import DivergenceError, UserError
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    if choice == "auto":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return torch.device(f"cuda:{local_rank % n}") if n else torch.device("cpu")
+    if choice.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {choice}: no CUDA device is available here")
+    return torch.device(choice)
+
+
+def make_run_dir(cfg: RunConfig) -> Path:
+    if cfg.out:
+        path = Path(cfg.out)
+    else:
+        path = Path("runs") / f"{cfg.algo}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        suffix = 1
+        while path.exists():
+            path = path.with_name(f"{path.name.split('~')[0]}~{suffix}")
+            suffix += 1
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
+    """Everything a round needs, for this rank's peers."""
+    from p2pfl.algorithms import REGISTRY
+    from p2pfl.algorithms.base import RunContext
+    from p2pfl.data import load_dataset, partition
+    from p2pfl.models import PeerStack, build_model, initial_parameters
+    from topologies import TopologySchedule
+
+    device = pick_device(cfg.device, local_rank)
+    data = load_dataset(cfg.dataset, cfg.data_dir)
+    shards = partition(data.train_y.numpy(), data.n_classes, cfg.peers, cfg.partition, cfg.samples_per_peer,
+                       cfg.alpha, cfg.classes_per_peer, cfg.dirichlet_style, cfg.seed)
+    transport = make_transport(cfg.peers, 0, cfg.comm_timeout)
+    peers = transport.placement.peers_of(transport.rank)
+    model = build_model(data.n_features, cfg.hidden, data.n_classes)
+    flat = initial_parameters(model, peers, cfg.seed, cfg.init, device)
+    data.train_x, data.train_y = data.train_x.to(device), data.train_y.to(device)
+    data.test_x, data.test_y = data.test_x.to(device), data.test_y.to(device)
+    ctx = RunContext(cfg=cfg, transport=transport, data=data, shards=[torch.from_numpy(s) for s in shards],
+                     schedule=TopologySchedule(cfg.topology, cfg.peers, cfg.kappa, cfg.seed, cfg.static),
+                     stack=PeerStack(model.to(device), cfg.batched), peers=peers, flat=flat, device=device)
+    return ctx, REGISTRY.spec(cfg.algo).build(ctx)
+
+
+def write_run_header(ctx, run_dir: Path) -> None:
+    from analysis.plots import plot_partition
+    from p2pfl.data import summary
+    from topologies.drawing import draw_graph
+
+    cfg = ctx.cfg
+    write_toml(resolved_dict(cfg), run_dir / "config.toml")
+    parts = summary([s.numpy() for s in ctx.shards], ctx.data.train_y.cpu().numpy(), ctx.data.n_classes)
+    (run_dir / "partition.json").write_text(json.dumps(parts))
+    plot_partition(parts, run_dir / "partition.png")
+    draw_graph(ctx.schedule.graph(0), run_dir / "topology.png",
+               f"{cfg.topology} ({'static' if cfg.static else 'round 1 of a new graph each round'}), "
+               f"{cfg.peers} peers")
+
+
+def run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
+    from tqdm import tqdm
+
+    from analysis.plots import plot_accuracy
+    from p2pfl.metrics import MetricsLog
+
+    if size > 1:  # oversubscribed ranks share the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+    ctx, algorithm = build(cfg, rank, size, local_rank)
+    run_dir = ctx.transport.bcast(make_run_dir(cfg) if rank == 0 else None)
+    if rank == 0:
+        write_run_header(ctx, run_dir)
+    log = MetricsLog(ctx, run_dir if rank == 0 else None)
+    bar = tqdm(range(cfg.rounds), desc=f"{cfg.algo} {cfg.peers} peers", disable=rank != 0 or not cfg.progress,
+               unit="round", file=sys.stderr)
+    try:
+        for k in bar:
+            start = time.perf_counter()
+            losses = algorithm.round(k)
+            if rank == 0 and cfg.save_edges:
+                with (run_dir / "edges.jsonl").open("a") as fh:
+                    fh.write(json.dumps({"round": k + 1, "edges": sorted(ctx.schedule.graph(k).edges)}) + "\n")
+            last = k == cfg.rounds - 1
+            row = log.record(k, losses, time.perf_counter() - start, last or (k + 1) % cfg.eval_every == 0)
+            if row and "test_acc" in row:
+                bar.set_postfix(acc=f"{100 * row['test_acc']:.1f}%", clients=f"{100 * row['client_acc_mean']:.1f}%")
+        final = algorithm.finish(run_dir if rank == 0 else None)
+        if rank == 0:
+            save_final(ctx, log, run_dir, final)
+    finally:
+        bar.close()
+        if rank == 0 and log.rows:
+            plot_accuracy(log.rows, run_dir / "accuracy.png", f"{cfg.algo}: {cfg.peers} peers, {cfg.topology} "
+                          f"kappa={cfg.kappa:g}, {cfg.dataset} {cfg.partition}"
+                          + (f" alpha={cfg.alpha:g}" if cfg.partition == "dirichlet" else ""))
+    if rank == 0:
+        print(summary_line(log.rows, run_dir), file=sys.stderr)
+    return 0
+
+
+def save_final(ctx, log, run_dir: Path, final: dict | None) -> None:
+    """final.json (the algorithm's closing results) and model.pt (the aggregated model's state dict)."""
+    from p2pfl.metrics import aggregate
+
+    if final:
+        (run_dir / "final.json").write_text(json.dumps(final, indent=1))
+    if log.last_weights is not None:
+        model = aggregate(log.last_weights, ctx.sample_counts, ctx.cfg.aggregate)
+        state = {k: v.clone() for k, v in ctx.stack.layout.views(model).items()}
+        torch.save(state, run_dir / "model.pt")
+
+
+def summary_line(rows: list[dict], run_dir: Path) -> str:
+    evaluated = [r for r in rows if "test_acc" in r]
+    if not evaluated:
+        return f"run folder: {run_dir}"
+    last = evaluated[-1]
+    return (f"round {last['round']}: aggregated test accuracy {100 * last['test_acc']:.2f}%, mean client "
+            f"{100 * last['client_acc_mean']:.2f}%; run folder: {run_dir}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    rank = 0
+    try:
+        rank, size, local_rank = mpi_world()
+        cfg = parse_config(argv)
+        cfg = resolve(cfg, size)
+        return run(cfg, rank, size, local_rank)
+    except UserError as exc:
+        if rank == 0:
+            print(f"p2pfl: error: {exc}", file=sys.stderr)
+        return 2
+    except DivergenceError as exc:
+        if rank == 0:
+            print(f"p2pfl: diverged: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        return 130
+    except Exception:
+        traceback.print_exc()
+        if _under_mpi_world():
+            from mpi4py import MPI
+
+            MPI.COMM_WORLD.Abort(1)  # other ranks would wait forever on this one
+        return 1
+
+
+def _under_mpi_world() -> bool:
+    from p2pfl.comm import launched_by_mpi
+
+    return launched_by_mpi()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

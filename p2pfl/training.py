@@ -1,0 +1,122 @@
+"""Local SGD for a rank's peers, all peers in one batch.
+
+Peers hold different numbers of samples, so a step carries a (peers, batch) mask: padded rows add
+nothing to the loss and a peer without a batch at this step is left untouched (weights and momentum),
+which makes the batched run equal, peer by peer, to training each peer alone.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from p2pfl.models.stack import PeerStack
+from p2pfl.seeding import torch_generator
+
+
+@dataclass
+class SGDSettings:
+    lr: float
+    batch_size: int
+    epochs: int = 1
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+def masked_loss(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy per peer over its unmasked rows: (L, B, C), (L, B), (L, B) -> (L,)."""
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+    ce = ce.view(mask.shape) * mask
+    return ce.sum(1) / mask.sum(1).clamp(min=1)
+
+
+def gradients(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+              mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-peer gradients of the masked mean loss: (L, D), and the losses (L,)."""
+    leaf = flat.detach().requires_grad_(True)
+    losses = masked_loss(stack.forward(leaf, x), y, mask)
+    (grad,) = torch.autograd.grad(losses.sum(), leaf)
+    return grad, losses.detach()
+
+
+def epoch_batches(shards: list[torch.Tensor], batch: int, seed: int, round_index: int, peers: list[int],
+                  epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One epoch's minibatch plan: indices (steps, L, B) into the training set and a mask (steps, L, B)."""
+    steps = max(math.ceil(len(s) / batch) for s in shards)
+    index = torch.zeros(steps, len(shards), batch, dtype=torch.long)
+    mask = torch.zeros(steps, len(shards), batch)
+    for i, (shard, peer) in enumerate(zip(shards, peers)):
+        order = shard[torch.randperm(len(shard), generator=torch_generator(seed, "shuffle", round_index, peer, epoch))]
+        for s in range(math.ceil(len(order) / batch)):
+            part = order[s * batch:(s + 1) * batch]
+            index[s, i, :len(part)] = part
+            mask[s, i, :len(part)] = 1.0
+    return index, mask
+
+
+def apply_step(flat: torch.Tensor, grad: torch.Tensor, active: torch.Tensor, opt: SGDSettings, lr: float,
+               velocity: torch.Tensor | None) -> None:
+    """In-place SGD (torch semantics: buf = m*buf + g, dampening 0) on the rows where active is true."""
+    if opt.weight_decay:
+        grad = grad + opt.weight_decay * flat
+    if velocity is not None:
+        velocity.copy_(torch.where(active[:, None], opt.momentum * velocity + grad, velocity))
+        grad = velocity
+    flat.sub_(lr * grad * active[:, None].to(flat.dtype))
+
+
+def train_epochs(stack: PeerStack, flat: torch.Tensor, shards: list[torch.Tensor], peers: list[int],
+                 train_x: torch.Tensor, train_y: torch.Tensor, opt: SGDSettings, lr: float, seed: int,
+                 round_index: int) -> torch.Tensor:
+    """opt.epochs epochs of minibatch SGD for every row of flat (L, D), in place; returns each peer's
+    last minibatch loss. Momentum starts from zero each call, as a fresh optimizer per round (the
+    DFedAvgM reference code). With stack.batched false, peers train one after another without vmap
+    (the per-peer baseline of the benchmark)."""
+    blocks = [slice(0, len(peers))] if stack.batched else [slice(i, i + 1) for i in range(len(peers))]
+    return torch.cat([_train_block(stack, flat[b], shards[b], peers[b], train_x, train_y, opt, lr, seed,
+                                   round_index) for b in blocks])
+
+
+def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, round_index) -> torch.Tensor:
+    velocity = torch.zeros_like(flat) if opt.momentum else None
+    last = torch.zeros(len(peers), device=flat.device)
+    for epoch in range(opt.epochs):
+        index, mask = epoch_batches(shards, opt.batch_size, seed, round_index, peers, epoch)
+        index, mask = index.to(flat.device), mask.to(flat.device)
+        for s in range(len(index)):
+            grad, losses = gradients(stack, flat, train_x[index[s]], train_y[index[s]], mask[s])
+            active = mask[s].sum(1) > 0
+            apply_step(flat, grad, active, opt, lr, velocity)
+            last = torch.where(active, losses, last)
+    return last
+
+
+def sample_batch(shards: list[torch.Tensor], batch: int, seed: int, round_index: int,
+                 peers: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One minibatch per peer drawn without replacement: indices (L, B) and mask (L, B)."""
+    index = torch.zeros(len(shards), batch, dtype=torch.long)
+    mask = torch.zeros(len(shards), batch)
+    for i, (shard, peer) in enumerate(zip(shards, peers)):
+        pick = torch.randperm(len(shard), generator=torch_generator(seed, "batch", round_index, peer))[:batch]
+        index[i, :len(pick)] = shard[pick]
+        mask[i, :len(pick)] = 1.0
+    return index, mask
+
+
+@torch.no_grad()
+def evaluate(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+             peer_chunk: int = 25, sample_chunk: int = 5000) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accuracy and mean cross-entropy of each row of flat (L, D) on (x, y): two (L,) tensors."""
+    correct = torch.zeros(len(flat), device=flat.device)
+    loss = torch.zeros(len(flat), device=flat.device)
+    for p in range(0, len(flat), peer_chunk):
+        rows = flat[p:p + peer_chunk]
+        for s in range(0, len(x), sample_chunk):
+            xb, yb = x[s:s + sample_chunk], y[s:s + sample_chunk]
+            logits = stack.forward(rows, xb, shared_input=True)
+            correct[p:p + peer_chunk] += (logits.argmax(-1) == yb).sum(1)
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.repeat(len(rows)), reduction="none")
+            loss[p:p + peer_chunk] += ce.view(len(rows), -1).sum(1)
+    return correct / len(x), loss / len(x)

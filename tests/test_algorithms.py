@@ -1,0 +1,82 @@
+import torch
+
+from p2pfl.algorithms.base import neighbour_average
+from p2pfl.run import main
+from p2pfl.training import gradients, sample_batch
+from tests.helpers import make_context, metric_lines
+from topologies import mixing_weights
+
+KEYS = {"round", "test_acc", "test_loss", "client_acc_mean", "client_acc_min", "client_acc_max", "variance",
+        "bytes_sent", "wall_s"}
+
+
+def test_full_graph_uniform_average_is_the_global_mean():
+    ctx, _ = make_context(topology="full", init="different")
+    out = neighbour_average(ctx, 0, ctx.flat)
+    assert torch.allclose(out, ctx.flat.mean(0, keepdim=True).expand_as(out), atol=1e-6)
+    sent, _ = ctx.transport.counter.take()
+    assert sent["average"] == 8 * 7 * ctx.flat.shape[1] * 4  # every peer sends its weights to 7 others
+
+
+def test_dpsgd_round_is_mix_then_local_gradient_step():
+    ctx, algo = make_context(algo="dpsgd", mixing="metropolis", topology="erdos-renyi", init="different")
+    before = ctx.flat.clone()
+    index, mask = sample_batch(ctx.local_shards, ctx.cfg.batch_size, ctx.cfg.seed, 0, ctx.peers)
+    grad, _ = gradients(ctx.stack, before, ctx.data.train_x[index], ctx.data.train_y[index], mask)
+    W = mixing_weights(ctx.schedule.graph(0), "metropolis")
+    expected = torch.stack([sum(w * before[j] for j, w in W[i]) - ctx.cfg.lr * grad[i] for i in range(8)])
+    algo.round(0)
+    assert torch.allclose(ctx.flat, expected, atol=1e-5)
+
+
+def test_dfedavg_trains_then_averages():
+    ctx, algo = make_context(algo="dfedavg", local_epochs=1)
+    start = ctx.flat.clone()
+    algo.round(0)
+    assert not torch.allclose(ctx.flat, start)
+    # after averaging on a 3-regular graph, each peer's model is a mean of 4 trained models
+    assert ctx.flat.shape == start.shape and torch.isfinite(ctx.flat).all()
+
+
+def test_run_folder_contents(tmp_path):
+    out = tmp_path / "run"
+    assert main(["--dataset", "synthetic", "--peers", "10", "--rounds", "3", "--out", str(out), "--no-progress",
+                 "--local-epochs", "2"]) == 0
+    rows = [r for r in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3
+    import json
+
+    last = json.loads(rows[-1])
+    assert KEYS <= set(last) and last["round"] == 3 and last["bytes_sent"] > 0
+    assert last["test_acc"] > 0.3  # synthetic clusters: well above 10% chance after 3 rounds
+    for name in ("accuracy.png", "topology.png", "partition.png", "config.toml", "partition.json", "model.pt"):
+        assert (out / name).stat().st_size > 0, name
+    assert 'algo = "dfedavg"' in (out / "config.toml").read_text()
+    assert "lr = 0.1" in (out / "config.toml").read_text()  # resolved algorithm default
+
+
+def test_config_file_and_flag_override(tmp_path):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('dataset = "synthetic"\npeers = 6\nrounds = 5\nkappa = 2\nlocal-epochs = 1\n')
+    out = tmp_path / "run"
+    assert main(["--config", str(cfg), "--rounds", "1", "--out", str(out), "--no-progress"]) == 0
+    assert len(metric_lines(out)) == 1
+    text = (out / "config.toml").read_text()
+    assert "peers = 6" in text and "rounds = 1" in text
+
+
+def test_same_seed_same_metrics(tmp_path):
+    args = ["--dataset", "synthetic", "--peers", "8", "--kappa", "3", "--rounds", "2", "--local-epochs", "1",
+            "--no-progress"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    assert main([*args, "--out", str(tmp_path / "c"), "--seed", "1"]) == 0
+    assert metric_lines(tmp_path / "a") == metric_lines(tmp_path / "b")
+    assert metric_lines(tmp_path / "a") != metric_lines(tmp_path / "c")
+
+
+def test_divergence_stops_with_round_and_peers(tmp_path, capsys):
+    code = main(["--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--rounds", "3", "--lr", "1e30",
+                 "--local-epochs", "1", "--out", str(tmp_path / "r"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 3 and "round 0" in err and "NaN/inf" in err

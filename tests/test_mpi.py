@@ -1,0 +1,37 @@
+"""Real multi-process runs: mpirun with several ranks must give the single-process numbers."""
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, mpirun, run_cli
+from tests.helpers import metric_lines
+
+COMMON = ["--dataset", "synthetic", "--peers", "12", "--kappa", "3", "--rounds", "3", "--no-progress"]
+
+
+def test_mpirun_is_installed():
+    assert mpirun() is not None, "make install puts mpirun (Open MPI wheel) into the virtualenv"
+
+
+@pytest.mark.parametrize("algo,ranks", [("dfedavg", 2), ("dfedavg", 3), ("dpsgd", 4)])
+def test_mpi_run_equals_single_process(tmp_path, algo, ranks):
+    extra = ["--local-epochs", "2"] if algo == "dfedavg" else []
+    single = run_cli(*COMMON, "--algo", algo, *extra, "--out", str(tmp_path / "single"))
+    assert single.returncode == 0, single.stderr
+    multi = run_cli(*COMMON, "--algo", algo, *extra, "--out", str(tmp_path / "multi"), ranks=ranks)
+    assert multi.returncode == 0, multi.stderr
+    assert metric_lines(tmp_path / "single") == metric_lines(tmp_path / "multi")
+
+
+def test_mpi_bad_input_exits_2_with_one_line():
+    result = run_cli("--peers", "7", "--kappa", "3", ranks=2)
+    assert result.returncode == 2
+    assert result.stderr.count("p2pfl: error:") == 1
+
+
+def test_mpi_timeout_names_missing_peer():
+    result = subprocess.run([mpirun(), "-n", "2", "--oversubscribe", sys.executable, "tests/mpi_timeout_script.py"],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert "TIMEOUT" in result.stdout, result.stdout + result.stderr
+    assert "peers [1]" in result.stdout and "average of round 3" in result.stdout

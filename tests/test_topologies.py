@@ -1,0 +1,71 @@
+import networkx as nx
+import numpy as np
+import pytest
+
+from topologies import TopologySchedule, build_graph, mixing_weights
+from topologies.drawing import draw_graph
+
+
+def test_regular_graph_degrees_and_purity():
+    a = build_graph("regular", 30, 5, seed=7)
+    b = build_graph("regular", 30, 5, seed=7)
+    assert all(d == 5 for _, d in a.degree)
+    assert sorted(a.edges) == sorted(b.edges)
+
+
+def test_schedule_is_pure_in_seed_and_round():
+    s1 = TopologySchedule("regular", 20, 4, seed=3)
+    s2 = TopologySchedule("regular", 20, 4, seed=3)
+    assert sorted(s1.graph(5).edges) == sorted(s2.graph(5).edges)
+    assert sorted(s1.graph(0).edges) != sorted(s1.graph(1).edges)  # dynamic: a new graph each round
+    static = TopologySchedule("regular", 20, 4, seed=3, static=True)
+    assert sorted(static.graph(0).edges) == sorted(static.graph(9).edges)
+
+
+@pytest.mark.parametrize("kind,n,edges", [("ring", 12, 12), ("chain", 12, 11), ("star", 12, 11), ("full", 6, 15)])
+def test_simple_topologies(kind, n, edges):
+    g = build_graph(kind, n, 0, seed=1)
+    assert g.number_of_nodes() == n and g.number_of_edges() == edges and nx.is_connected(g)
+    if kind == "ring":
+        assert all(d == 2 for _, d in g.degree)
+    if kind == "star":
+        assert g.degree[0] == n - 1
+
+
+def test_erdos_renyi_mean_degree_and_connected():
+    degrees = []
+    for seed in range(20):
+        g = build_graph("erdos-renyi", 100, 6, seed=seed)
+        assert nx.is_connected(g)
+        degrees.append(2 * g.number_of_edges() / 100)
+    assert abs(np.mean(degrees) - 6) < 0.5
+
+
+@pytest.mark.parametrize("kind", ["uniform", "metropolis", "sample-weighted"])
+def test_mixing_rows_sum_to_one(kind):
+    g = build_graph("erdos-renyi", 25, 4, seed=2)
+    counts = list(range(10, 35))
+    rows = mixing_weights(g, kind, counts)
+    for i, row in rows.items():
+        assert abs(sum(w for _, w in row) - 1) < 1e-12
+        assert [j for j, _ in row] == sorted(list(g.neighbors(i)) + [i])
+
+
+def test_metropolis_is_symmetric_doubly_stochastic():
+    g = build_graph("erdos-renyi", 25, 4, seed=2)
+    rows = mixing_weights(g, "metropolis")
+    W = np.zeros((25, 25))
+    for i, row in rows.items():
+        for j, w in row:
+            W[i, j] = w
+    assert np.allclose(W, W.T) and np.allclose(W.sum(0), 1) and (W >= 0).all()
+
+
+def test_uniform_weights_are_one_over_degree_plus_one():
+    g = build_graph("regular", 10, 3, seed=0)
+    assert all(w == 0.25 for row in mixing_weights(g).values() for _, w in row)
+
+
+def test_drawing_writes_png(tmp_path):
+    draw_graph(build_graph("regular", 30, 5, seed=0), tmp_path / "g.png")
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"

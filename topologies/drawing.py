@@ -1,0 +1,27 @@
+"""A round's graph as a PNG, so a run folder shows who talked to whom."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import networkx as nx  # noqa: E402
+
+
+def draw_graph(graph: nx.Graph, path: Path, title: str = "") -> None:
+    n = graph.number_of_nodes()
+    layout = nx.circular_layout(graph) if graph.graph.get("kind") in ("ring", "regular", "full") or n > 60 \
+        else nx.spring_layout(graph, seed=0)
+    fig, ax = plt.subplots(figsize=(6, 6))
+    size = max(8, 300 // max(1, n // 10))
+    nx.draw_networkx_edges(graph, layout, ax=ax, alpha=0.35, width=0.6)
+    nx.draw_networkx_nodes(graph, layout, ax=ax, node_size=size, node_color="tab:blue")
+    if n <= 40:
+        nx.draw_networkx_labels(graph, layout, ax=ax, font_size=7, font_color="white")
+    ax.set_title(title or f"{graph.graph.get('kind', 'graph')}: {n} peers, {graph.number_of_edges()} edges")
+    ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,54 @@
+"""Graph generators. Every graph is a pure function of (kind, n, kappa, seed)."""
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+
+from p2pfl.errors import UserError
+
+MAX_CONNECT_TRIES = 100
+
+
+def check_graph(kind: str, n: int, kappa: float) -> None:
+    """Raise UserError for graphs that cannot exist, before any work starts."""
+    if kind == "regular":
+        if kappa != int(kappa) or kappa < 1:
+            raise UserError(f"a kappa-regular graph needs a whole degree >= 1, got kappa={kappa}")
+        if kappa >= n:
+            raise UserError(f"a {int(kappa)}-regular graph needs more than {int(kappa)} peers, got {n}")
+        if (int(kappa) * n) % 2:
+            raise UserError(f"no {int(kappa)}-regular graph on {n} peers exists: kappa * peers must be even")
+    elif kind == "erdos-renyi":
+        if not 0 < kappa <= n - 1:
+            raise UserError(f"an Erdos-Renyi mean degree must be in (0, peers-1] = (0, {n - 1}], got {kappa}")
+    elif kind == "ring" and n < 3:
+        raise UserError(f"a ring needs at least 3 peers, got {n}")
+    elif kind in ("star", "chain", "full") and n < 2:
+        raise UserError(f"a {kind} graph needs at least 2 peers, got {n}")
+
+
+def build_graph(kind: str, n: int, kappa: float, seed: int) -> nx.Graph:
+    """One graph on nodes 0..n-1. Ring and chain follow a seeded permutation, so a new seed
+    gives new neighbours (as the NTK-DFL reference code's dynamic ring)."""
+    rng = np.random.default_rng(seed)
+    if kind == "regular":
+        graph = nx.random_regular_graph(int(kappa), n, seed=int(rng.integers(2**31)))
+    elif kind == "erdos-renyi":
+        p = kappa / (n - 1)
+        for _ in range(MAX_CONNECT_TRIES):  # redraw until connected, so averaging can mix everyone
+            graph = nx.gnp_random_graph(n, p, seed=int(rng.integers(2**31)))
+            if nx.is_connected(graph):
+                break
+    elif kind in ("ring", "chain"):
+        order = rng.permutation(n).tolist()
+        graph = nx.Graph()
+        graph.add_nodes_from(range(n))
+        graph.add_edges_from(zip(order, order[1:] + (order[:1] if kind == "ring" else [])))
+    elif kind == "star":
+        graph = nx.star_graph(n - 1)  # hub is node 0
+    elif kind == "full":
+        graph = nx.complete_graph(n)
+    else:
+        raise UserError(f"unknown topology {kind!r}")
+    graph.graph["kind"] = kind
+    return graph

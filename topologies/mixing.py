@@ -1,0 +1,30 @@
+"""Mixing weights W_ij for neighbour averaging. Each row sums to 1 and lists j in increasing order,
+including i itself, so sums over a neighbourhood happen in the same order on every rank."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import networkx as nx
+
+
+def mixing_weights(graph: nx.Graph, kind: str = "uniform",
+                   sample_counts: Sequence[int] | None = None) -> dict[int, list[tuple[int, float]]]:
+    """uniform: 1/(deg_i+1) (NTK-DFL reference code); metropolis: 1/(1+max(deg_i, deg_j)), the rest on
+    i (symmetric, doubly stochastic); sample-weighted: n_j / sum of n over the neighbourhood (paper eq. 1)."""
+    rows: dict[int, list[tuple[int, float]]] = {}
+    for i in graph.nodes:
+        hood = sorted(list(graph.neighbors(i)) + [i])
+        if kind == "uniform":
+            weights = {j: 1.0 / len(hood) for j in hood}
+        elif kind == "metropolis":
+            weights = {j: 1.0 / (1 + max(graph.degree[i], graph.degree[j])) for j in hood if j != i}
+            weights[i] = 1.0 - sum(weights.values())
+        elif kind == "sample-weighted":
+            if sample_counts is None:
+                raise ValueError("sample-weighted mixing needs the peers' sample counts")
+            total = float(sum(sample_counts[j] for j in hood))
+            weights = {j: sample_counts[j] / total for j in hood}
+        else:
+            raise ValueError(f"unknown mixing {kind!r}")
+        rows[i] = [(j, weights[j]) for j in hood]
+    return rows
