@@ -34,11 +34,18 @@ def masked_loss(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> to
 
 def gradients(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
               mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-peer gradients of the masked mean loss: (L, D), and the losses (L,)."""
-    leaf = flat.detach().requires_grad_(True)
-    losses = masked_loss(stack.forward(leaf, x), y, mask)
-    (grad,) = torch.autograd.grad(losses.sum(), leaf)
-    return grad, losses.detach()
+    """Per-peer gradients of the masked mean loss: (L, D), and the losses (L,).
+
+    Each parameter is its own leaf (a view of flat): differentiating through slices of one flat leaf
+    would make autograd build a zero-filled (L, D) tensor per parameter."""
+    leaves = {name: v.detach().requires_grad_(True) for name, v in stack.layout.views(flat).items()}
+    logits = stack.forward_views(leaves, x)
+    losses = masked_loss(logits, y, mask)
+    grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
+    out = torch.empty_like(flat)
+    for view, g in zip(stack.layout.views(out).values(), grads):
+        view.copy_(g)
+    return out, losses.detach()
 
 
 def epoch_batches(shards: list[torch.Tensor], batch: int, seed: int, round_index: int, peers: list[int],
@@ -58,13 +65,22 @@ def epoch_batches(shards: list[torch.Tensor], batch: int, seed: int, round_index
 
 def apply_step(flat: torch.Tensor, grad: torch.Tensor, active: torch.Tensor, opt: SGDSettings, lr: float,
                velocity: torch.Tensor | None) -> None:
-    """In-place SGD (torch semantics: buf = m*buf + g, dampening 0) on the rows where active is true."""
+    """In-place SGD (torch semantics: buf = m*buf + g, dampening 0) on the rows where active is true.
+    grad is consumed (modified in place)."""
+    if not bool(active.all()):
+        rows = active.nonzero()[:, 0]
+        sub_v = velocity[rows] if velocity is not None else None
+        sub_w = flat[rows]
+        apply_step(sub_w, grad[rows], torch.ones(len(rows), dtype=torch.bool), opt, lr, sub_v)
+        flat[rows] = sub_w
+        if velocity is not None:
+            velocity[rows] = sub_v
+        return
     if opt.weight_decay:
-        grad = grad + opt.weight_decay * flat
+        grad.add_(flat, alpha=opt.weight_decay)
     if velocity is not None:
-        velocity.copy_(torch.where(active[:, None], opt.momentum * velocity + grad, velocity))
-        grad = velocity
-    flat.sub_(lr * grad * active[:, None].to(flat.dtype))
+        grad = velocity.mul_(opt.momentum).add_(grad)
+    flat.add_(grad, alpha=-lr)
 
 
 def train_epochs(stack: PeerStack, flat: torch.Tensor, shards: list[torch.Tensor], peers: list[int],

@@ -80,3 +80,14 @@ def test_divergence_stops_with_round_and_peers(tmp_path, capsys):
                  "--local-epochs", "1", "--out", str(tmp_path / "r"), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 3 and "round 0" in err and "NaN/inf" in err
+
+
+def test_every_preset_is_a_valid_config():
+    from pathlib import Path
+
+    from p2pfl.config import load_toml, make_config
+
+    presets = sorted(Path(__file__).resolve().parents[1].glob("launch/presets/*.toml"))
+    assert presets
+    for path in presets:
+        make_config(load_toml(str(path)))

@@ -50,14 +50,19 @@ class PeerStack:
         self.layout = ParamLayout(model)
         self.batched = batched
 
-    def forward_one(self, flat_row: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.model, self.layout.views(flat_row), (x,))
-
     def forward(self, flat: torch.Tensor, x: torch.Tensor, shared_input: bool = False) -> torch.Tensor:
         """flat (L, D); x (L, B, ...) or, with shared_input, (B, ...) for all peers -> (L, B, classes)."""
+        return self.forward_views(self.layout.views(flat), x, shared_input)
+
+    def forward_views(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                      shared_input: bool = False) -> torch.Tensor:
+        """As forward, from named (L, ...) parameter tensors."""
+        call = lambda p, xb: functional_call(self.model, p, (xb,))  # noqa: E731
         if self.batched:
-            return vmap(self.forward_one, in_dims=(0, None if shared_input else 0))(flat, x)
-        return torch.stack([self.forward_one(flat[i], x if shared_input else x[i]) for i in range(len(flat))])
+            return vmap(call, in_dims=(0, None if shared_input else 0))(params, x)
+        rows = next(iter(params.values())).shape[0]
+        return torch.stack([call({k: v[i] for k, v in params.items()}, x if shared_input else x[i])
+                            for i in range(rows)])
 
 
 def initial_parameters(model: nn.Module, peers: list[int], seed: int, init: str,
