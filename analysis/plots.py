@@ -60,3 +60,20 @@ def plot_comparison(runs: dict[str, list[dict]], path: Path, key: str = "test_ac
     if target is not None:
         ax.axhline(100 * target, color="grey", ls="--", lw=0.8)
     _finish(fig, ax, path, "round", f"{key} (%)", title)
+
+
+def plot_final_averaging(result: dict, path: Path) -> None:
+    """NTK-DFL fig. 5: test accuracy of the average of the first n peers, for each averaging order,
+    over a histogram of the peers' own validation accuracies."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    styles = {"high-to-low": "tab:red", "random": "tab:green", "low-to-high": "tab:blue"}
+    for name, curve in result["orders"].items():
+        ax.plot(result["n"], [100 * a for a in curve["test_acc"]], color=styles.get(name), label=name)
+    sel = result["selected"]
+    ax.plot([sel["peers"]], [100 * sel["test_acc"]], "k*", ms=10, label=f"selected (n={sel['peers']})")
+    hist = ax.twinx()
+    hist.hist([100 * a for a in result["client_val_acc"]], bins=30, orientation="horizontal", alpha=0.2,
+              color="grey")
+    hist.set_ylabel("")
+    hist.set_yticks([])
+    _finish(fig, ax, path, "peers averaged", "test accuracy (%)", "final model averaging")

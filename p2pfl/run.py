@@ -52,6 +52,10 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
 
     device = pick_device(cfg.device, local_rank)
     data = load_dataset(cfg.dataset, cfg.data_dir)
+    if cfg.extras.get("ntk_projection"):
+        from p2pfl.ntk.compression import project_dataset
+
+        project_dataset(data, cfg.extras["ntk_projection"], cfg.seed)
     shards = partition(data.train_y.numpy(), data.n_classes, cfg.peers, cfg.partition, cfg.samples_per_peer,
                        cfg.alpha, cfg.classes_per_peer, cfg.dirichlet_style, cfg.seed)
     transport = make_transport(cfg.peers, 0, cfg.comm_timeout)

@@ -65,34 +65,42 @@ def _fraction(value: Any) -> str | None:
     return None if 0 < value <= 1 else f"must be in (0, 1], got {value}"
 
 
+def _bits(value: Any) -> str | None:
+    return None if 0 <= value <= 8 else f"must be between 0 (off) and 8, got {value}"
+
+
 OPTIONS = {o.name: o for o in [
     Option("ntk_taus", "candidate evolution steps t, comma-separated (default 100,200,...,800)", int_list,
            _positive_ints),
     Option("ntk_loss", "kernel evolution: ce (ODE, reference code) or mse (closed form, paper eqs. 4-5)", str,
            _one_of("ce", "mse")),
-    Option("ntk_selection", "pick t by: network (true loss on neighbourhood data), linearized (residual of "
+    Option("ntk_ode", "CE ODE integrator: adaptive (accurate, error-controlled, as the reference code) or "
+           "euler (unit steps = gradient descent on the linearized model)", str, _one_of("adaptive", "euler")),
+    Option("ntk_selection", "pick t by: network (true loss on neighbourhood data), linearized (loss of "
            "the evolved outputs) or own (true loss on the peer's own data)", str,
            _one_of("network", "linearized", "own")),
-    Option("ntk_jacobian", "Jacobian path: factored (exact, fast, Linear+activation nets) or dense", str,
-           _one_of("factored", "dense")),
-    Option("ntk_ode_substeps", "Runge-Kutta substeps per evolution step for the CE ODE (default 1)", int,
+    Option("ntk_jacobian", "Jacobian path: auto, factored (exact, fast, MLPs) or dense (any model; "
+           "needed by compression)", str, _one_of("auto", "factored", "dense")),
+    Option("ntk_batches", "Jacobian batching m1: evolve m1 times a round, each on 1/m1 of the samples", int,
            _positive),
-    Option("ntk_batches", "Jacobian batching m1: split local data in m1 slices evolved one after another", int,
+    Option("ntk_subsample", "data subsampling m2: peers use 1/m2 of their samples each round", int,
            _positive),
-    Option("ntk_subsample", "data subsampling m2: fraction of each peer's samples in its Jacobian", float,
-           _fraction),
     Option("ntk_topk", "Jacobian compression: keep this fraction of entries (top-k by magnitude)", float,
            _fraction),
-    Option("ntk_quant_bits", "Jacobian compression: quantize entries to this many bits (0 = off)", int,
-           _non_negative),
-    Option("ntk_projection", "Jacobian compression: project inputs to this many dims with a shared-seed "
-           "Gaussian matrix (0 = off)", int, _non_negative),
+    Option("ntk_quant_bits", "Jacobian compression: quantize kept entries to this many bits (0 = off)", int,
+           _bits),
+    Option("ntk_projection", "project inputs to this many dims with a shared-seed Gaussian matrix (0 = off)",
+           int, _non_negative),
     Option("ntk_no_avg", "skip the per-round weight averaging (ablation of fig. 6)", flag_action="store_true"),
-    Option("final_selection", "final model averaging order: all, high-to-low, random, low-to-high", str,
-           _one_of("all", "high-to-low", "random", "low-to-high")),
     Option("clients_per_round", "clients the server samples each round (centralized algorithms)", int,
            _positive),
 ]}
+
+NTK_DFL_DEFAULTS = {
+    "lr": 0.01, "lr_decay": 0.07, "ntk_taus": [100, 200, 300, 400, 500, 600, 700, 800], "ntk_loss": "ce",
+    "ntk_ode": "adaptive", "ntk_selection": "network", "ntk_jacobian": "auto", "ntk_batches": 1, "ntk_subsample": 1,
+    "ntk_topk": 1.0, "ntk_quant_bits": 0, "ntk_projection": 0, "ntk_no_avg": False,
+}
 
 
 @dataclass(frozen=True)
@@ -136,4 +144,6 @@ REGISTRY = Registry({s.name: s for s in [
                   {"lr": 0.1, "batch_size": 25, "local_epochs": 20, "momentum": 0.0}),
     AlgorithmSpec("dfedavgm", "dfedavg", "DFedAvg", "DFedAvg with heavy-ball momentum, reset each round",
                   {"lr": 0.01, "batch_size": 50, "local_epochs": 20, "momentum": 0.9}),
+    AlgorithmSpec("ntk-dfl", "ntk_dfl", "NTKDFL", "NTK-DFL: averaging, Jacobian exchange, local NTK evolution",
+                  NTK_DFL_DEFAULTS, tuple(k for k in NTK_DFL_DEFAULTS if k.startswith("ntk_"))),
 ]})

@@ -1,0 +1,58 @@
+"""Final model averaging with client selection (NTK-DFL section 3.3 and fig. 5).
+
+After training, the test set is split 50:50 into validation and test. Peers are ranked by their
+model's validation accuracy and averaged in an order (high-to-low: the paper's selection; random;
+low-to-high). For each number n of peers averaged, the averaged model's validation and test accuracy
+are recorded, so the curve of fig. 5 can be drawn; the selected model averages the first n of the
+high-to-low order with n picked by validation accuracy.
+"""
+from __future__ import annotations
+
+import torch
+
+from p2pfl.seeding import torch_generator
+from p2pfl.training import evaluate
+
+ORDERS = ("high-to-low", "random", "low-to-high")
+
+
+def grid(m: int, points: int = 60) -> list[int]:
+    step = max(1, m // points)
+    return sorted(set(list(range(1, min(m, 20) + 1)) + list(range(step, m + 1, step)) + [m]))
+
+
+def final_averaging(ctx) -> dict | None:
+    """Collective: every rank calls it; rank 0 returns the curves."""
+    weights = ctx.transport.gather_rows(ctx.flat)
+    if weights is None:
+        return None
+    weights = weights.to(ctx.device)
+    x, y = ctx.data.test_x, ctx.data.test_y
+    order = torch.randperm(len(y), generator=torch_generator(ctx.cfg.seed, "validation-split"))
+    half = len(y) // 2
+    val, test = order[:half].to(x.device), order[half:].to(x.device)
+    val_acc, _ = evaluate(ctx.stack, weights, x[val], y[val])
+    counts = torch.tensor(ctx.sample_counts, dtype=weights.dtype, device=weights.device)
+    if ctx.cfg.aggregate == "uniform":
+        counts = torch.ones_like(counts)
+    ns = grid(len(weights))
+    result: dict = {"n": ns, "client_val_acc": val_acc.tolist(), "orders": {}}
+    for name in ORDERS:
+        if name == "random":
+            perm = torch.randperm(len(weights), generator=torch_generator(ctx.cfg.seed, "final-order"))
+        else:
+            perm = torch.argsort(val_acc.cpu(), descending=name == "high-to-low", stable=True)
+        perm = perm.to(weights.device)
+        cum_w = torch.cumsum(weights[perm] * counts[perm, None], 0)
+        cum_n = torch.cumsum(counts[perm], 0)
+        index = torch.tensor([n - 1 for n in ns], device=weights.device)
+        averaged = cum_w[index] / cum_n[index, None]
+        v_acc, _ = evaluate(ctx.stack, averaged, x[val], y[val])
+        t_acc, _ = evaluate(ctx.stack, averaged, x[test], y[test])
+        result["orders"][name] = {"val_acc": v_acc.tolist(), "test_acc": t_acc.tolist()}
+    best = result["orders"]["high-to-low"]
+    pick = max(range(len(ns)), key=lambda i: (best["val_acc"][i], -i))
+    result["selected"] = {"order": "high-to-low", "peers": ns[pick], "val_acc": best["val_acc"][pick],
+                          "test_acc": best["test_acc"][pick]}
+    result["all_peers"] = {"val_acc": best["val_acc"][-1], "test_acc": best["test_acc"][-1]}
+    return result

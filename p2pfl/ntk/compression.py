@@ -1,0 +1,67 @@
+"""Jacobian compression (NTK-DFL appendix D.2, CP-NTK-FL): top-k sparsification, b-bit quantization of
+what is kept (really bit-packed, so the byte count is honest), and a shared-seed Gaussian projection
+of the inputs that shrinks the model's input size."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from p2pfl.seeding import torch_generator
+
+
+def _pack_bits(q: np.ndarray, bits: int) -> np.ndarray:
+    return np.packbits(np.unpackbits(q.astype(np.uint8)[:, None], axis=1)[:, 8 - bits:].reshape(-1))
+
+
+def _unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    planes = np.unpackbits(packed)[: count * bits].reshape(count, bits)
+    return np.packbits(np.pad(planes, ((0, 0), (8 - bits, 0))), axis=1)[:, 0]
+
+
+def encode(J: torch.Tensor, keep: float = 1.0, bits: int = 0) -> tuple[torch.Tensor, ...]:
+    """A dense Jacobian as (shape, indices, values[, range]): the largest-magnitude keep fraction of its
+    entries, their values quantized to `bits` bits between their min and max when bits > 0."""
+    flat = J.reshape(-1)
+    k = max(1, math.ceil(keep * flat.numel())) if keep < 1 else flat.numel()
+    index = flat.abs().topk(k, sorted=False).indices.sort().values if k < flat.numel() else None
+    values = flat[index] if index is not None else flat
+    shape = torch.tensor(J.shape, dtype=torch.int64)
+    head = (shape, index.to(torch.int32) if index is not None else torch.zeros(0, dtype=torch.int32))
+    if not bits:
+        return (*head, values.float())
+    lo, hi = values.min(), values.max()
+    scale = (hi - lo).clamp(min=1e-30)
+    q = torch.round((values - lo) / scale * (2**bits - 1)).to(torch.uint8).cpu().numpy()
+    packed = torch.from_numpy(_pack_bits(q, bits))
+    return (*head, packed, torch.stack([lo, hi]).float(), torch.tensor([bits, len(values)], dtype=torch.int32))
+
+
+def decode(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    shape, index = tuple(int(s) for s in tensors[0]), tensors[1]
+    if len(tensors) == 3:
+        values = tensors[2]
+    else:
+        packed, (lo, hi), (bits, count) = tensors[2], tensors[3], tensors[4].tolist()
+        q = torch.from_numpy(_unpack_bits(packed.numpy(), bits, count)).float()
+        values = lo + q / (2**bits - 1) * (hi - lo)
+    if index.numel() == 0:
+        return values.reshape(shape)
+    out = torch.zeros(math.prod(shape), dtype=values.dtype)
+    out[index.long()] = values
+    return out.reshape(shape)
+
+
+def gaussian_projection(d_in: int, d_out: int, seed: int) -> torch.Tensor:
+    """P (d_in, d_out) with N(0, 1/d_out) entries from a seed every peer shares: Z = X P keeps norms
+    on average, and X cannot be read back from Z without P.and with P only up to its null space when d_out < d_in."""
+    gen = torch_generator(seed, "projection", d_in, d_out)
+    return torch.randn(d_in, d_out, generator=gen) / math.sqrt(d_out)
+
+
+def project_dataset(data, d_out: int, seed: int) -> None:
+    """Replace train and test inputs by their projections (the model's input size becomes d_out)."""
+    P = gaussian_projection(data.train_x.shape[1], d_out, seed).to(data.train_x.device)
+    data.train_x = data.train_x @ P
+    data.test_x = data.test_x @ P

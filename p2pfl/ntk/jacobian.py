@@ -1,0 +1,176 @@
+"""Per-sample Jacobians of a model's outputs, in two interchangeable forms.
+
+DenseJacobian holds J (n, C, D) from torch.func: any model, and the form compression acts on.
+
+FactoredJacobian is exact for MLPs (Linear layers with elementwise activations). For layer l the
+Jacobian of output c is an outer product, dF_c/dW_l = delta_{l,c} a_{l-1}^T, and the backprop signal
+delta is fixed by the weights and the activation derivatives sigma'(z_l). So a sample is encoded by
+its layer inputs a_0..a_{L-1} and its derivatives sigma'(z_1)..sigma'(z_{L-1}); whoever holds the
+weights the Jacobian was taken at (in NTK-DFL: the receiver, whose own averaged weights they are)
+rebuilds every kernel entry and J^T r exactly, in O(N^2 (d_in + width)) instead of O(N^2 C D).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call, jacrev, vmap
+
+from p2pfl.models.mlp import MLP
+from p2pfl.models.stack import ParamLayout
+
+
+@dataclass(frozen=True)
+class MLPShape:
+    """Which slots of the flat vector are each Linear layer's weight and bias, and the activation."""
+
+    weights: list[slice]
+    biases: list[slice]
+    dims: list[tuple[int, int]]  # (out, in) per layer
+    activation: str  # 'relu'
+
+    @staticmethod
+    def of(model: nn.Module, layout: ParamLayout) -> "MLPShape":
+        if not isinstance(model, MLP):
+            raise TypeError("the factored Jacobian needs the MLP (Linear layers + ReLU); use the dense path")
+        slots = {s.name: s for s in layout.slots}
+        weights, biases, dims = [], [], []
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear):
+                w, b = slots[f"{name}.weight"], slots[f"{name}.bias"]
+                weights.append(slice(w.offset, w.offset + w.numel))
+                biases.append(slice(b.offset, b.offset + b.numel))
+                dims.append((module.out_features, module.in_features))
+        return MLPShape(weights, biases, dims, "relu")
+
+    @property
+    def n_classes(self) -> int:
+        return self.dims[-1][0]
+
+    def weight(self, flat: torch.Tensor, layer: int) -> torch.Tensor:
+        return flat[self.weights[layer]].view(self.dims[layer])
+
+    def dense_size(self) -> int:
+        return sum(o * i + o for o, i in self.dims)
+
+
+@dataclass
+class FactoredJacobian:
+    acts: list[torch.Tensor]  # inputs of each Linear layer: (n, in_l)
+    gates: list[torch.Tensor]  # sigma'(z_l) of each hidden layer: (n, out_l)
+
+    @property
+    def n(self) -> int:
+        return self.acts[0].shape[0]
+
+    @staticmethod
+    def compute(shape: MLPShape, flat: torch.Tensor, x: torch.Tensor) -> tuple["FactoredJacobian", torch.Tensor]:
+        """The factors of f(x; flat) and the outputs f (n, C): a forward pass, no backward needed."""
+        acts, gates, a = [], [], x.reshape(len(x), -1)
+        for layer in range(len(shape.dims)):
+            acts.append(a)
+            z = a @ shape.weight(flat, layer).T + flat[shape.biases[layer]]
+            if layer < len(shape.dims) - 1:
+                gates.append((z > 0).to(z.dtype))
+                a = torch.relu(z)
+        return FactoredJacobian(acts, gates), z
+
+    def signals(self, shape: MLPShape, flat: torch.Tensor, layer: int) -> torch.Tensor:
+        """delta_l (n, C, out_l) = d f / d z_l, rebuilt from the gates and the weights."""
+        n, C = self.n, shape.n_classes
+        delta = torch.eye(C, dtype=self.acts[0].dtype, device=self.acts[0].device).expand(n, C, C)
+        for l in range(len(shape.dims) - 1, layer, -1):
+            delta = (delta @ shape.weight(flat, l)) * self.gates[l - 1][:, None, :]
+        return delta
+
+    def kernel(self, shape: MLPShape, flat: torch.Tensor) -> torch.Tensor:
+        """H_mn = (1/C) sum_c <J_c(x_m), J_c(x_n)>, summed layer by layer from the factors."""
+        L, C = len(shape.dims), shape.n_classes
+        H = torch.zeros(self.n, self.n, dtype=self.acts[0].dtype, device=self.acts[0].device)
+        for layer in range(L):
+            inputs = self.acts[layer] @ self.acts[layer].T + 1.0  # weights and bias
+            if layer == L - 1:
+                H += inputs * C  # delta_L is the identity: sum_c <e_c, e_c> = C
+            elif layer == L - 2:
+                # delta_{L-1}[c] = W_L[c] * gate, so sum_c <delta_m[c], delta_n[c]> = gate_m diag(s) gate_n
+                s = (shape.weight(flat, L - 1) ** 2).sum(0)
+                g = self.gates[layer] * s.sqrt()
+                H += inputs * (g @ g.T)
+            else:
+                d = self.signals(shape, flat, layer).reshape(self.n, -1)
+                H += inputs * (d @ d.T)
+        return H / C
+
+    def transpose_apply(self, shape: MLPShape, flat: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+        """sum_{m,c} R[t,m,c] dF_c(x_m)/dw for each t: R (T, n, C) -> (T, D), by backprop of R."""
+        out = torch.zeros(R.shape[0], flat.shape[0], dtype=R.dtype, device=R.device)
+        g = R
+        for layer in range(len(shape.dims) - 1, -1, -1):
+            out[:, shape.weights[layer]] = torch.einsum("tno,ni->toi", g, self.acts[layer]).reshape(len(R), -1)
+            out[:, shape.biases[layer]] = g.sum(1)
+            if layer:
+                g = (g @ shape.weight(flat, layer)) * self.gates[layer - 1]
+        return out
+
+    def rows(self, index: torch.Tensor) -> "FactoredJacobian":
+        return FactoredJacobian([a[index] for a in self.acts], [g[index] for g in self.gates])
+
+    def to_wire(self) -> tuple[torch.Tensor, ...]:
+        """ReLU gates are 0/1: sent as bytes, not floats."""
+        return (*self.acts, *(g.to(torch.uint8) for g in self.gates))
+
+    @staticmethod
+    def from_wire(tensors: tuple[torch.Tensor, ...], dtype=torch.float32) -> "FactoredJacobian":
+        n_layers = (len(tensors) + 1) // 2
+        return FactoredJacobian([t.to(dtype) for t in tensors[:n_layers]],
+                                [t.to(dtype) for t in tensors[n_layers:]])
+
+    @staticmethod
+    def cat(parts: list["FactoredJacobian"]) -> "FactoredJacobian":
+        return FactoredJacobian([torch.cat(a) for a in zip(*(p.acts for p in parts))],
+                                [torch.cat(g) for g in zip(*(p.gates for p in parts))])
+
+
+@dataclass
+class DenseJacobian:
+    J: torch.Tensor  # (n, C, D)
+
+    @property
+    def n(self) -> int:
+        return self.J.shape[0]
+
+    @staticmethod
+    def compute(model: nn.Module, layout: ParamLayout, flat: torch.Tensor, x: torch.Tensor,
+                chunk: int = 50) -> tuple["DenseJacobian", torch.Tensor]:
+        """Per-sample Jacobians with torch.func (vmap of jacrev), chunk samples at a time."""
+
+        def f(w, xi):
+            return functional_call(model, layout.views(w), (xi[None],))[0]
+
+        jac = vmap(jacrev(f), in_dims=(None, 0))
+        outs = [(jac(flat, x[s:s + chunk]), f_chunk) for s in range(0, len(x), chunk)
+                for f_chunk in [vmap(f, in_dims=(None, 0))(flat, x[s:s + chunk])]]
+        return DenseJacobian(torch.cat([j for j, _ in outs])), torch.cat([o for _, o in outs]).detach()
+
+    def kernel(self, shape=None, flat=None) -> torch.Tensor:
+        C = self.J.shape[1]
+        flatJ = self.J.reshape(self.n, -1)
+        return flatJ @ flatJ.T / C
+
+    def transpose_apply(self, shape, flat, R: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("tnc,ncd->td", R, self.J)
+
+    def rows(self, index: torch.Tensor) -> "DenseJacobian":
+        return DenseJacobian(self.J[index])
+
+    def to_wire(self) -> tuple[torch.Tensor, ...]:
+        return (self.J,)
+
+    @staticmethod
+    def from_wire(tensors, dtype=torch.float32) -> "DenseJacobian":
+        return DenseJacobian(tensors[0].to(dtype))
+
+    @staticmethod
+    def cat(parts: list["DenseJacobian"]) -> "DenseJacobian":
+        return DenseJacobian(torch.cat([p.J for p in parts]))

@@ -1,0 +1,140 @@
+"""The NTK math: factored == dense, evolution == explicit gradient descent, and one NTK-DFL peer step
+re-done independently with torch.autograd."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from p2pfl.models import MLP, ParamLayout, initial_parameters
+from p2pfl.ntk import DenseJacobian, FactoredJacobian, MLPShape
+from p2pfl.ntk.compression import decode, encode, gaussian_projection
+from p2pfl.ntk.evolution import evolve_ce, evolve_mse
+from p2pfl.ntk.step import NTKSettings, ntk_step
+
+
+def random_mlp(hidden, n_in=9, n_out=4, seed=0):
+    model = MLP(n_in, hidden, n_out)
+    flat = initial_parameters(model, [0], seed, "same", torch.device("cpu"))[0]
+    flat = flat + 0.1 * torch.randn(flat.shape, generator=torch.Generator().manual_seed(seed))  # non-zero biases
+    return model, ParamLayout(model), flat
+
+
+@pytest.mark.parametrize("hidden", [[7], [8, 6], [5, 6, 7], []])
+def test_factored_equals_dense_kernel_and_transpose(hidden):
+    model, layout, w = random_mlp(hidden)
+    x = torch.randn(13, 9, generator=torch.Generator().manual_seed(1))
+    shape = MLPShape.of(model, layout)
+    fac, f_fac = FactoredJacobian.compute(shape, w, x)
+    den, f_den = DenseJacobian.compute(model, layout, w, x, chunk=5)
+    assert torch.allclose(f_fac, f_den, atol=1e-5)
+    assert torch.allclose(fac.kernel(shape, w), den.kernel(), rtol=1e-4, atol=1e-4)
+    R = torch.randn(3, 13, 4)
+    assert torch.allclose(fac.transpose_apply(shape, w, R), den.transpose_apply(shape, w, R), rtol=1e-4, atol=1e-4)
+
+
+def test_factored_wire_roundtrip_and_concatenation():
+    model, layout, w = random_mlp([8, 6])
+    shape = MLPShape.of(model, layout)
+    a, _ = FactoredJacobian.compute(shape, w, torch.randn(5, 9))
+    b, _ = FactoredJacobian.compute(shape, w, torch.randn(4, 9))
+    both = FactoredJacobian.cat([FactoredJacobian.from_wire(a.to_wire()), b])
+    assert both.n == 9
+    assert any(t.dtype == torch.uint8 for t in a.to_wire())  # ReLU gates travel as bytes
+    K = both.kernel(shape, w)
+    assert torch.allclose(K[:5, :5], a.kernel(shape, w), atol=1e-5)
+
+
+@pytest.mark.parametrize("loss,selection", [("ce", "linearized"), ("ce", "network"), ("mse", "linearized")])
+def test_factored_and_dense_steps_pick_the_same_weights(loss, selection):
+    model, layout, w = random_mlp([10])
+    x = torch.randn(40, 9, generator=torch.Generator().manual_seed(2))
+    y = torch.randint(0, 4, (40,), generator=torch.Generator().manual_seed(3))
+    shape = MLPShape.of(model, layout)
+    settings = NTKSettings(loss=loss, taus=(5, 10, 20), selection=selection, ode="euler")
+
+    def network_loss(cands):
+        logits = torch.stack([torch.func.functional_call(model, layout.views(c), (x,)) for c in cands])
+        return torch.stack([F.cross_entropy(l, y) for l in logits])
+
+    results = []
+    for jac, f0 in (FactoredJacobian.compute(shape, w, x), DenseJacobian.compute(model, layout, w, x)):
+        results.append(ntk_step(jac, shape, w, f0, y, 4, 0.5, settings, network_loss))
+    assert results[0].tau == results[1].tau
+    assert torch.allclose(results[0].weights, results[1].weights, rtol=1e-4, atol=1e-5)
+
+
+def linear_problem(n=30, d=6, c=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    model = MLP(d, [], c)  # one Linear layer: the NTK is exact and constant
+    layout = ParamLayout(model)
+    w0 = torch.randn(layout.size, generator=gen) * 0.3
+    x, y = torch.randn(n, d, generator=gen), torch.randint(0, c, (n,), generator=gen)
+    return model, layout, w0, x, y
+
+
+def gd(model, layout, w, x, y, lr, steps, loss):
+    w = w.clone()
+    for _ in range(steps):
+        w.requires_grad_(True)
+        out = torch.func.functional_call(model, layout.views(w), (x,))
+        Y = F.one_hot(y, out.shape[1]).float()
+        value = F.cross_entropy(out, y) if loss == "ce" else 0.5 * ((out - Y) ** 2).sum(1).mean()
+        (g,) = torch.autograd.grad(value, w)
+        w = (w - lr * g).detach()
+    return w
+
+
+def test_euler_ce_evolution_equals_gradient_descent_on_a_linear_model():
+    model, layout, w0, x, y = linear_problem()
+    shape = MLPShape.of(model, layout)
+    jac, f0 = FactoredJacobian.compute(shape, w0, x)
+    H, Y = jac.kernel(shape, w0), F.one_hot(y, 3).float()
+    eta, taus = 0.7, [1, 7, 25]
+    evo = evolve_ce(H, f0, Y, eta, taus, "euler")
+    for i, t in enumerate(taus):
+        w_t = w0 - eta / len(x) * jac.transpose_apply(shape, w0, evo.residual_sums[i:i + 1])[0]
+        assert torch.allclose(w_t, gd(model, layout, w0, x, y, eta, t, "ce"), atol=1e-5)
+
+
+def test_mse_closed_form_equals_gradient_descent_in_the_small_step_limit():
+    """eq. 4 is gradient flow: explicit GD with step eta/m for m*t steps converges to it."""
+    model, layout, w0, x, y = linear_problem()
+    shape = MLPShape.of(model, layout)
+    jac, f0 = FactoredJacobian.compute(shape, w0, x)
+    H, Y = jac.kernel(shape, w0), F.one_hot(y, 3).float()
+    eta, t, m = 0.5, 20, 50
+    evo = evolve_mse(H, f0, Y, eta, [t])
+    w_gd = gd(model, layout, w0, x, y, eta / m, t * m, "mse")
+    f_gd = torch.func.functional_call(model, layout.views(w_gd), (x,))
+    assert torch.allclose(evo.outputs[0], f_gd, atol=2e-3)
+    w_t = w0 - eta / len(x) * jac.transpose_apply(shape, w0, evo.residual_sums)[0]
+    assert torch.allclose(w_t, w_gd, atol=5e-3)  # eq. 5's left sum vs the flow's integral: O(eta*lambda/N)
+
+
+def test_adaptive_ode_matches_fine_euler():
+    model, layout, w0, x, y = linear_problem(seed=3)
+    shape = MLPShape.of(model, layout)
+    jac, f0 = FactoredJacobian.compute(shape, w0, x)
+    H, Y = jac.kernel(shape, w0), F.one_hot(y, 3).float()
+    ada = evolve_ce(H, f0, Y, 0.2, [10, 40], "adaptive")
+    fine = evolve_ce(H, f0, Y, 0.2 / 64, [640, 2560], "euler")  # the same flow in 64x smaller steps
+    assert torch.allclose(ada.outputs, fine.outputs, atol=1e-3)
+
+
+def test_topk_and_quantization():
+    J = torch.randn(4, 3, 50, generator=torch.Generator().manual_seed(0))
+    keep = decode(encode(J, keep=0.25))
+    assert (keep != 0).sum() == 150 and torch.equal(keep[keep != 0], J[keep != 0])
+    assert keep.abs().max() == J.abs().max()
+    q = encode(J, keep=0.5, bits=6)
+    back = decode(q)
+    kept = back != 0
+    step = float(J.abs().max() * 2 / 63)
+    assert float((back[kept] - J[kept]).abs().max()) <= step
+    assert sum(t.numel() * t.element_size() for t in q) < 0.6 * J.numel() * 4  # 6 bits + int32 index each
+    full = decode(encode(J, bits=8))
+    assert float((full - J).abs().max()) <= float(J.max() - J.min()) / 255
+
+
+def test_projection_is_shared_by_seed():
+    assert torch.equal(gaussian_projection(784, 200, 5), gaussian_projection(784, 200, 5))
+    assert not torch.equal(gaussian_projection(784, 200, 5), gaussian_projection(784, 200, 6))
