@@ -28,7 +28,7 @@ def encode(J: torch.Tensor, keep: float = 1.0, bits: int = 0) -> tuple[torch.Ten
     index = flat.abs().topk(k, sorted=False).indices.sort().values if k < flat.numel() else None
     values = flat[index] if index is not None else flat
     shape = torch.tensor(J.shape, dtype=torch.int64)
-    head = (shape, index.to(torch.int32) if index is not None else torch.zeros(0, dtype=torch.int32))
+    head = (shape, _positions(index, flat.numel()))
     if not bits:
         return (*head, values.float())
     lo, hi = values.min(), values.max()
@@ -38,8 +38,22 @@ def encode(J: torch.Tensor, keep: float = 1.0, bits: int = 0) -> tuple[torch.Ten
     return (*head, packed, torch.stack([lo, hi]).float(), torch.tensor([bits, len(values)], dtype=torch.int32))
 
 
+def _positions(index: torch.Tensor | None, numel: int) -> torch.Tensor:
+    """Where the kept entries are: int32 indices, or a bitmask (numel/8 bytes) when that is smaller."""
+    if index is None:
+        return torch.zeros(0, dtype=torch.int32)
+    if numel / 8 < 4 * index.numel():
+        mask = np.zeros(numel, dtype=bool)
+        mask[index.cpu().numpy()] = True
+        return torch.from_numpy(np.packbits(mask))
+    return index.to(torch.int32)
+
+
 def decode(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
     shape, index = tuple(int(s) for s in tensors[0]), tensors[1]
+    if index.dtype == torch.uint8:
+        bits = np.unpackbits(index.cpu().numpy())[: math.prod(shape)].astype(bool)
+        index = torch.from_numpy(np.flatnonzero(bits))
     if len(tensors) == 3:
         values = tensors[2]
     else:
