@@ -91,3 +91,41 @@ def test_every_preset_is_a_valid_config():
     assert presets
     for path in presets:
         make_config(load_toml(str(path)))
+
+
+def test_ntk_dfl_run_folder_and_phases(tmp_path):
+    import json
+
+    out = tmp_path / "ntk"
+    assert main(["--algo", "ntk-dfl", "--dataset", "synthetic", "--peers", "8", "--kappa", "3", "--rounds", "2",
+                 "--ntk-taus", "20,50", "--out", str(out), "--no-progress"]) == 0
+    rows = metric_lines(out)
+    assert set(rows[0]["bytes_by_phase"]) == {"average", "weights", "jacobians"}
+    assert rows[0]["bytes_dense"] > 20 * rows[0]["bytes_sent"]  # factors are far smaller than dense Jacobians
+    final = json.loads((out / "final.json").read_text())
+    assert set(final["orders"]) == {"high-to-low", "random", "low-to-high"}
+    assert final["n"][-1] == 8 and (out / "final_averaging.png").stat().st_size > 0
+    high = final["orders"]["high-to-low"]["val_acc"]
+    assert high[0] == max(final["client_val_acc"])  # the first of high-to-low is the best peer
+    assert "tau_histogram" in final
+
+
+def test_ntk_dfl_options_run(tmp_path):
+    """Ablation and communication options: no averaging, batching m1, subsampling m2, compression."""
+    base = ["--algo", "ntk-dfl", "--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--rounds", "1",
+            "--ntk-taus", "10", "--no-progress"]
+    variants = {"noavg": ["--ntk-no-avg"], "m1": ["--ntk-batches", "2"], "m2": ["--ntk-subsample", "4"],
+                "compress": ["--ntk-topk", "0.5", "--ntk-quant-bits", "6"], "proj": ["--ntk-projection", "16"],
+                "mse": ["--ntk-loss", "mse", "--ntk-selection", "linearized"], "own": ["--ntk-selection", "own"]}
+    sent = {}
+    for name, extra in variants.items():
+        assert main([*base, *extra, "--out", str(tmp_path / name)]) == 0, name
+        sent[name] = metric_lines(tmp_path / name)[0]["bytes_by_phase"]
+    assert "average" not in sent["noavg"]
+    assert sent["m2"]["jacobians"] < sent["mse"]["jacobians"] / 3
+    assert sent["m1"]["weights"] == 2 * sent["mse"]["weights"]
+
+
+def test_compression_needs_dense_path(capsys):
+    assert main(["--algo", "ntk-dfl", "--ntk-jacobian", "factored", "--ntk-topk", "0.5"]) == 2
+    assert "dense" in capsys.readouterr().err

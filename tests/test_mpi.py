@@ -35,3 +35,17 @@ def test_mpi_timeout_names_missing_peer():
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert "TIMEOUT" in result.stdout, result.stdout + result.stderr
     assert "peers [1]" in result.stdout and "average of round 3" in result.stdout
+
+
+def test_ntk_dfl_under_mpi_equals_single_process(tmp_path):
+    args = [*COMMON, "--algo", "ntk-dfl", "--ntk-taus", "50,100,200", "--lr", "0.1"]
+    single = run_cli(*args, "--out", str(tmp_path / "single"))
+    assert single.returncode == 0, single.stderr
+    multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=3)
+    assert multi.returncode == 0, multi.stderr
+    assert metric_lines(tmp_path / "single") == metric_lines(tmp_path / "multi")
+    import json
+
+    final_single = json.loads((tmp_path / "single" / "final.json").read_text())
+    final_multi = json.loads((tmp_path / "multi" / "final.json").read_text())
+    assert final_single == final_multi

@@ -138,3 +138,38 @@ def test_topk_and_quantization():
 def test_projection_is_shared_by_seed():
     assert torch.equal(gaussian_projection(784, 200, 5), gaussian_projection(784, 200, 5))
     assert not torch.equal(gaussian_projection(784, 200, 5), gaussian_projection(784, 200, 6))
+
+
+def test_one_ntk_dfl_peer_step_against_an_independent_dense_computation():
+    from tests.helpers import make_context
+    from topologies import mixing_weights
+
+    ctx, algo = make_context(algo="ntk-dfl", peers=6, kappa=2, init="different", lr=0.5, ntk_taus=[5, 20, 60])
+    start = ctx.flat.clone()
+    algo.round(0)
+    graph, peer = ctx.schedule.graph(0), 0
+    rows = mixing_weights(graph, "uniform")
+    wbar = sum(w * start[j] for j, w in rows[peer])
+    hood = sorted(list(graph.neighbors(peer)) + [peer])
+    index = torch.cat([ctx.shards[j] for j in hood])
+    x, y = ctx.data.train_x[index], ctx.data.train_y[index]
+    model, views = ctx.stack.model, ctx.stack.layout.views
+
+    def f(w):
+        return torch.func.functional_call(model, views(w), (x,))
+
+    J = torch.autograd.functional.jacobian(f, wbar)  # (N, C, D), plain autograd
+    N, C, _ = J.shape
+    H = torch.einsum("mcd,ncd->mn", J, J) / C
+    Y = F.one_hot(y, C).float()
+    eta, fs, acc, cands = 0.5, f(wbar).detach(), torch.zeros(N, C), []
+    for s in range(1, 61):
+        grad = torch.softmax(fs, -1) - Y
+        acc = acc + grad
+        fs = fs - eta / N * H @ grad
+        if s in (5, 20, 60):
+            cands.append(wbar - eta / N * torch.einsum("nc,ncd->d", acc, J))
+    losses = [F.cross_entropy(f(c), y) for c in cands]
+    expected = cands[int(torch.argmin(torch.stack(losses)))]
+    assert torch.allclose(ctx.flat[peer], expected, atol=1e-4)
+    assert not torch.allclose(expected, wbar)

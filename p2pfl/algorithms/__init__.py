@@ -98,7 +98,7 @@ OPTIONS = {o.name: o for o in [
 
 NTK_DFL_DEFAULTS = {
     "lr": 0.01, "lr_decay": 0.07, "ntk_taus": [100, 200, 300, 400, 500, 600, 700, 800], "ntk_loss": "ce",
-    "ntk_ode": "adaptive", "ntk_selection": "network", "ntk_jacobian": "auto", "ntk_batches": 1, "ntk_subsample": 1,
+    "ntk_ode": "euler", "ntk_selection": "network", "ntk_jacobian": "auto", "ntk_batches": 1, "ntk_subsample": 1,
     "ntk_topk": 1.0, "ntk_quant_bits": 0, "ntk_projection": 0, "ntk_no_avg": False,
 }
 
