@@ -39,6 +39,7 @@ test: install
 
 bench: install
 	$(PY) bench/bench_dfedavg.py
+	$(PY) bench/bench_ntk.py
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

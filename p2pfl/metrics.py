@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 from pathlib import Path
 
 import torch
@@ -66,14 +67,15 @@ class MetricsLog:
         ctx = self.ctx
         check_finite(ctx, round_index)
         sent, dense = ctx.transport.counter.take()
-        gathered = ctx.transport.gather((sent, dense))
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+        gathered = ctx.transport.gather((sent, dense, rss))
         train = ctx.transport.gather_rows(train_losses[:, None].double()) if train_losses is not None else None
         weights, accs, losses = self.evaluate_all() if evaluate_now else (None, None, None)
         if ctx.transport.rank != 0:
             return None
         phases: dict[str, int] = {}
         dense_total = 0
-        for s, d in gathered:
+        for s, d, _ in gathered:
             for k, v in s.items():
                 phases[k] = phases.get(k, 0) + v
             dense_total += sum(d.values())
@@ -89,7 +91,8 @@ class MetricsLog:
         if train is not None:
             row["train_loss"] = float(train.mean())
         row.update(bytes_sent=int(sum(phases.values())), bytes_dense=int(dense_total),
-                   bytes_by_phase=phases, wall_s=round(wall_s, 4))
+                   bytes_by_phase=phases, wall_s=round(wall_s, 4),
+                   peak_rss_mb=round(sum(r for _, _, r in gathered) / 1024))
         self.rows.append(row)
         if self.path is not None:
             with self.path.open("a") as fh:

@@ -5,19 +5,34 @@
 """
 from __future__ import annotations
 
-import json
 import os
-import sys
-import time
-import traceback
-from datetime import datetime
-from pathlib import Path
 
-import torch
 
-from p2pfl.comm import make_transport, mpi_world
-from p2pfl.config import RunConfig, parse_config, resolve, resolved_dict, write_toml
-from p2pfl.errors import DivergenceError, UserError
+def _threads_per_rank() -> None:
+    """Under mpirun, ranks on one machine share its cores: give BLAS and OpenMP their share before
+    numpy and torch start their thread pools (torch.set_num_threads alone leaves numpy's BLAS at all
+    cores, and oversubscribed thread pools spin against each other)."""
+    local = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or os.environ.get("MPI_LOCALNRANKS")
+    if local:
+        share = str(max(1, (os.cpu_count() or 1) // int(local)))
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, share)
+
+
+_threads_per_rank()
+
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from datetime import datetime  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from p2pfl.comm import make_transport, mpi_world  # noqa: E402
+from p2pfl.config import RunConfig, parse_config, resolve, resolved_dict, write_toml  # noqa: E402
+from p2pfl.errors import DivergenceError, UserError  # noqa: E402
 
 
 def pick_device(choice: str, local_rank: int) -> torch.device:

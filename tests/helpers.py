@@ -15,4 +15,5 @@ def metric_lines(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for row in rows:
         row.pop("wall_s")
+        row.pop("peak_rss_mb")  # machine facts, not results
     return rows

@@ -74,8 +74,10 @@ OPTIONS = {o.name: o for o in [
            _positive_ints),
     Option("ntk_loss", "kernel evolution: ce (ODE, reference code) or mse (closed form, paper eqs. 4-5)", str,
            _one_of("ce", "mse")),
-    Option("ntk_ode", "CE ODE integrator: adaptive (accurate, error-controlled, as the reference code) or "
-           "euler (unit steps = gradient descent on the linearized model)", str, _one_of("adaptive", "euler")),
+    Option("ntk_ode", "CE evolution: euler (unit steps = gradient descent on the linearized model), deflated "
+           "(the same steps, faster: the kernel's top subspace every step, the rest extrapolated) or adaptive "
+           "(accurate ODE solution, as the reference code's solver)", str,
+           _one_of("deflated", "euler", "adaptive")),
     Option("ntk_selection", "pick t by: network (true loss on neighbourhood data), linearized (loss of "
            "the evolved outputs) or own (true loss on the peer's own data)", str,
            _one_of("network", "linearized", "own")),
@@ -98,7 +100,7 @@ OPTIONS = {o.name: o for o in [
 
 NTK_DFL_DEFAULTS = {
     "lr": 0.01, "lr_decay": 0.07, "ntk_taus": [100, 200, 300, 400, 500, 600, 700, 800], "ntk_loss": "ce",
-    "ntk_ode": "euler", "ntk_selection": "network", "ntk_jacobian": "auto", "ntk_batches": 1, "ntk_subsample": 1,
+    "ntk_ode": "deflated", "ntk_selection": "network", "ntk_jacobian": "auto", "ntk_batches": 1, "ntk_subsample": 1,
     "ntk_topk": 1.0, "ntk_quant_bits": 0, "ntk_projection": 0, "ntk_no_avg": False,
 }
 

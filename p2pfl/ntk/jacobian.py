@@ -107,7 +107,7 @@ class FactoredJacobian:
         out = torch.zeros(R.shape[0], flat.shape[0], dtype=R.dtype, device=R.device)
         g = R
         for layer in range(len(shape.dims) - 1, -1, -1):
-            out[:, shape.weights[layer]] = torch.einsum("tno,ni->toi", g, self.acts[layer]).reshape(len(R), -1)
+            out[:, shape.weights[layer]] = (g.transpose(1, 2) @ self.acts[layer]).reshape(len(R), -1)
             out[:, shape.biases[layer]] = g.sum(1)
             if layer:
                 g = (g @ shape.weight(flat, layer)) * self.gates[layer - 1]

@@ -17,7 +17,7 @@ from p2pfl.ntk.evolution import evolve, linearized_loss
 class NTKSettings:
     loss: str = "ce"  # ce (ODE) or mse (closed form)
     taus: tuple[int, ...] = (100, 200, 300, 400, 500, 600, 700, 800)
-    ode: str = "euler"
+    ode: str = "deflated"
     selection: str = "network"  # network | linearized | own
 
 

@@ -1,0 +1,105 @@
+"""NTK-DFL benchmarks, measured side by side in one run.
+
+1. Seconds per round at 300 peers (kappa 5, Fashion-MNIST alpha 0.1, ~200 samples per peer, 8 candidate
+   t), and the job's peak memory: a real `python -m p2pfl.run` child (under mpirun with --ranks > 1),
+   round time from its metrics.jsonl (wall_s), peak memory the sum of the ranks' peak RSS.
+2. One peer's evolution step on the same neighbourhood, factored vs dense Jacobians (Jacobian, kernel,
+   evolution, candidates, selection), and the largest difference between the weights they pick.
+
+Usage: python bench/bench_ntk.py [--peers 300] [--rounds 1] [--ranks 2] [--skip-round] [--skip-dense]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from p2pfl.config import make_config, resolve
+from p2pfl.ntk import DenseJacobian, FactoredJacobian, MLPShape
+from p2pfl.ntk.step import NTKSettings, ntk_step
+from p2pfl.run import build
+
+
+def round_seconds(args) -> None:
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-m", "p2pfl.run", "--algo", "ntk-dfl", "--peers", str(args.peers), "--kappa", "5",
+               "--alpha", "0.1", "--rounds", str(args.rounds), "--out", out, "--no-progress"]
+        if args.ranks > 1:
+            cmd = [str(Path(sys.executable).parent / "mpirun"), "-n", str(args.ranks), "--oversubscribe", *cmd]
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, env=dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1",
+                                                 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
+        total = time.perf_counter() - start
+        rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    peak = max(r["peak_rss_mb"] for r in rows) / 1024  # summed over ranks by the run itself
+    for r in rows:
+        print(f"  round {r['round']}: {r['wall_s']:.1f} s (aggregated accuracy {100 * r['test_acc']:.1f}%, "
+              f"sent {r['bytes_sent'] / 1e6:.0f} MB, dense-equivalent {r['bytes_dense'] / 1e9:.0f} GB)")
+    print(f"  whole job {total:.0f} s with start-up and evaluation; peak memory {peak:.2f} GB")
+
+
+def one_step(ctx, path: str, peer: int = 0):
+    cfg = ctx.cfg
+    graph = ctx.schedule.graph(0)
+    hood = sorted(list(graph.neighbors(peer)) + [peer])
+    index = torch.cat([ctx.shards[j] for j in hood]).to(ctx.device)
+    x, y = ctx.data.train_x[index], ctx.data.train_y[index]
+    w = ctx.flat[0]
+    shape = MLPShape.of(ctx.stack.model, ctx.stack.layout)
+    settings = NTKSettings(cfg.extras["ntk_loss"], tuple(cfg.extras["ntk_taus"]), cfg.extras["ntk_ode"], "network")
+
+    def network_loss(cands):
+        logits = ctx.stack.forward(cands, x, shared_input=True)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.repeat(len(cands)),
+                               reduction="none").view(len(cands), -1).mean(1)
+
+    start = time.perf_counter()
+    if path == "factored":
+        jac, f0 = FactoredJacobian.compute(shape, w, x)
+    else:
+        jac, f0 = DenseJacobian.compute(ctx.stack.model, ctx.stack.layout, w, x)
+    with torch.no_grad():
+        result = ntk_step(jac, shape, w, f0, y, ctx.data.n_classes, ctx.lr(0), settings, network_loss)
+    return time.perf_counter() - start, result, len(y)
+
+
+def factored_vs_dense(args) -> None:
+    cfg = resolve(make_config({"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1,
+                               "progress": False}), 1)
+    ctx, _ = build(cfg, 0, 1, 0)
+    fac_s, fac, n = one_step(ctx, "factored")
+    fac_s = min(fac_s, one_step(ctx, "factored")[0])
+    print(f"  neighbourhood of peer 0: {n} samples, {len(cfg.extras['ntk_taus'])} candidates")
+    print(f"  factored: {fac_s:8.3f} s per peer step")
+    if args.skip_dense:
+        return
+    dense_s, dense, _ = one_step(ctx, "dense")
+    print(f"  dense:    {dense_s:8.3f} s per peer step (dense Jacobian {n * 10 * ctx.stack.layout.size * 4 / 1e9:.1f} GB)")
+    print(f"  speed-up factored vs dense: {dense_s / fac_s:.0f}x; same t picked: {fac.tau == dense.tau}; "
+          f"max weight difference {float((fac.weights - dense.weights).abs().max()):.1e}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--peers", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--ranks", type=int, default=2, help="MPI ranks for the round (2: one per core here)")
+    p.add_argument("--skip-round", action="store_true")
+    p.add_argument("--skip-dense", action="store_true")
+    args = p.parse_args()
+    print(f"NTK-DFL step on one neighbourhood ({torch.get_num_threads()} threads)")
+    factored_vs_dense(args)
+    if not args.skip_round:
+        print(f"NTK-DFL round: {args.peers} peers on {args.ranks} rank(s), kappa 5, Fashion-MNIST alpha 0.1, "
+              "200 samples per peer")
+        round_seconds(args)
+
+
+if __name__ == "__main__":
+    main()
