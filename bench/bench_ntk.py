@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from p2pfl.config import make_config, resolve
 from p2pfl.ntk import DenseJacobian, FactoredJacobian, MLPShape
 from p2pfl.ntk.step import NTKSettings, ntk_step
 from p2pfl.run import build
+from p2pfl.training import candidate_losses
 
 
 def round_seconds(args) -> None:
@@ -55,9 +55,7 @@ def one_step(ctx, path: str, peer: int = 0):
     settings = NTKSettings(cfg.extras["ntk_loss"], tuple(cfg.extras["ntk_taus"]), cfg.extras["ntk_ode"], "network")
 
     def network_loss(cands):
-        logits = ctx.stack.forward(cands, x, shared_input=True)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.repeat(len(cands)),
-                               reduction="none").view(len(cands), -1).mean(1)
+        return candidate_losses(ctx.stack, cands, x, y)
 
     start = time.perf_counter()
     if path == "factored":

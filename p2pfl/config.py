@@ -220,8 +220,12 @@ def check_peers(cfg: RunConfig, peers: int) -> None:
     """Checks that depend on the number of peers (known only once MPI is up when --peers is absent)."""
     from topologies.generators import check_graph
 
+    from p2pfl.algorithms import REGISTRY
+
     if peers < 1:
         raise UserError(f"--peers must be at least 1, got {peers}")
+    if cfg.algo in REGISTRY and REGISTRY.spec(cfg.algo).centralized:
+        return  # a star of the clients around the server always exists
     check_graph(cfg.topology, peers, cfg.kappa)
 
 
@@ -235,6 +239,8 @@ def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
     if cfg.peers < world_size:
         raise UserError(f"{cfg.peers} peers cannot fill {world_size} MPI ranks; use --peers >= {world_size}")
     spec = REGISTRY.spec(cfg.algo)
+    if spec.centralized:
+        cfg.topology = "star"  # the server is the hub; --topology does not apply
     for name, value in spec.defaults.items():
         if name in FIELDS:
             if getattr(cfg, name) is None:

@@ -82,7 +82,8 @@ class MetricsLog:
         row: dict = {"round": round_index + 1}
         if weights is not None:
             self.last_weights = weights
-            model = aggregate(weights.to(ctx.device), ctx.sample_counts, ctx.cfg.aggregate)
+            model = ctx.global_weights if ctx.global_weights is not None else aggregate(
+                weights.to(ctx.device), ctx.sample_counts, ctx.cfg.aggregate)
             agg_acc, agg_loss = evaluate(ctx.stack, model[None], self.test_x, self.test_y)
             row.update(test_acc=float(agg_acc[0]), test_loss=float(agg_loss[0]),
                        client_acc_mean=float(accs.mean()), client_acc_min=float(accs.min()),

@@ -73,16 +73,18 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
         project_dataset(data, cfg.extras["ntk_projection"], cfg.seed)
     shards = partition(data.train_y.numpy(), data.n_classes, cfg.peers, cfg.partition, cfg.samples_per_peer,
                        cfg.alpha, cfg.classes_per_peer, cfg.dirichlet_style, cfg.seed)
-    transport = make_transport(cfg.peers, 0, cfg.comm_timeout)
+    spec = REGISTRY.spec(cfg.algo)
+    transport = make_transport(cfg.peers, 1 if spec.centralized else 0, cfg.comm_timeout)
     peers = transport.placement.peers_of(transport.rank)
     model = build_model(data.n_features, cfg.hidden, data.n_classes)
     flat = initial_parameters(model, peers, cfg.seed, cfg.init, device)
     data.train_x, data.train_y = data.train_x.to(device), data.train_y.to(device)
     data.test_x, data.test_y = data.test_x.to(device), data.test_y.to(device)
     ctx = RunContext(cfg=cfg, transport=transport, data=data, shards=[torch.from_numpy(s) for s in shards],
-                     schedule=TopologySchedule(cfg.topology, cfg.peers, cfg.kappa, cfg.seed, cfg.static),
+                     schedule=TopologySchedule(cfg.topology, cfg.peers + spec.centralized, cfg.kappa, cfg.seed,
+                                               cfg.static),
                      stack=PeerStack(model.to(device), cfg.batched), peers=peers, flat=flat, device=device)
-    return ctx, REGISTRY.spec(cfg.algo).build(ctx)
+    return ctx, spec.build(ctx)
 
 
 def write_run_header(ctx, run_dir: Path) -> None:
@@ -147,7 +149,8 @@ def save_final(ctx, log, run_dir: Path, final: dict | None) -> None:
     if final:
         (run_dir / "final.json").write_text(json.dumps(final, indent=1))
     if log.last_weights is not None:
-        model = aggregate(log.last_weights, ctx.sample_counts, ctx.cfg.aggregate)
+        model = ctx.global_weights if ctx.global_weights is not None else aggregate(
+            log.last_weights, ctx.sample_counts, ctx.cfg.aggregate)
         state = {k: v.clone() for k, v in ctx.stack.layout.views(model).items()}
         torch.save(state, run_dir / "model.pt")
 

@@ -23,6 +23,27 @@ class SGDSettings:
     epochs: int = 1
     momentum: float = 0.0
     weight_decay: float = 0.0
+    steps: int | None = None  # a fixed number of local steps instead of epochs
+    prox_mu: float = 0.0  # FedProx: gradient of (mu/2)||w - anchor||^2 added to each step
+
+
+@dataclass
+class StepTerms:
+    """What centralized algorithms add to each local gradient, per row: FedProx's anchor, SCAFFOLD's
+    control-variate correction (c - c_i)."""
+
+    anchor: torch.Tensor | None = None
+    offset: torch.Tensor | None = None
+
+    def rows(self, index) -> "StepTerms":
+        pick = lambda t: None if t is None else t[index]  # noqa: E731
+        return StepTerms(pick(self.anchor), pick(self.offset))
+
+    def add_to(self, grad: torch.Tensor, flat: torch.Tensor, opt: SGDSettings) -> None:
+        if self.anchor is not None and opt.prox_mu:
+            grad.add_(flat - self.anchor, alpha=opt.prox_mu)
+        if self.offset is not None:
+            grad.add_(self.offset)
 
 
 def masked_loss(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -64,18 +85,21 @@ def epoch_batches(shards: list[torch.Tensor], batch: int, seed: int, round_index
 
 
 def apply_step(flat: torch.Tensor, grad: torch.Tensor, active: torch.Tensor, opt: SGDSettings, lr: float,
-               velocity: torch.Tensor | None) -> None:
+               velocity: torch.Tensor | None, terms: StepTerms | None = None) -> None:
     """In-place SGD (torch semantics: buf = m*buf + g, dampening 0) on the rows where active is true.
     grad is consumed (modified in place)."""
     if not bool(active.all()):
         rows = active.nonzero()[:, 0]
         sub_v = velocity[rows] if velocity is not None else None
         sub_w = flat[rows]
-        apply_step(sub_w, grad[rows], torch.ones(len(rows), dtype=torch.bool), opt, lr, sub_v)
+        apply_step(sub_w, grad[rows], torch.ones(len(rows), dtype=torch.bool), opt, lr, sub_v,
+                   terms.rows(rows) if terms else None)
         flat[rows] = sub_w
         if velocity is not None:
             velocity[rows] = sub_v
         return
+    if terms is not None:
+        terms.add_to(grad, flat, opt)
     if opt.weight_decay:
         grad.add_(flat, alpha=opt.weight_decay)
     if velocity is not None:
@@ -85,27 +109,39 @@ def apply_step(flat: torch.Tensor, grad: torch.Tensor, active: torch.Tensor, opt
 
 def train_epochs(stack: PeerStack, flat: torch.Tensor, shards: list[torch.Tensor], peers: list[int],
                  train_x: torch.Tensor, train_y: torch.Tensor, opt: SGDSettings, lr: float, seed: int,
-                 round_index: int) -> torch.Tensor:
+                 round_index: int, terms: StepTerms | None = None) -> torch.Tensor:
     """opt.epochs epochs of minibatch SGD for every row of flat (L, D), in place; returns each peer's
     last minibatch loss. Momentum starts from zero each call, as a fresh optimizer per round (the
     DFedAvgM reference code). With stack.batched false, peers train one after another without vmap
     (the per-peer baseline of the benchmark)."""
     blocks = [slice(0, len(peers))] if stack.batched else [slice(i, i + 1) for i in range(len(peers))]
     return torch.cat([_train_block(stack, flat[b], shards[b], peers[b], train_x, train_y, opt, lr, seed,
-                                   round_index) for b in blocks])
+                                   round_index, terms.rows(b) if terms else None) for b in blocks])
 
 
-def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, round_index) -> torch.Tensor:
+def local_steps(n_samples: int, opt: SGDSettings) -> int:
+    """How many SGD steps a peer with n samples takes in one call of train_epochs."""
+    return opt.steps if opt.steps else opt.epochs * math.ceil(n_samples / opt.batch_size)
+
+
+def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, round_index, terms) -> torch.Tensor:
     velocity = torch.zeros_like(flat) if opt.momentum else None
     last = torch.zeros(len(peers), device=flat.device)
-    for epoch in range(opt.epochs):
+    budget = torch.tensor([local_steps(len(s), opt) if len(s) else 0 for s in shards], device=flat.device)
+    taken = torch.zeros_like(budget)
+    epoch = 0
+    while bool((taken < budget).any()):
         index, mask = epoch_batches(shards, opt.batch_size, seed, round_index, peers, epoch)
         index, mask = index.to(flat.device), mask.to(flat.device)
         for s in range(len(index)):
+            active = (mask[s].sum(1) > 0) & (taken < budget)
+            if not bool(active.any()):
+                continue
             grad, losses = gradients(stack, flat, train_x[index[s]], train_y[index[s]], mask[s])
-            active = mask[s].sum(1) > 0
-            apply_step(flat, grad, active, opt, lr, velocity)
+            apply_step(flat, grad, active, opt, lr, velocity, terms)
+            taken += active.long()
             last = torch.where(active, losses, last)
+        epoch += 1
     return last
 
 
@@ -119,6 +155,14 @@ def sample_batch(shards: list[torch.Tensor], batch: int, seed: int, round_index:
         index[i, :len(pick)] = shard[pick]
         mask[i, :len(pick)] = 1.0
     return index, mask
+
+
+@torch.no_grad()
+def candidate_losses(stack: PeerStack, candidates: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of each row of candidates (T, D) on the same samples: (T,)."""
+    logits = stack.forward(candidates, x, shared_input=True)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.repeat(len(candidates)),
+                           reduction="none").view(len(candidates), -1).mean(1)
 
 
 @torch.no_grad()

@@ -45,7 +45,7 @@ def build_graph(kind: str, n: int, kappa: float, seed: int) -> nx.Graph:
         graph.add_nodes_from(range(n))
         graph.add_edges_from(zip(order, order[1:] + (order[:1] if kind == "ring" else [])))
     elif kind == "star":
-        graph = nx.star_graph(n - 1)  # hub is node 0
+        graph = nx.relabel_nodes(nx.star_graph(n - 1), {i: (i - 1) % n for i in range(n)})  # hub: node n-1
     elif kind == "full":
         graph = nx.complete_graph(n)
     else:

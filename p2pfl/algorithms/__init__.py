@@ -96,6 +96,11 @@ OPTIONS = {o.name: o for o in [
     Option("ntk_no_avg", "skip the per-round weight averaging (ablation of fig. 6)", flag_action="store_true"),
     Option("clients_per_round", "clients the server samples each round (centralized algorithms)", int,
            _positive),
+    Option("local_steps", "a fixed number of local SGD steps instead of --local-epochs (0 = epochs)", int,
+           _non_negative),
+    Option("prox_mu", "FedProx proximal coefficient mu", float, _non_negative),
+    Option("cp_beta", "CP-NTK-FL data sampling rate beta: fraction of each client's samples per round", float,
+           _fraction),
 ]}
 
 NTK_DFL_DEFAULTS = {
@@ -103,6 +108,16 @@ NTK_DFL_DEFAULTS = {
     "ntk_ode": "deflated", "ntk_selection": "network", "ntk_jacobian": "auto", "ntk_batches": 1, "ntk_subsample": 1,
     "ntk_topk": 1.0, "ntk_quant_bits": 0, "ntk_projection": 0, "ntk_no_avg": False,
 }
+
+
+FEDAVG_DEFAULTS = {"lr": 0.1, "batch_size": 50, "local_epochs": 5, "momentum": 0.0, "clients_per_round": 20,
+                   "local_steps": 0}
+FEDAVG_OPTIONS = ("clients_per_round", "local_steps")
+NTK_FL_DEFAULTS = {**{k: v for k, v in NTK_DFL_DEFAULTS.items() if k != "ntk_no_avg"},
+                   "lr_decay": 0.0, "clients_per_round": 20,
+                   "ntk_taus": [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1500, 2000]}
+NTK_FL_OPTIONS = tuple(k for k in NTK_FL_DEFAULTS if k.startswith("ntk_")) + ("clients_per_round",)
+CP_NTK_FL_DEFAULTS = {"cp_beta": 0.3, "ntk_projection": 200, "ntk_topk": 0.1, "ntk_selection": "linearized"}
 
 
 @dataclass(frozen=True)
@@ -113,6 +128,7 @@ class AlgorithmSpec:
     summary: str
     defaults: dict[str, Any] = field(default_factory=dict)
     options: tuple[str, ...] = ()
+    centralized: bool = False  # a star whose hub (node `peers`, rank 0) is the server
 
     def check_extras(self, cfg) -> None:
         for name, value in cfg.extras.items():
@@ -148,4 +164,16 @@ REGISTRY = Registry({s.name: s for s in [
                   {"lr": 0.01, "batch_size": 50, "local_epochs": 20, "momentum": 0.9}),
     AlgorithmSpec("ntk-dfl", "ntk_dfl", "NTKDFL", "NTK-DFL: averaging, Jacobian exchange, local NTK evolution",
                   NTK_DFL_DEFAULTS, tuple(k for k in NTK_DFL_DEFAULTS if k.startswith("ntk_"))),
+    *[AlgorithmSpec(name, "fedavg", cls, summary, {**FEDAVG_DEFAULTS, **extra}, FEDAVG_OPTIONS + tuple(extra),
+                    centralized=True) for name, cls, summary, extra in [
+        ("fedavg", "FedAvg", "FedAvg: local SGD, sample-weighted average of the sampled clients", {}),
+        ("fedprox", "FedProx", "FedAvg with a proximal term mu/2 ||w - w_global||^2", {"prox_mu": 0.01}),
+        ("scaffold", "Scaffold", "SCAFFOLD: control variates correct client drift", {}),
+        ("fednova", "FedNova", "FedNova: normalized averaging of local progress", {}),
+        ("central", "Centralized", "upper bound: the server trains on the sampled clients' data", {}),
+    ]],
+    AlgorithmSpec("ntk-fl", "ntk_fl", "NTKFL", "NTK-FL: clients send Jacobians, the server evolves the global model",
+                  NTK_FL_DEFAULTS, NTK_FL_OPTIONS, centralized=True),
+    AlgorithmSpec("cp-ntk-fl", "ntk_fl", "NTKFL", "CP-NTK-FL: NTK-FL with sampling, projection, top-k, shuffling",
+                  {**NTK_FL_DEFAULTS, **CP_NTK_FL_DEFAULTS}, NTK_FL_OPTIONS + ("cp_beta",), centralized=True),
 ]})

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,7 +26,7 @@ class RunContext:
     peers: list[int]  # the peers this rank hosts
     flat: torch.Tensor  # (len(peers), D) their parameters
     device: torch.device
-    extras: dict = field(default_factory=dict)
+    global_weights: torch.Tensor | None = None  # a star's server model (rank 0); None: average all peers
 
     @property
     def local_shards(self) -> list[torch.Tensor]:

@@ -21,68 +21,14 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from p2pfl.algorithms.base import Algorithm, RunContext, neighbour_average
 from p2pfl.comm import Message
-from p2pfl.errors import UserError
 from p2pfl.final_averaging import final_averaging
-from p2pfl.ntk import DenseJacobian, FactoredJacobian, MLPShape
-from p2pfl.ntk.compression import decode, encode
-from p2pfl.ntk.step import NTKSettings, ntk_step
+from p2pfl.ntk.codec import JacobianCodec, ntk_settings
+from p2pfl.ntk.step import ntk_step
 from p2pfl.seeding import numpy_rng
-
-
-def ntk_settings(cfg) -> NTKSettings:
-    e = cfg.extras
-    return NTKSettings(e["ntk_loss"], tuple(e["ntk_taus"]), e["ntk_ode"], e["ntk_selection"])
-
-
-def jacobian_path(cfg) -> str:
-    """'auto' is factored, except where compression needs dense entries."""
-    e = cfg.extras
-    compress = e.get("ntk_topk", 1.0) < 1 or e.get("ntk_quant_bits", 0) > 0
-    path = e.get("ntk_jacobian", "auto")
-    if path == "auto":
-        return "dense" if compress else "factored"
-    if path == "factored" and compress:
-        raise UserError("Jacobian compression acts on dense entries; use --ntk-jacobian dense (or auto)")
-    return path
-
-
-class JacobianCodec:
-    """Computes a Jacobian at given weights and turns it into message tensors and back."""
-
-    def __init__(self, ctx: RunContext):
-        self.ctx = ctx
-        self.path = jacobian_path(ctx.cfg)
-        self.keep = ctx.cfg.extras.get("ntk_topk", 1.0)
-        self.bits = ctx.cfg.extras.get("ntk_quant_bits", 0)
-        self.shape = MLPShape.of(ctx.stack.model, ctx.stack.layout) if self.path == "factored" else None
-        self.n_params = ctx.stack.layout.size
-
-    def compute(self, w: torch.Tensor, x: torch.Tensor):
-        if self.path == "factored":
-            return FactoredJacobian.compute(self.shape, w, x)
-        return DenseJacobian.compute(self.ctx.stack.model, self.ctx.stack.layout, w, x)
-
-    def to_wire(self, jac) -> tuple[torch.Tensor, ...]:
-        if self.path == "dense" and (self.keep < 1 or self.bits):
-            return encode(jac.J, self.keep, self.bits)
-        return jac.to_wire()
-
-    def from_wire(self, tensors):
-        if self.path == "factored":
-            return FactoredJacobian.from_wire(tensors)
-        if self.keep < 1 or self.bits:
-            return DenseJacobian(decode(tuple(t.cpu() for t in tensors)).to(self.ctx.device))
-        return DenseJacobian.from_wire(tensors)
-
-    def cat(self, parts):
-        return (FactoredJacobian if self.path == "factored" else DenseJacobian).cat(parts)
-
-    def dense_nbytes(self, n: int, n_classes: int) -> int:
-        return n * n_classes * self.n_params * 4
+from p2pfl.training import candidate_losses
 
 
 class NTKDFL(Algorithm):
@@ -149,7 +95,7 @@ class NTKDFL(Algorithm):
             labels = torch.cat([part[2] for part in parts]).to(ctx.device)
             selection_x, selection_y = self.selection_data(p, hood[p], data)
             result = ntk_step(jac, self.codec.shape, weights[row[p]], f0, labels, n_classes, eta, self.settings,
-                              lambda cands: self.network_loss(cands, selection_x, selection_y))
+                              lambda cands: candidate_losses(ctx.stack, cands, selection_x, selection_y))
             new[row[p]] = result.weights
             losses[row[p]] = result.losses.min()
             self.taus_chosen.append(result.tau)
@@ -163,12 +109,6 @@ class NTKDFL(Algorithm):
         members = [peer] if self.settings.selection == "own" else hood
         index = torch.cat([data[j] for j in members]).to(self.ctx.device)
         return self.ctx.data.train_x[index], self.ctx.data.train_y[index]
-
-    @torch.no_grad()
-    def network_loss(self, candidates: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = self.ctx.stack.forward(candidates, x, shared_input=True)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.repeat(len(candidates)),
-                               reduction="none").view(len(candidates), -1).mean(1)
 
     def finish(self, run_dir) -> dict | None:
         result = final_averaging(self.ctx)

@@ -1,0 +1,60 @@
+"""Centralized algorithms as a star: the hub is the server (node `peers`, on rank 0), the leaves are
+the clients. Each round the server samples --clients-per-round clients (seeded by round), sends them
+what they need ('download'), they work locally and send back ('upload'), and the server updates the
+global model. Both directions go through the transport, so every byte is counted.
+"""
+from __future__ import annotations
+
+import torch
+
+from p2pfl.algorithms.base import Algorithm, RunContext
+from p2pfl.comm import Message
+from p2pfl.models import initial_parameters
+from p2pfl.seeding import numpy_rng
+
+
+class ServerAlgorithm(Algorithm):
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        self.server = ctx.cfg.peers
+        self.is_server = self.server in ctx.transport.local_nodes
+        self.per_round = min(ctx.cfg.extras["clients_per_round"], ctx.cfg.peers)
+        self.row = {p: i for i, p in enumerate(ctx.peers)}
+        if self.is_server:
+            ctx.global_weights = initial_parameters(ctx.stack.model, [self.server], ctx.cfg.seed, "same",
+                                                    ctx.device)[0]
+
+    def sample(self, round_index: int) -> list[int]:
+        rng = numpy_rng(self.ctx.cfg.seed, "clients", round_index)
+        return sorted(rng.choice(self.ctx.cfg.peers, self.per_round, replace=False).tolist())
+
+    def round(self, round_index: int) -> torch.Tensor:
+        ctx, clients = self.ctx, self.sample(round_index)
+        mine = [c for c in clients if c in self.row]
+        down = [Message(self.server, c, self.download(round_index, c)) for c in clients] if self.is_server else []
+        inbox = ctx.transport.exchange("download", round_index, down, [(self.server, c) for c in mine])
+        received = {c: tuple(t.to(ctx.device) for t in inbox[c][self.server]) for c in mine}
+        losses = torch.zeros(len(ctx.peers), device=ctx.device)
+        uploads = self.client_work(round_index, mine, received, losses) if mine else {}
+        up = [Message(c, self.server, payload, dense) for c, (payload, dense) in uploads.items()]
+        expect = [(c, self.server) for c in clients] if self.is_server else []
+        inbox = ctx.transport.exchange("upload", round_index, up, expect)
+        if self.is_server:
+            got = {c: tuple(t.to(ctx.device) for t in inbox[self.server][c]) for c in clients}
+            ctx.global_weights = self.server_update(round_index, clients, got)
+        return losses
+
+    def download(self, round_index: int, client: int) -> tuple[torch.Tensor, ...]:
+        return (self.ctx.global_weights,)
+
+    def client_work(self, round_index, clients, received, losses) -> dict[int, tuple[tuple, int | None]]:
+        """Local work of this rank's sampled clients: {client: (upload tensors, dense bytes or None)}."""
+        raise NotImplementedError
+
+    def server_update(self, round_index, clients, uploads) -> torch.Tensor:
+        raise NotImplementedError
+
+    def weights_of(self, clients) -> torch.Tensor:
+        """Sample-size weights p_c = n_c / sum n over the given clients."""
+        n = torch.tensor([len(self.ctx.shards[c]) for c in clients], dtype=torch.float32, device=self.ctx.device)
+        return n / n.sum()
