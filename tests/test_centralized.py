@@ -102,7 +102,8 @@ def test_shuffling_the_rows_leaves_the_ntk_update_unchanged(dense):
     assert a.tau == b.tau and torch.allclose(a.weights, b.weights, atol=1e-5)
 
 
-@pytest.mark.parametrize("algo", ["fedavg", "fedprox", "scaffold", "fednova", "central", "ntk-fl", "cp-ntk-fl"])
+@pytest.mark.parametrize("algo", ["fedavg", "fedprox", "scaffold", "fednova", "central", "datashare", "ntk-fl",
+                                  "cp-ntk-fl"])
 def test_every_centralized_algorithm_learns(algo, tmp_path):
     out = tmp_path / algo
     extra = ["--ntk-projection", "16"] if algo == "cp-ntk-fl" else []
@@ -112,5 +113,17 @@ def test_every_centralized_algorithm_learns(algo, tmp_path):
     # synthetic clusters: far above the 10% of chance (CP-NTK-FL's 10x top-k, 30% of the samples
     # and a projection to 16 of 64 inputs learn slower)
     assert rows[-1]["test_acc"] > (0.3 if algo == "cp-ntk-fl" else 0.5)
-    assert set(rows[0]["bytes_by_phase"]) == {"download", "upload"}
+    assert set(rows[0]["bytes_by_phase"]) == {"download", "upload"} | ({"share"} if algo == "datashare" else set())
     assert "topology = \"star\"" in (out / "config.toml").read_text()
+
+
+def test_datashare_sends_the_shared_set_once_and_mixes_it_in(tmp_path):
+    ctx, alg = make_context(**{**BASE, "algo": "datashare"})
+    assert len(alg.shared) == round(0.1 * len(torch.cat(ctx.shards).unique()))
+    alg.round(0)
+    sent, _ = ctx.transport.counter.take()
+    per_sample = ctx.data.train_x.shape[1] * 4 + 8
+    assert sent["share"] == 6 * len(alg.shared) * per_sample
+    alg.round(1)
+    assert "share" not in ctx.transport.counter.take()[0]
+    assert all(len(s) <= 200 for s in ctx.shards)  # the mix is per round, shards are untouched

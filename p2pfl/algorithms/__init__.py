@@ -99,6 +99,7 @@ OPTIONS = {o.name: o for o in [
     Option("local_steps", "a fixed number of local SGD steps instead of --local-epochs (0 = epochs)", int,
            _non_negative),
     Option("prox_mu", "FedProx proximal coefficient mu", float, _non_negative),
+    Option("share_fraction", "Data Share: the global set's fraction of all clients' samples", float, _fraction),
     Option("cp_beta", "CP-NTK-FL data sampling rate beta: fraction of each client's samples per round", float,
            _fraction),
 ]}
@@ -171,6 +172,8 @@ REGISTRY = Registry({s.name: s for s in [
         ("scaffold", "Scaffold", "SCAFFOLD: control variates correct client drift", {}),
         ("fednova", "FedNova", "FedNova: normalized averaging of local progress", {}),
         ("central", "Centralized", "upper bound: the server trains on the sampled clients' data", {}),
+        ("datashare", "DataShare", "FedAvg with a shared global set mixed into local training",
+         {"share_fraction": 0.1}),
     ]],
     AlgorithmSpec("ntk-fl", "ntk_fl", "NTKFL", "NTK-FL: clients send Jacobians, the server evolves the global model",
                   NTK_FL_DEFAULTS, NTK_FL_OPTIONS, centralized=True),

@@ -2,9 +2,12 @@
 upper bound. Clients start each round from the global weights they were sent."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from p2pfl.algorithms.server import ServerAlgorithm
+from p2pfl.comm import Message
+from p2pfl.seeding import numpy_rng
 from p2pfl.training import StepTerms, local_steps, train_epochs
 
 
@@ -118,3 +121,40 @@ class Centralized(FedAvg):
         train_epochs(ctx.stack, w, [union], [self.server], ctx.data.train_x, ctx.data.train_y, self.sgd(),
                      ctx.lr(round_index), ctx.cfg.seed, round_index)
         return w[0]
+
+
+class DataShare(FedAvg):
+    """Data sharing (Zhao et al. 2018, as NTK-FL's baseline): the server holds a global set of
+    --share-fraction of all clients' training samples and sends it to every client once (round 1,
+    phase 'share'); each round a client trains on its shard plus as many samples drawn from it."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        union = torch.cat(ctx.shards).unique()
+        rng = numpy_rng(ctx.cfg.seed, "share")
+        size = max(1, int(round(ctx.cfg.extras["share_fraction"] * len(union))))
+        self.shared = torch.from_numpy(np.sort(rng.choice(union.numpy(), size, replace=False)))
+
+    def round(self, round_index):
+        if round_index == 0:
+            self.send_shared()
+        return super().round(round_index)
+
+    def send_shared(self):
+        ctx, index = self.ctx, self.shared.to(self.ctx.device)
+        payload = (ctx.data.train_x[index], ctx.data.train_y[index])
+        msgs = [Message(self.server, c, payload) for c in range(ctx.cfg.peers)] if self.is_server else []
+        ctx.transport.exchange("share", 0, msgs, [(self.server, c) for c in ctx.peers])
+
+    def local_train(self, round_index, clients, received, losses, terms=None):
+        ctx, original = self.ctx, self.ctx.shards
+        mixed = list(original)
+        for c in clients:
+            rng = numpy_rng(ctx.cfg.seed, "share-mix", round_index, c)
+            extra = self.shared[rng.choice(len(self.shared), min(len(original[c]), len(self.shared)), False)]
+            mixed[c] = torch.cat([original[c], extra])
+        ctx.shards = mixed
+        try:
+            return super().local_train(round_index, clients, received, losses, terms)
+        finally:
+            ctx.shards = original
