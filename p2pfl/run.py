@@ -9,13 +9,16 @@ import os
 
 
 def _threads_per_rank() -> None:
-    """Under mpirun, ranks on one machine share its cores: give BLAS and OpenMP their share before
-    numpy and torch start their thread pools (torch.set_num_threads alone leaves numpy's BLAS at all
-    cores, and oversubscribed thread pools spin against each other)."""
+    """Thread pools, set before numpy and torch start them. numpy's BLAS (the NTK evolution's loops)
+    always runs on one thread: its results depend on its thread count, and a run must give the same
+    numbers alone or under mpirun. Under mpirun, ranks on one machine share its cores, so OpenMP
+    (torch) gets each rank's share instead of all cores, which would make the pools spin against
+    each other."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     local = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or os.environ.get("MPI_LOCALNRANKS")
     if local:
         share = str(max(1, (os.cpu_count() or 1) // int(local)))
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(var, share)
 
 

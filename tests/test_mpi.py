@@ -60,11 +60,4 @@ def test_centralized_under_mpi_equals_single_process(tmp_path, algo, ranks):
     assert single.returncode == 0, single.stderr
     multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=ranks)
     assert multi.returncode == 0, multi.stderr
-    a, b = metric_lines(tmp_path / "single"), metric_lines(tmp_path / "multi")
-    if algo == "ntk-fl":  # the server's BLAS runs on 2 threads alone, 1 per rank under mpirun: last bits differ
-        assert [r["bytes_by_phase"] for r in a] == [r["bytes_by_phase"] for r in b]
-        for ra, rb in zip(a, b):
-            for key in ("test_acc", "test_loss", "client_acc_mean", "variance"):
-                assert ra[key] == pytest.approx(rb[key], rel=1e-5), key
-    else:
-        assert a == b
+    assert metric_lines(tmp_path / "single") == metric_lines(tmp_path / "multi")

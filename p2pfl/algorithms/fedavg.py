@@ -109,6 +109,8 @@ class Centralized(FedAvg):
     """The upper bound: the sampled clients upload their raw data and the server trains the global
     model on the union, with the same local settings."""
 
+    trains_locally = False
+
     def client_work(self, round_index, clients, received, losses):
         ctx = self.ctx
         return {c: ((ctx.data.train_x[ctx.shards[c].to(ctx.device)], ctx.data.train_y[ctx.shards[c].to(ctx.device)]),

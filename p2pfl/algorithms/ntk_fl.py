@@ -24,6 +24,8 @@ from p2pfl.training import candidate_losses
 
 
 class NTKFL(ServerAlgorithm):
+    trains_locally = False
+
     def __init__(self, ctx):
         super().__init__(ctx)
         self.settings = ntk_settings(ctx.cfg)

@@ -14,6 +14,8 @@ from p2pfl.seeding import numpy_rng
 
 
 class ServerAlgorithm(Algorithm):
+    trains_locally = True  # clients run SGD, so a round reports their training losses
+
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         self.server = ctx.cfg.peers
@@ -42,7 +44,7 @@ class ServerAlgorithm(Algorithm):
         if self.is_server:
             got = {c: tuple(t.to(ctx.device) for t in inbox[self.server][c]) for c in clients}
             ctx.global_weights = self.server_update(round_index, clients, got)
-        return losses
+        return losses if self.trains_locally else None
 
     def download(self, round_index: int, client: int) -> tuple[torch.Tensor, ...]:
         return (self.ctx.global_weights,)
