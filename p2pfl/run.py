@@ -100,9 +100,13 @@ def write_run_header(ctx, run_dir: Path) -> None:
     parts = summary([s.numpy() for s in ctx.shards], ctx.data.train_y.cpu().numpy(), ctx.data.n_classes)
     (run_dir / "partition.json").write_text(json.dumps(parts))
     plot_partition(parts, run_dir / "partition.png")
-    draw_graph(ctx.schedule.graph(0), run_dir / "topology.png",
-               f"{cfg.topology} ({'static' if cfg.static else 'round 1 of a new graph each round'}), "
-               f"{cfg.peers} peers")
+    if "clients_per_round" in cfg.extras:
+        title = (f"star: the server (node {cfg.peers}) and {cfg.peers} clients, "
+                 f"{cfg.extras['clients_per_round']} sampled each round")
+    else:
+        title = (f"{cfg.topology} ({'static' if cfg.static else 'round 1 of a new graph each round'}), "
+                 f"{cfg.peers} peers")
+    draw_graph(ctx.schedule.graph(0), run_dir / "topology.png", title)
 
 
 def run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:

@@ -12,8 +12,14 @@ import networkx as nx  # noqa: E402
 
 def draw_graph(graph: nx.Graph, path: Path, title: str = "") -> None:
     n = graph.number_of_nodes()
-    layout = nx.circular_layout(graph) if graph.graph.get("kind") in ("ring", "regular", "full") or n > 60 \
-        else nx.spring_layout(graph, seed=0)
+    kind = graph.graph.get("kind")
+    if kind == "star":  # the hub (a centralized run's server) in the middle
+        hub = max(graph.nodes, key=graph.degree)
+        layout = nx.shell_layout(graph, [[hub], [v for v in graph.nodes if v != hub]])
+    elif kind in ("ring", "regular", "full") or n > 60:
+        layout = nx.circular_layout(graph)
+    else:
+        layout = nx.spring_layout(graph, seed=0)
     fig, ax = plt.subplots(figsize=(6, 6))
     size = max(8, 300 // max(1, n // 10))
     nx.draw_networkx_edges(graph, layout, ax=ax, alpha=0.35, width=0.6)
