@@ -3,9 +3,11 @@
 With N samples, kernel H (N, N), outputs f0 and one-hot labels Y (N, C), learning rate eta:
 
 - cross-entropy (the NTK-DFL/NTK-FL reference code): df/ds = -(eta/N) H (softmax(f) - Y), s in steps.
-  'adaptive' integrates it accurately (an embedded Runge-Kutta pair with error control and dense
-  output at whole steps), as the reference code's adaptive solver does; 'euler' takes unit steps,
-  which is exactly gradient descent on the linearized model.
+  'euler' takes whole steps, which is exactly gradient descent on the linearized model; 'deflated'
+  computes the same steps faster (the kernel's stiff top subspace every step, the rest every few
+  steps and extrapolated in between); 'adaptive' integrates the ODE accurately (an embedded
+  Runge-Kutta pair with error control and dense output at whole steps), as the reference code's
+  adaptive solver does.
 - MSE, closed form (paper eqs. 4-5): f_t - Y = exp(-eta t H / N) (f0 - Y), from one eigendecomposition.
 
 Both return, per candidate t, the accumulated loss gradient along the trajectory S_t (for CE the left
@@ -29,7 +31,7 @@ class Evolution:
 
 
 def evolve_ce(H: torch.Tensor, f0: torch.Tensor, Y: torch.Tensor, eta: float, taus: list[int],
-              method: str = "adaptive") -> Evolution:
+              method: str = "deflated") -> Evolution:
     """The CE trajectory at whole steps s = 0..max(taus), then the left Riemann sums at each t.
 
     Runs in numpy float32: for the thin (N, N) @ (N, C) products of this loop its BLAS is several times
@@ -191,7 +193,7 @@ def evolve_mse(H: torch.Tensor, f0: torch.Tensor, Y: torch.Tensor, eta: float, t
     return Evolution(list(taus), sums.to(f0.dtype), outputs.to(f0.dtype))
 
 
-def evolve(kind: str, H, f0, Y, eta, taus, ode: str = "adaptive") -> Evolution:
+def evolve(kind: str, H, f0, Y, eta, taus, ode: str = "deflated") -> Evolution:
     return evolve_mse(H, f0, Y, eta, taus) if kind == "mse" else evolve_ce(H, f0, Y, eta, taus, ode)
 
 
