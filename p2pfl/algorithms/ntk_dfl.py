@@ -25,7 +25,7 @@ import torch
 from p2pfl.algorithms.base import Algorithm, RunContext, neighbour_average
 from p2pfl.comm import Message
 from p2pfl.final_averaging import final_averaging
-from p2pfl.ntk.codec import JacobianCodec, ntk_settings
+from p2pfl.ntk.codec import JacobianCodec, ntk_settings, tau_histogram
 from p2pfl.ntk.step import ntk_step
 from p2pfl.seeding import numpy_rng
 from p2pfl.training import candidate_losses
@@ -81,15 +81,14 @@ class NTKDFL(Algorithm):
                 if j == i:
                     own[i] = (jac, f.detach(), y)
                 else:
-                    payload = (*self.codec.to_wire(jac), f.detach(), y)
-                    dense = self.codec.dense_nbytes(len(y), n_classes) + f.numel() * 4 + y.numel() * 8
+                    payload, dense = self.codec.pack(jac, f, y)
                     msgs.append(Message(i, j, payload, dense_nbytes=dense))
         inbox = ctx.transport.exchange("jacobians", round_index, msgs,
                                        [(j, p) for p in ctx.peers for j in graph.neighbors(p)])
         new = ctx.flat.clone()
         losses = torch.zeros(len(ctx.peers), device=ctx.device)
         for p in ctx.peers:
-            parts = [own[p] if j == p else self.unpack(inbox[p][j]) for j in hood[p]]
+            parts = [own[p] if j == p else self.codec.unpack(inbox[p][j]) for j in hood[p]]
             jac = self.codec.cat([part[0] for part in parts])
             f0 = torch.cat([part[1] for part in parts]).to(ctx.device)
             labels = torch.cat([part[2] for part in parts]).to(ctx.device)
@@ -102,9 +101,6 @@ class NTKDFL(Algorithm):
         ctx.flat = new
         return losses
 
-    def unpack(self, tensors):
-        return self.codec.from_wire(tuple(t.to(self.ctx.device) for t in tensors[:-2])), tensors[-2], tensors[-1]
-
     def selection_data(self, peer, hood, data):
         members = [peer] if self.settings.selection == "own" else hood
         index = torch.cat([data[j] for j in members]).to(self.ctx.device)
@@ -115,7 +111,7 @@ class NTKDFL(Algorithm):
         chosen = self.ctx.transport.gather(self.taus_chosen)
         if result is not None:
             taus = [t for part in chosen for t in part]
-            result["tau_histogram"] = {str(t): taus.count(t) for t in sorted(set(taus))}
+            result["tau_histogram"] = tau_histogram(taus)
             if run_dir is not None:
                 from analysis.plots import plot_final_averaging
 

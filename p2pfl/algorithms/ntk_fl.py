@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from p2pfl.algorithms.server import ServerAlgorithm
-from p2pfl.ntk.codec import JacobianCodec, ntk_settings
+from p2pfl.ntk.codec import JacobianCodec, ntk_settings, tau_histogram
 from p2pfl.ntk.step import ntk_step
 from p2pfl.seeding import numpy_rng, torch_generator
 from p2pfl.training import candidate_losses
@@ -48,17 +48,17 @@ class NTKFL(ServerAlgorithm):
             x, y = ctx.data.train_x[index], ctx.data.train_y[index]
             jac, f = self.codec.compute(received[c][0], x)
             ctx.flat[self.row[c]] = received[c][0]
-            dense = self.codec.dense_nbytes(len(y), ctx.data.n_classes) + f.numel() * 4 + y.numel() * 8
-            out[c] = ((*self.codec.to_wire(jac), f.detach(), y, index), dense)
+            payload, dense = self.codec.pack(jac, f, y)
+            out[c] = ((*payload, index), dense)  # the indices stand for the inputs 'network' selection reads
         return out
 
     def server_update(self, round_index, clients, uploads):
         ctx, w = self.ctx, self.ctx.global_weights
-        parts = [uploads[c] for c in clients]
-        jac = self.codec.cat([self.codec.from_wire(p[:-3]) for p in parts])
-        f0 = torch.cat([p[-3] for p in parts])
-        labels = torch.cat([p[-2] for p in parts])
-        index = torch.cat([p[-1] for p in parts])
+        parts = [self.codec.unpack(uploads[c][:-1]) for c in clients]
+        jac = self.codec.cat([p[0] for p in parts])
+        f0 = torch.cat([p[1] for p in parts])
+        labels = torch.cat([p[2] for p in parts])
+        index = torch.cat([uploads[c][-1] for c in clients])
         if self.shuffle:
             order = torch.randperm(len(labels), generator=torch_generator(ctx.cfg.seed, "shuffler", round_index))
             jac, f0, labels, index = jac.rows(order.to(f0.device)), f0[order], labels[order], index[order]
@@ -71,5 +71,4 @@ class NTKFL(ServerAlgorithm):
     def finish(self, run_dir):
         if not self.is_server:
             return None
-        taus = self.taus_chosen
-        return {"tau_histogram": {str(t): taus.count(t) for t in sorted(set(taus))}}
+        return {"tau_histogram": tau_histogram(self.taus_chosen)}

@@ -57,7 +57,18 @@ class JacobianCodec:
     def cat(self, parts):
         return (FactoredJacobian if self.path == "factored" else DenseJacobian).cat(parts)
 
-    def dense_nbytes(self, n: int, n_classes: int) -> int:
-        return n * n_classes * self.n_params * 4
+    def pack(self, jac, f: torch.Tensor, y: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], int]:
+        """A Jacobian message (J as sent, outputs, labels) and what it would weigh with dense J."""
+        n, n_classes = f.shape
+        dense = n * n_classes * self.n_params * 4 + f.numel() * 4 + y.numel() * 8
+        return (*self.to_wire(jac), f.detach(), y), dense
+
+    def unpack(self, tensors: tuple[torch.Tensor, ...]):
+        """pack's tensors -> (Jacobian, outputs, labels), on the run's device."""
+        tensors = tuple(t.to(self.ctx.device) for t in tensors)
+        return self.from_wire(tensors[:-2]), tensors[-2], tensors[-1]
 
 
+def tau_histogram(taus: list[int]) -> dict[str, int]:
+    """How often each candidate t was chosen (final.json)."""
+    return {str(t): taus.count(t) for t in sorted(set(taus))}
