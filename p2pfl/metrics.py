@@ -31,6 +31,13 @@ def aggregate(weights: torch.Tensor, counts: list[int], kind: str) -> torch.Tens
     return (w[:, None] * weights).sum(0) / w.sum()
 
 
+def run_model(ctx, weights: torch.Tensor) -> torch.Tensor:
+    """The model a run reports: a star's server model, else the aggregate of all peers' weights."""
+    if ctx.global_weights is not None:
+        return ctx.global_weights
+    return aggregate(weights.to(ctx.device), ctx.sample_counts, ctx.cfg.aggregate)
+
+
 def check_finite(ctx, round_index: int) -> None:
     """Stop every rank together, naming the peers, when a model holds NaN or inf."""
     bad = [p for p, row in zip(ctx.peers, ctx.flat) if not torch.isfinite(row).all()]
@@ -82,8 +89,7 @@ class MetricsLog:
         row: dict = {"round": round_index + 1}
         if weights is not None:
             self.last_weights = weights
-            model = ctx.global_weights if ctx.global_weights is not None else aggregate(
-                weights.to(ctx.device), ctx.sample_counts, ctx.cfg.aggregate)
+            model = run_model(ctx, weights)
             agg_acc, agg_loss = evaluate(ctx.stack, model[None], self.test_x, self.test_y)
             row.update(test_acc=float(agg_acc[0]), test_loss=float(agg_loss[0]),
                        client_acc_mean=float(accs.mean()), client_acc_min=float(accs.min()),

@@ -151,13 +151,12 @@ def run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
 
 def save_final(ctx, log, run_dir: Path, final: dict | None) -> None:
     """final.json (the algorithm's closing results) and model.pt (the aggregated model's state dict)."""
-    from p2pfl.metrics import aggregate
+    from p2pfl.metrics import run_model
 
     if final:
         (run_dir / "final.json").write_text(json.dumps(final, indent=1))
     if log.last_weights is not None:
-        model = ctx.global_weights if ctx.global_weights is not None else aggregate(
-            log.last_weights, ctx.sample_counts, ctx.cfg.aggregate)
+        model = run_model(ctx, log.last_weights)
         state = {k: v.clone() for k, v in ctx.stack.layout.views(model).items()}
         torch.save(state, run_dir / "model.pt")
 
