@@ -23,17 +23,28 @@ def _finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
     plt.close(fig)
 
 
-def plot_accuracy(rows: list[dict], path: Path, title: str = "") -> None:
-    """Aggregated model solid, mean client dotted, client min-max shaded."""
-    rows = [r for r in rows if "test_acc" in r]
+PLOT_FILES = {"acc": "accuracy.png", "loss": "loss.png"}
+
+
+def plot_metric(rows: list[dict], task, run_dir: Path, title: str = "") -> Path:
+    """The task's headline metric per round: aggregated model solid, mean client dotted, client min-max
+    shaded; accuracy.png for classification, loss.png (log scale) for regression."""
+    key = task.headline
+    rows = [r for r in rows if f"test_{key}" in r]
+    scale = 100 if key == "acc" else 1
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if rows:
         x = [r["round"] for r in rows]
-        ax.plot(x, [100 * r["test_acc"] for r in rows], "-", color="tab:blue", label="aggregated model")
-        ax.plot(x, [100 * r["client_acc_mean"] for r in rows], ":", color="tab:orange", label="mean client")
-        ax.fill_between(x, [100 * r["client_acc_min"] for r in rows], [100 * r["client_acc_max"] for r in rows],
-                        color="tab:orange", alpha=0.15, label="client min-max")
-    _finish(fig, ax, path, "round", "test accuracy (%)", title)
+        ax.plot(x, [scale * r[f"test_{key}"] for r in rows], "-", color="tab:blue", label="aggregated model")
+        ax.plot(x, [scale * r[f"client_{key}_mean"] for r in rows], ":", color="tab:orange", label="mean client")
+        ax.fill_between(x, [scale * r[f"client_{key}_min"] for r in rows],
+                        [scale * r[f"client_{key}_max"] for r in rows], color="tab:orange", alpha=0.15,
+                        label="client min-max")
+    if not task.higher_is_better:
+        ax.set_yscale("log")
+    path = run_dir / PLOT_FILES.get(key, f"{key}.png")
+    _finish(fig, ax, path, "round", "test accuracy (%)" if key == "acc" else f"test {key}", title)
+    return path
 
 
 def plot_partition(summary: list[dict], path: Path) -> None:

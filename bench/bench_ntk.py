@@ -21,7 +21,7 @@ import torch
 
 from p2pfl.config import make_config, resolve
 from p2pfl.ntk import DenseJacobian, FactoredJacobian, MLPShape
-from p2pfl.ntk.step import NTKSettings, ntk_step
+from p2pfl.ntk.step import ntk_step
 from p2pfl.run import build
 from p2pfl.training import candidate_losses
 
@@ -52,7 +52,7 @@ def one_step(ctx, path: str, peer: int = 0):
     x, y = ctx.data.train_x[index], ctx.data.train_y[index]
     w = ctx.flat[0]
     shape = MLPShape.of(ctx.stack.model, ctx.stack.layout)
-    settings = NTKSettings(cfg.extras["ntk_loss"], tuple(cfg.extras["ntk_taus"]), cfg.extras["ntk_ode"], "network")
+    settings = cfg.settings.step_settings()
 
     def network_loss(cands):
         return candidate_losses(ctx.stack, cands, x, y)
@@ -73,7 +73,7 @@ def factored_vs_dense(args) -> None:
     ctx, _ = build(cfg, 0, 1, 0)
     fac_s, fac, n = one_step(ctx, "factored")
     fac_s = min(fac_s, one_step(ctx, "factored")[0])
-    print(f"  neighbourhood of peer 0: {n} samples, {len(cfg.extras['ntk_taus'])} candidates")
+    print(f"  neighbourhood of peer 0: {n} samples, {len(cfg.settings.ntk_taus)} candidates")
     print(f"  factored: {fac_s:8.3f} s per peer step")
     if args.skip_dense:
         return

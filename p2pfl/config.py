@@ -16,12 +16,14 @@ from typing import Any
 from p2pfl.errors import UserError
 
 TOPOLOGIES = ("regular", "erdos-renyi", "ring", "star", "full", "chain")
-DATASETS = ("fashion-mnist", "mnist", "synthetic")
-PARTITIONS = ("dirichlet", "iid", "classes")
-DIRICHLET_STYLES = ("per-peer", "per-class")
+PARTITIONS = ("dirichlet", "iid", "classes", "writers")
+DIRICHLET_STYLES = ("per-peer", "per-class", "feddyn")
+CLASSES_STYLES = ("random", "niid-bench")
 MIXINGS = ("uniform", "metropolis", "sample-weighted")
 AGGREGATES = ("uniform", "sample-weighted")
 INITS = ("same", "different")
+NORMS = ("batch", "group")
+LABELS = ("fine", "coarse")
 
 
 @dataclass
@@ -35,8 +37,10 @@ class RunConfig:
     mixing: str = "uniform"
     dataset: str = "fashion-mnist"
     data_dir: str | None = None
-    partition: str = "dirichlet"
+    labels: str = "fine"
+    partition: str | None = None  # None: the dataset's own default (dirichlet; writers for femnist)
     dirichlet_style: str = "per-peer"
+    classes_style: str = "random"
     alpha: float = 0.1
     classes_per_peer: int = 2
     samples_per_peer: int = 200
@@ -45,8 +49,11 @@ class RunConfig:
     out: str | None = None
     device: str = "auto"
     init: str = "same"
+    model: str | None = None  # None: the dataset's default model (mlp for (Fashion-)MNIST)
     hidden: list[int] = field(default_factory=lambda: [100])
-    # Local training; None means "the algorithm's default" (see p2pfl.algorithms.REGISTRY).
+    norm: str = "batch"
+    rep_dim: int = 5
+    # Local training; None means "the algorithm's default" (its class's `training` table).
     lr: float | None = None
     lr_decay: float | None = None
     batch_size: int | None = None
@@ -59,13 +66,13 @@ class RunConfig:
     batched: bool = True
     comm_timeout: float = 600.0
     progress: bool = True
-    extras: dict[str, Any] = field(default_factory=dict)  # algorithm-specific settings
+    settings: Any = None  # the algorithm's own settings (an instance of its Settings dataclass)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "settings"}
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(RunConfig) if f.name != "extras"}
+FIELDS = {f.name: f for f in dataclasses.fields(RunConfig) if f.name != "settings"}
 
 
 def _parse_hidden(text: str) -> list[int]:
@@ -83,11 +90,17 @@ class _OneLineParser(argparse.ArgumentParser):
         raise UserError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
+    """The run's flags, then the flags of algo's own settings (shown by --algo X --help)."""
     from p2pfl.algorithms import REGISTRY
+    from p2pfl.algorithms.settings import add_flags
+    from p2pfl.data import DATASETS
+    from p2pfl.models import MODELS
 
+    listing = "; ".join(f"{name}: {cls.summary}" for name, cls in REGISTRY.items())
     p = _OneLineParser(prog="python -m p2pfl.run", description="Decentralized learning on a graph of peers.",
-                       argument_default=argparse.SUPPRESS)
+                       epilog=f"algorithms: {listing}. python -m p2pfl.run --algo X --help lists X's own settings.",
+                       argument_default=argparse.SUPPRESS, allow_abbrev=False)
     p.add_argument("--config", help="TOML file of settings; flags given here override it")
     p.add_argument("--algo", help=f"one of: {', '.join(REGISTRY)} (default dfedavg)")
     p.add_argument("--peers", type=int, help="number of peers (default: MPI world size, or 10 without MPI)")
@@ -98,8 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mixing", help=f"neighbour averaging weights: {', '.join(MIXINGS)} (default uniform)")
     p.add_argument("--dataset", help=f"one of: {', '.join(DATASETS)} (default fashion-mnist)")
     p.add_argument("--data-dir", help="folder holding the dataset files")
-    p.add_argument("--partition", help=f"one of: {', '.join(PARTITIONS)} (default dirichlet)")
-    p.add_argument("--dirichlet-style", help="per-peer (NTK-FL/NTK-DFL label mix) or per-class (NIID-Bench)")
+    p.add_argument("--labels", help="CIFAR-100 label set: fine (100 classes) or coarse (20) (default fine)")
+    p.add_argument("--partition", help=f"one of: {', '.join(PARTITIONS)} (default: the dataset's; dirichlet, "
+                   "writers for femnist and linear-rep)")
+    p.add_argument("--dirichlet-style", help="per-peer (NTK-FL/NTK-DFL label mix), per-class (NIID-Bench) or "
+                   "feddyn (class prior per peer, equal sizes) (default per-peer)")
+    p.add_argument("--classes-style", help="--partition classes: random (#C random classes, equal counts) or "
+                   "niid-bench (peer i owns class i mod C plus #C-1 random ones, whole classes split evenly)")
     p.add_argument("--alpha", type=float, help="Dirichlet concentration (default 0.1)")
     p.add_argument("--classes-per-peer", type=int, help="classes per peer for --partition classes (default 2)")
     p.add_argument("--samples-per-peer", type=int, help="training samples per peer (default 200)")
@@ -108,7 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="run folder (default runs/<algo>-<time>)")
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N (auto: GPU by local rank, else CPU)")
     p.add_argument("--init", help="same (one initial model for all peers) or different (per-peer init)")
-    p.add_argument("--hidden", type=_parse_hidden, help="hidden layer widths, e.g. 100 or 200,100 (default 100)")
+    p.add_argument("--model", help=f"one of: {', '.join(MODELS)} (default: the dataset's; mlp for (Fashion-)MNIST)")
+    p.add_argument("--hidden", type=_parse_hidden, help="MLP hidden layer widths, e.g. 100 or 200,100 (default 100)")
+    p.add_argument("--norm", help="resnet8/resnet18 normalisation: batch or group (2 groups) (default batch)")
+    p.add_argument("--rep-dim", type=int, help="linear-rep model: representation dimension k (default 5)")
     p.add_argument("--lr", type=float, help="learning rate (default: the algorithm's)")
     p.add_argument("--lr-decay", type=float, help="lr_k = lr * exp(-decay * k) (default: the algorithm's)")
     p.add_argument("--batch-size", type=int, help="local minibatch size (default: the algorithm's)")
@@ -122,8 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train a rank's peers one by one instead of as one vmap batch")
     p.add_argument("--comm-timeout", type=float, help="seconds to wait for a peer's message (default 600)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    for extra in REGISTRY.extra_flags():
-        p.add_argument(extra.flag, **extra.kwargs)
+    if algo in REGISTRY:
+        cls = REGISTRY[algo]
+        add_flags(p.add_argument_group(f"settings of --algo {algo}"), cls.Settings, cls.setting_defaults)
     return p
 
 
@@ -133,34 +155,68 @@ def load_toml(path: str) -> dict[str, Any]:
             raw = tomllib.load(fh)
     except FileNotFoundError:
         raise UserError(f"config file {path} does not exist")
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"config file {path} is not valid TOML: {exc}")
+    except OSError as exc:
+        raise UserError(f"config file {path} cannot be read ({exc.strerror or exc.__class__.__name__})")
     return {key.replace("-", "_"): value for key, value in raw.items()}
+
+
+def _not_this_algorithm(name: str, algo: str) -> UserError | None:
+    """The error for a setting that belongs to other algorithms only, or None."""
+    from p2pfl.algorithms import owners_of
+
+    owners = owners_of(name)
+    if owners and algo not in owners:
+        return UserError(f"--{name.replace('_', '-')} does not apply to --algo {algo} (it is a setting of "
+                         f"{', '.join(owners)})")
+    return None
 
 
 def parse_config(argv: list[str] | None = None) -> RunConfig:
     """Merge defaults, the --config file and the flags, then validate."""
-    args = vars(build_parser().parse_args(argv))
-    values: dict[str, Any] = {}
-    config_path = args.pop("config", None)
-    if config_path:
-        values.update(load_toml(config_path))
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = _OneLineParser(add_help=False, allow_abbrev=False, argument_default=argparse.SUPPRESS)
+    pre.add_argument("--config")
+    pre.add_argument("--algo")
+    known, _ = pre.parse_known_args(argv)
+    values: dict[str, Any] = load_toml(known.config) if getattr(known, "config", None) else {}
+    algo = getattr(known, "algo", values.get("algo", "dfedavg"))
+    for token in argv:
+        if token.startswith("--"):
+            problem = _not_this_algorithm(token[2:].split("=")[0].replace("-", "_"), str(algo))
+            if problem:
+                raise problem
+    args = vars(build_parser(str(algo)).parse_args(argv))
+    args.pop("config", None)
     values.update(args)
     return make_config(values)
 
 
 def make_config(values: dict[str, Any]) -> RunConfig:
-    from p2pfl.algorithms import REGISTRY
+    """A checked RunConfig from raw values (TOML or parsed flags); the algorithm's settings built in."""
+    from p2pfl.algorithms import REGISTRY, setting_names
+    from p2pfl.algorithms.settings import build, coerce
 
-    known = set(FIELDS) | set(REGISTRY.extra_fields())
-    unknown = sorted(set(values) - known)
+    algo = values.get("algo", "dfedavg")
+    if algo not in REGISTRY:
+        raise UserError(f"unknown algorithm {algo!r}; choose one of: {', '.join(REGISTRY)}")
+    mine = set(setting_names(algo))
+    for name in values:
+        problem = _not_this_algorithm(name, algo) if name not in mine else None
+        if problem:
+            raise problem
+    unknown = sorted(set(values) - set(FIELDS) - mine)
     if unknown:
         raise UserError(f"unknown setting(s): {', '.join(unknown)}")
-    base = {k: v for k, v in values.items() if k in FIELDS}
-    extras = {k: v for k, v in values.items() if k not in FIELDS}
-    if isinstance(base.get("hidden"), (str, int)):
-        base["hidden"] = _parse_hidden(str(base["hidden"]))
-    cfg = RunConfig(**base, extras=extras)
+    base = {k: coerce(FIELDS[k], v) if v is not None else None for k, v in values.items() if k in FIELDS}
+    if "hidden" in base:
+        base["hidden"] = list(base["hidden"])
+    cls = REGISTRY[algo]
+    settings = build(cls.Settings, {k: v for k, v in values.items() if k in mine}, cls.setting_defaults)
+    cfg = RunConfig(**base, settings=settings)
     validate(cfg)
     return cfg
 
@@ -172,17 +228,40 @@ def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:
 
 def validate(cfg: RunConfig) -> None:
     """Checks that need no data and no MPI; resolve() does the rest once peers are known."""
-    from p2pfl.algorithms import REGISTRY
+    from p2pfl.data import DATASETS, canonical_dataset
+    from p2pfl.models import MODELS
 
-    if cfg.algo not in REGISTRY:
-        raise UserError(f"unknown algorithm {cfg.algo!r}; choose one of: {', '.join(REGISTRY)}")
     _choice("topology", cfg.topology, TOPOLOGIES)
-    _choice("dataset", cfg.dataset, DATASETS)
+    canonical = canonical_dataset(cfg.dataset)
+    if canonical is None:
+        raise UserError(f"unknown dataset {cfg.dataset!r}; choose one of: {', '.join(DATASETS)}")
+    cfg.dataset = canonical
+    spec = DATASETS[canonical]
+    if cfg.partition is None:
+        cfg.partition = spec.default_partition
+    if cfg.model is None:
+        cfg.model = spec.default_model
+    _choice("model", cfg.model, tuple(MODELS))
     _choice("partition", cfg.partition, PARTITIONS)
     _choice("Dirichlet style", cfg.dirichlet_style, DIRICHLET_STYLES)
+    _choice("classes style", cfg.classes_style, CLASSES_STYLES)
     _choice("mixing", cfg.mixing, MIXINGS)
     _choice("aggregate", cfg.aggregate, AGGREGATES)
     _choice("init", cfg.init, INITS)
+    _choice("norm", cfg.norm, NORMS)
+    _choice("label set", cfg.labels, LABELS)
+    model = MODELS[cfg.model]
+    if model.task != spec.task:
+        raise UserError(f"--model {cfg.model} is for {model.task}, but --dataset {canonical} is a {spec.task} task")
+    from p2pfl.algorithms import REGISTRY
+
+    if spec.task not in REGISTRY[cfg.algo].tasks:
+        raise UserError(f"--algo {cfg.algo} learns {' or '.join(REGISTRY[cfg.algo].tasks)} only, not the "
+                        f"{spec.task} task of --dataset {canonical}")
+    if model.images and not spec.images:
+        raise UserError(f"--model {cfg.model} needs images (C, H, W); --dataset {canonical} has flat features")
+    if cfg.partition == "writers" and not spec.natural_split:
+        raise UserError(f"--partition writers needs a dataset with a natural split; {canonical} has none")
     if cfg.rounds < 1:
         raise UserError(f"--rounds must be at least 1, got {cfg.rounds}")
     if not (cfg.alpha > 0 and math.isfinite(cfg.alpha)):
@@ -191,6 +270,8 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"--samples-per-peer must be at least 1, got {cfg.samples_per_peer}")
     if cfg.classes_per_peer < 1:
         raise UserError(f"--classes-per-peer must be at least 1, got {cfg.classes_per_peer}")
+    if cfg.rep_dim < 1:
+        raise UserError(f"--rep-dim must be at least 1, got {cfg.rep_dim}")
     if cfg.test_samples is not None and cfg.test_samples < 1:
         raise UserError(f"--test-samples must be at least 1, got {cfg.test_samples}")
     if cfg.eval_every < 1:
@@ -213,7 +294,6 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"unknown device {cfg.device!r}; use auto, cpu, cuda or cuda:N")
     if cfg.peers is not None:
         check_peers(cfg, cfg.peers)
-    REGISTRY.spec(cfg.algo).check_extras(cfg)
 
 
 def check_peers(cfg: RunConfig, peers: int) -> None:
@@ -224,13 +304,15 @@ def check_peers(cfg: RunConfig, peers: int) -> None:
 
     if peers < 1:
         raise UserError(f"--peers must be at least 1, got {peers}")
-    if cfg.algo in REGISTRY and REGISTRY.spec(cfg.algo).centralized:
-        return  # a star of the clients around the server always exists
+    if REGISTRY[cfg.algo].centralized:  # a star of the clients around the server always exists
+        if cfg.settings.clients_per_round > peers:
+            raise UserError(f"--clients-per-round {cfg.settings.clients_per_round} exceeds the {peers} clients")
+        return
     check_graph(cfg.topology, peers, cfg.kappa)
 
 
 def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
-    """Fill what depends on the launch: the number of peers and the algorithm's defaults."""
+    """Fill what depends on the launch: the number of peers and the algorithm's training defaults."""
     from p2pfl.algorithms import REGISTRY
 
     if cfg.peers is None:
@@ -238,29 +320,27 @@ def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
         check_peers(cfg, cfg.peers)
     if cfg.peers < world_size:
         raise UserError(f"{cfg.peers} peers cannot fill {world_size} MPI ranks; use --peers >= {world_size}")
-    spec = REGISTRY.spec(cfg.algo)
-    if spec.centralized:
+    cls = REGISTRY[cfg.algo]
+    if cls.centralized:
         cfg.topology = "star"  # the server is the hub; --topology does not apply
-    for name, value in spec.defaults.items():
-        if name in FIELDS:
-            if getattr(cfg, name) is None:
-                setattr(cfg, name, value)
-        else:
-            cfg.extras.setdefault(name, value)
+    fallback = {"lr_decay": 0.0, "momentum": 0.0, "local_epochs": 1}
     for name in ("lr", "lr_decay", "batch_size", "local_epochs", "momentum"):
         if getattr(cfg, name) is None:
-            setattr(cfg, name, {"lr_decay": 0.0, "momentum": 0.0, "local_epochs": 1}.get(name))
+            setattr(cfg, name, cls.training.get(name, fallback.get(name)))
     return cfg
 
 
 def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
-    out = {k: v for k, v in cfg.to_dict().items() if v is not None and k != "extras"}
-    out.update({k: v for k, v in cfg.extras.items() if v is not None})
+    """Every setting as resolved, the algorithm's own included; not `out`, so that --config on a run's
+    config.toml never writes into that run's folder."""
+    out = {k: v for k, v in cfg.to_dict().items() if v is not None and k != "out"}
+    out.update(dataclasses.asdict(cfg.settings))
     return out
 
 
-def write_toml(values: dict[str, Any], path: Path) -> None:
-    """A flat TOML writer (tomllib only reads): strings, numbers, booleans and lists of those."""
+def write_toml(values: dict[str, Any], path: Path, comments: tuple[str, ...] = ()) -> None:
+    """A flat TOML writer (tomllib only reads): strings, numbers, booleans and lists of those, after
+    comment lines (facts of the run that are not settings)."""
 
     def fmt(value: Any) -> str:
         if isinstance(value, bool):
@@ -272,5 +352,5 @@ def write_toml(values: dict[str, Any], path: Path) -> None:
         text = str(value).replace("\\", "\\\\").replace('"', '\\"')
         return f'"{text}"'
 
-    lines = [f"{key} = {fmt(value)}" for key, value in values.items()]
+    lines = [f"# {c}" for c in comments] + [f"{key} = {fmt(value)}" for key, value in values.items()]
     path.write_text("\n".join(lines) + "\n")

@@ -31,7 +31,7 @@ def final_averaging(ctx) -> dict | None:
     order = torch.randperm(len(y), generator=torch_generator(ctx.cfg.seed, "validation-split"))
     half = len(y) // 2
     val, test = order[:half].to(x.device), order[half:].to(x.device)
-    val_acc, _ = evaluate(ctx.stack, weights, x[val], y[val])
+    val_acc = evaluate(ctx.stack, weights, x[val], y[val])["acc"]
     counts = torch.tensor(ctx.sample_counts, dtype=weights.dtype, device=weights.device)
     if ctx.cfg.aggregate == "uniform":
         counts = torch.ones_like(counts)
@@ -47,8 +47,8 @@ def final_averaging(ctx) -> dict | None:
         cum_n = torch.cumsum(counts[perm], 0)
         index = torch.tensor([n - 1 for n in ns], device=weights.device)
         averaged = cum_w[index] / cum_n[index, None]
-        v_acc, _ = evaluate(ctx.stack, averaged, x[val], y[val])
-        t_acc, _ = evaluate(ctx.stack, averaged, x[test], y[test])
+        v_acc = evaluate(ctx.stack, averaged, x[val], y[val])["acc"]
+        t_acc = evaluate(ctx.stack, averaged, x[test], y[test])["acc"]
         result["orders"][name] = {"val_acc": v_acc.tolist(), "test_acc": t_acc.tolist()}
     best = result["orders"]["high-to-low"]
     pick = max(range(len(ns)), key=lambda i: (best["val_acc"][i], -i))

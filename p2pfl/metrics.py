@@ -59,16 +59,15 @@ class MetricsLog:
         if self.path is not None:
             self.path.write_text("")
 
-    def evaluate_all(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-        """Gathered weights (P, D) and each peer's test accuracy and loss, on rank 0."""
+    def evaluate_all(self) -> tuple[torch.Tensor | None, dict[str, torch.Tensor] | None]:
+        """Gathered weights (P, D) and each peer's test metrics {metric: (P,)}, on rank 0."""
         ctx = self.ctx
-        acc, loss = evaluate(ctx.stack, ctx.flat, self.test_x, self.test_y)
+        scores = evaluate(ctx.stack, ctx.flat, self.test_x, self.test_y)
         weights = ctx.transport.gather_rows(ctx.flat.float())
-        accs = ctx.transport.gather_rows(acc[:, None].double())
-        losses = ctx.transport.gather_rows(loss[:, None].double())
+        gathered = {m: ctx.transport.gather_rows(v[:, None].double()) for m, v in scores.items()}
         if weights is None:
-            return None, None, None
-        return weights, accs[:, 0], losses[:, 0]
+            return None, None
+        return weights, {m: v[:, 0] for m, v in gathered.items()}
 
     def record(self, round_index: int, train_losses: torch.Tensor | None, wall_s: float, evaluate_now: bool) -> dict | None:
         ctx = self.ctx
@@ -77,7 +76,7 @@ class MetricsLog:
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
         gathered = ctx.transport.gather((sent, dense, rss))
         train = ctx.transport.gather_rows(train_losses[:, None].double()) if train_losses is not None else None
-        weights, accs, losses = self.evaluate_all() if evaluate_now else (None, None, None)
+        weights, clients = self.evaluate_all() if evaluate_now else (None, None)
         if ctx.transport.rank != 0:
             return None
         phases: dict[str, int] = {}
@@ -90,11 +89,12 @@ class MetricsLog:
         if weights is not None:
             self.last_weights = weights
             model = run_model(ctx, weights)
-            agg_acc, agg_loss = evaluate(ctx.stack, model[None], self.test_x, self.test_y)
-            row.update(test_acc=float(agg_acc[0]), test_loss=float(agg_loss[0]),
-                       client_acc_mean=float(accs.mean()), client_acc_min=float(accs.min()),
-                       client_acc_max=float(accs.max()), client_loss_mean=float(losses.mean()),
-                       variance=inter_model_variance(weights))
+            aggregated = evaluate(ctx.stack, model[None], self.test_x, self.test_y)
+            row.update({f"test_{m}": float(v[0]) for m, v in aggregated.items()})
+            for m, v in clients.items():
+                row.update({f"client_{m}_mean": float(v.mean()), f"client_{m}_min": float(v.min()),
+                            f"client_{m}_max": float(v.max())})
+            row["variance"] = inter_model_variance(weights)
         if train is not None:
             row["train_loss"] = float(train.mean())
         row.update(bytes_sent=int(sum(phases.values())), bytes_dense=int(dense_total),

@@ -64,45 +64,50 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     """Everything a round needs, for this rank's peers."""
     from p2pfl.algorithms import REGISTRY
     from p2pfl.algorithms.base import RunContext
-    from p2pfl.data import load_dataset, partition
+    from p2pfl.data import DataRequest, load_dataset, partition
     from p2pfl.models import PeerStack, build_model, initial_parameters
+    from p2pfl.tasks import TASKS
     from topologies import TopologySchedule
 
     device = pick_device(cfg.device, local_rank)
-    data = load_dataset(cfg.dataset, cfg.data_dir)
-    if cfg.extras.get("ntk_projection"):
-        from p2pfl.ntk.compression import project_dataset
-
-        project_dataset(data, cfg.extras["ntk_projection"], cfg.seed)
-    shards = partition(data.train_y.numpy(), data.n_classes, cfg.peers, cfg.partition, cfg.samples_per_peer,
-                       cfg.alpha, cfg.classes_per_peer, cfg.dirichlet_style, cfg.seed)
-    spec = REGISTRY.spec(cfg.algo)
-    transport = make_transport(cfg.peers, 1 if spec.centralized else 0, cfg.comm_timeout)
+    cls = REGISTRY[cfg.algo]
+    data = load_dataset(cfg.dataset, DataRequest(cfg.data_dir, cfg.labels, cfg.peers, cfg.samples_per_peer, cfg.seed))
+    cls.prepare_data(data, cfg.settings, cfg.seed)
+    shards = partition(data.train_y.numpy(), data.n_classes, cfg.peers, cfg.partition, per_peer=cfg.samples_per_peer,
+                       alpha=cfg.alpha, classes=cfg.classes_per_peer, style=cfg.dirichlet_style,
+                       classes_style=cfg.classes_style, groups=data.groups, seed=cfg.seed)
+    transport = make_transport(cfg.peers, 1 if cls.centralized else 0, cfg.comm_timeout)
     peers = transport.placement.peers_of(transport.rank)
-    model = build_model(data.n_features, cfg.hidden, data.n_classes)
+    model = build_model(cfg.model, data.input_shape, data.n_classes, cfg)
     flat = initial_parameters(model, peers, cfg.seed, cfg.init, device)
     data.train_x, data.train_y = data.train_x.to(device), data.train_y.to(device)
     data.test_x, data.test_y = data.test_x.to(device), data.test_y.to(device)
     ctx = RunContext(cfg=cfg, transport=transport, data=data, shards=[torch.from_numpy(s) for s in shards],
-                     schedule=TopologySchedule(cfg.topology, cfg.peers + spec.centralized, cfg.kappa, cfg.seed,
+                     schedule=TopologySchedule(cfg.topology, cfg.peers + cls.centralized, cfg.kappa, cfg.seed,
                                                cfg.static),
-                     stack=PeerStack(model.to(device), cfg.batched), peers=peers, flat=flat, device=device)
-    return ctx, spec.build(ctx)
+                     stack=PeerStack(model.to(device), cfg.batched, TASKS[data.task]), peers=peers, flat=flat,
+                     device=device)
+    return ctx, cls(ctx)
 
 
 def write_run_header(ctx, run_dir: Path) -> None:
     from analysis.plots import plot_partition
+    from p2pfl.algorithms import REGISTRY
     from p2pfl.data import summary
+    from p2pfl.models import count_parameters
     from topologies.drawing import draw_graph
 
     cfg = ctx.cfg
-    write_toml(resolved_dict(cfg), run_dir / "config.toml")
+    write_toml(resolved_dict(cfg), run_dir / "config.toml",
+               (f"model {cfg.model}: {count_parameters(ctx.stack.model):,} parameters, "
+                f"{ctx.stack.layout.size - ctx.stack.layout.trainable:,} state values (batch norm statistics)",))
     parts = summary([s.numpy() for s in ctx.shards], ctx.data.train_y.cpu().numpy(), ctx.data.n_classes)
     (run_dir / "partition.json").write_text(json.dumps(parts))
-    plot_partition(parts, run_dir / "partition.png")
-    if "clients_per_round" in cfg.extras:
+    if "classes" in parts[0]:
+        plot_partition(parts, run_dir / "partition.png")
+    if REGISTRY[cfg.algo].centralized:
         title = (f"star: the server (node {cfg.peers}) and {cfg.peers} clients, "
-                 f"{cfg.extras['clients_per_round']} sampled each round")
+                 f"{cfg.settings.clients_per_round} sampled each round")
     else:
         title = (f"{cfg.topology} ({'static' if cfg.static else 'round 1 of a new graph each round'}), "
                  f"{cfg.peers} peers")
@@ -112,7 +117,7 @@ def write_run_header(ctx, run_dir: Path) -> None:
 def run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
     from tqdm import tqdm
 
-    from analysis.plots import plot_accuracy
+    from analysis.plots import plot_metric
     from p2pfl.metrics import MetricsLog
 
     if size > 1:  # oversubscribed ranks share the cores
@@ -133,19 +138,21 @@ def run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
                     fh.write(json.dumps({"round": k + 1, "edges": sorted(ctx.schedule.graph(k).edges)}) + "\n")
             last = k == cfg.rounds - 1
             row = log.record(k, losses, time.perf_counter() - start, last or (k + 1) % cfg.eval_every == 0)
-            if row and "test_acc" in row:
-                bar.set_postfix(acc=f"{100 * row['test_acc']:.1f}%", clients=f"{100 * row['client_acc_mean']:.1f}%")
+            head = ctx.stack.task.headline
+            if row and f"test_{head}" in row:
+                bar.set_postfix({head: ctx.stack.task.format(row[f"test_{head}"]),
+                                 "clients": ctx.stack.task.format(row[f"client_{head}_mean"])})
         final = algorithm.finish(run_dir if rank == 0 else None)
         if rank == 0:
             save_final(ctx, log, run_dir, final)
     finally:
         bar.close()
         if rank == 0 and log.rows:
-            plot_accuracy(log.rows, run_dir / "accuracy.png", f"{cfg.algo}: {cfg.peers} peers, {cfg.topology} "
-                          f"kappa={cfg.kappa:g}, {cfg.dataset} {cfg.partition}"
-                          + (f" alpha={cfg.alpha:g}" if cfg.partition == "dirichlet" else ""))
+            plot_metric(log.rows, ctx.stack.task, run_dir, f"{cfg.algo}: {cfg.peers} peers, {cfg.topology} "
+                        f"kappa={cfg.kappa:g}, {cfg.model} on {cfg.dataset} {cfg.partition}"
+                        + (f" alpha={cfg.alpha:g}" if cfg.partition == "dirichlet" else ""))
     if rank == 0:
-        print(summary_line(log.rows, run_dir), file=sys.stderr)
+        print(summary_line(log.rows, ctx.stack.task, run_dir), file=sys.stderr)
     return 0
 
 
@@ -161,13 +168,15 @@ def save_final(ctx, log, run_dir: Path, final: dict | None) -> None:
         torch.save(state, run_dir / "model.pt")
 
 
-def summary_line(rows: list[dict], run_dir: Path) -> str:
-    evaluated = [r for r in rows if "test_acc" in r]
+def summary_line(rows: list[dict], task, run_dir: Path) -> str:
+    head = task.headline
+    evaluated = [r for r in rows if f"test_{head}" in r]
     if not evaluated:
         return f"run folder: {run_dir}"
     last = evaluated[-1]
-    return (f"round {last['round']}: aggregated test accuracy {100 * last['test_acc']:.2f}%, mean client "
-            f"{100 * last['client_acc_mean']:.2f}%; run folder: {run_dir}")
+    name = {"acc": "accuracy"}.get(head, head)
+    return (f"round {last['round']}: aggregated test {name} {task.format(last[f'test_{head}'])}, mean client "
+            f"{task.format(last[f'client_{head}_mean'])}; run folder: {run_dir}")
 
 
 def main(argv: list[str] | None = None) -> int:

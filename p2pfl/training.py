@@ -10,10 +10,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-
 from p2pfl.models.stack import PeerStack
 from p2pfl.seeding import torch_generator
+from p2pfl.tasks import Task
 
 
 @dataclass
@@ -40,33 +39,51 @@ class StepTerms:
         return StepTerms(pick(self.anchor), pick(self.offset))
 
     def add_to(self, grad: torch.Tensor, flat: torch.Tensor, opt: SGDSettings) -> None:
+        width = grad.shape[-1]  # the trainable part
         if self.anchor is not None and opt.prox_mu:
-            grad.add_(flat - self.anchor, alpha=opt.prox_mu)
+            grad.add_(flat - self.anchor[..., :width], alpha=opt.prox_mu)
         if self.offset is not None:
-            grad.add_(self.offset)
+            grad.add_(self.offset[..., :width])
 
 
-def masked_loss(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy per peer over its unmasked rows: (L, B, C), (L, B), (L, B) -> (L,)."""
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
-    ce = ce.view(mask.shape) * mask
-    return ce.sum(1) / mask.sum(1).clamp(min=1)
+def masked_loss(task: Task, outputs: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The task's mean loss per peer over its unmasked rows: (L, B, out), (L, B), (L, B) -> (L,)."""
+    return (task.losses(outputs, y) * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
-def gradients(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-              mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-peer gradients of the masked mean loss: (L, D), and the losses (L,).
+def gradients(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
+              noise: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-peer gradients of the masked mean loss with respect to the trainable part of each row:
+    (L, trainable), and the losses (L,). Batch norm's running statistics in flat are updated in place.
 
-    Each parameter is its own leaf (a view of flat): differentiating through slices of one flat leaf
-    would make autograd build a zero-filled (L, D) tensor per parameter."""
-    leaves = {name: v.detach().requires_grad_(True) for name, v in stack.layout.views(flat).items()}
-    logits = stack.forward_views(leaves, x)
-    losses = masked_loss(logits, y, mask)
+    With batch norm, padded rows would enter the batch statistics, so peers are forwarded in groups of
+    equal batch length, each with its real rows only; rows without a batch are not forwarded at all."""
+    if not stack.couples_samples:
+        return _gradients(stack, flat, x, y, mask, noise)
+    grad = torch.zeros(len(flat), stack.layout.trainable, device=flat.device, dtype=flat.dtype)
+    losses = torch.zeros(len(flat), device=flat.device, dtype=flat.dtype)
+    sizes = mask.sum(1).long()
+    for b in sorted(set(sizes.tolist()) - {0}):
+        rows = (sizes == b).nonzero()[:, 0]
+        sub = flat[rows]
+        part_noise = {k: v[rows, : v.shape[1] // x.shape[1] * b] for k, v in (noise or {}).items()}
+        grad[rows], losses[rows] = _gradients(stack, sub, x[rows, :b], y[rows, :b], mask[rows, :b], part_noise)
+        flat[rows, stack.layout.trainable:] = sub[:, stack.layout.trainable:]  # the updated running statistics
+    return grad, losses
+
+
+def _gradients(stack, flat, x, y, mask, noise):
+    """Each parameter is its own leaf (a view of flat): differentiating through slices of one flat leaf
+    would make autograd build a zero-filled (L, D) tensor per parameter. Buffers are views too, so batch
+    norm's in-place running-statistics update lands in flat."""
+    views = stack.layout.views(flat)
+    names = list(views)[: stack.layout.n_params]
+    leaves = {name: views[name].detach().requires_grad_(True) for name in names}
+    buffers = {name: views[name].detach() for name in list(views)[stack.layout.n_params:]}
+    outputs = stack.forward_views({**leaves, **buffers}, x, train=True, noise=noise)
+    losses = masked_loss(stack.task, outputs, y, mask)
     grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
-    out = torch.empty_like(flat)
-    for view, g in zip(stack.layout.views(out).values(), grads):
-        view.copy_(g)
-    return out, losses.detach()
+    return torch.cat([g.reshape(len(flat), -1) for g in grads], 1), losses.detach()
 
 
 def epoch_batches(shards: list[torch.Tensor], batch: int, seed: int, round_index: int, peers: list[int],
@@ -86,7 +103,8 @@ def epoch_batches(shards: list[torch.Tensor], batch: int, seed: int, round_index
 
 def apply_step(flat: torch.Tensor, grad: torch.Tensor, active: torch.Tensor, opt: SGDSettings, lr: float,
                velocity: torch.Tensor | None, terms: StepTerms | None = None) -> None:
-    """In-place SGD (torch semantics: buf = m*buf + g, dampening 0) on the rows where active is true.
+    """In-place SGD (torch semantics: buf = m*buf + g, dampening 0) on the rows where active is true,
+    on the trainable part of flat (the first grad.shape[1] columns; buffers are not stepped).
     grad is consumed (modified in place)."""
     if not bool(active.all()):
         rows = active.nonzero()[:, 0]
@@ -98,13 +116,14 @@ def apply_step(flat: torch.Tensor, grad: torch.Tensor, active: torch.Tensor, opt
         if velocity is not None:
             velocity[rows] = sub_v
         return
+    weights = flat[:, : grad.shape[1]]
     if terms is not None:
-        terms.add_to(grad, flat, opt)
+        terms.add_to(grad, weights, opt)
     if opt.weight_decay:
-        grad.add_(flat, alpha=opt.weight_decay)
+        grad.add_(weights, alpha=opt.weight_decay)
     if velocity is not None:
         grad = velocity.mul_(opt.momentum).add_(grad)
-    flat.add_(grad, alpha=-lr)
+    weights.add_(grad, alpha=-lr)
 
 
 def train_epochs(stack: PeerStack, flat: torch.Tensor, shards: list[torch.Tensor], peers: list[int],
@@ -125,7 +144,7 @@ def local_steps(n_samples: int, opt: SGDSettings) -> int:
 
 
 def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, round_index, terms) -> torch.Tensor:
-    velocity = torch.zeros_like(flat) if opt.momentum else None
+    velocity = torch.zeros_like(flat[:, : stack.layout.trainable]) if opt.momentum else None
     last = torch.zeros(len(peers), device=flat.device)
     budget = torch.tensor([local_steps(len(s), opt) if len(s) else 0 for s in shards], device=flat.device)
     taken = torch.zeros_like(budget)
@@ -137,7 +156,9 @@ def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, ro
             active = (mask[s].sum(1) > 0) & (taken < budget)
             if not bool(active.any()):
                 continue
-            grad, losses = gradients(stack, flat, train_x[index[s]], train_y[index[s]], mask[s])
+            noise = stack.dropout_noise(peers, opt.batch_size, seed, round_index, epoch, s) if stack.dropouts else None
+            grad, losses = gradients(stack, flat, train_x[index[s]], train_y[index[s]], mask[s] * active[:, None],
+                                     noise)
             apply_step(flat, grad, active, opt, lr, velocity, terms)
             taken += active.long()
             last = torch.where(active, losses, last)
@@ -159,24 +180,23 @@ def sample_batch(shards: list[torch.Tensor], batch: int, seed: int, round_index:
 
 @torch.no_grad()
 def candidate_losses(stack: PeerStack, candidates: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of each row of candidates (T, D) on the same samples: (T,)."""
-    logits = stack.forward(candidates, x, shared_input=True)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.repeat(len(candidates)),
-                           reduction="none").view(len(candidates), -1).mean(1)
+    """The task's mean loss of each row of candidates (T, D) on the same samples: (T,)."""
+    outputs = stack.forward(candidates, x, shared_input=True)
+    return stack.task.losses(outputs, y.expand(len(candidates), *y.shape)).mean(1)
 
 
 @torch.no_grad()
 def evaluate(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-             peer_chunk: int = 25, sample_chunk: int = 5000) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accuracy and mean cross-entropy of each row of flat (L, D) on (x, y): two (L,) tensors."""
-    correct = torch.zeros(len(flat), device=flat.device)
-    loss = torch.zeros(len(flat), device=flat.device)
+             peer_chunk: int = 25, sample_chunk: int = 5000) -> dict[str, torch.Tensor]:
+    """The task's metrics (accuracy and loss for classification) of each row of flat (L, D) on (x, y),
+    averaged over the samples: {metric: (L,)}."""
+    task = stack.task
+    sums = {m: torch.zeros(len(flat), device=flat.device) for m in task.metrics}
     for p in range(0, len(flat), peer_chunk):
         rows = flat[p:p + peer_chunk]
         for s in range(0, len(x), sample_chunk):
             xb, yb = x[s:s + sample_chunk], y[s:s + sample_chunk]
-            logits = stack.forward(rows, xb, shared_input=True)
-            correct[p:p + peer_chunk] += (logits.argmax(-1) == yb).sum(1)
-            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.repeat(len(rows)), reduction="none")
-            loss[p:p + peer_chunk] += ce.view(len(rows), -1).sum(1)
-    return correct / len(x), loss / len(x)
+            outputs = stack.forward(rows, xb, shared_input=True)
+            for m, values in task.per_sample(outputs, yb.expand(len(rows), *yb.shape)).items():
+                sums[m][p:p + peer_chunk] += values.sum(1)
+    return {m: v / len(x) for m, v in sums.items()}

@@ -51,3 +51,76 @@ def run_cli(*args: str, ranks: int = 0, timeout: float = 600) -> subprocess.Comp
     if ranks:
         cmd = [mpirun(), "-n", str(ranks), "--oversubscribe", *cmd]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def _images(rng, n, shape, labels):
+    images = rng.integers(0, 60, size=(n, *shape)).astype(np.uint8)
+    for c in np.unique(labels):  # a bright class-specific band makes the classes learnable
+        images[labels == c, ..., (c * 3) % shape[-2]:(c * 3) % shape[-2] + 3, :] = 250
+    return images
+
+
+def write_cifar(root: Path, name: str = "cifar10", kind: str = "binary", n_train: int = 60, n_test: int = 20) -> Path:
+    """Tiny CIFAR files in the official layouts: binary records or python-version pickles."""
+    import pickle
+
+    rng = np.random.default_rng(1)
+    fine_classes = 10 if name == "cifar10" else 100
+    splits = {"train": n_train, "test": n_test}
+    data = {}
+    for split, n in splits.items():
+        fine = (np.arange(n) % fine_classes).astype(np.uint8)
+        data[split] = (_images(rng, n, (3, 32, 32), fine % 10).reshape(n, -1), fine, (fine // 5).astype(np.uint8))
+    if name == "cifar10":
+        folder = root / ("cifar-10-batches-bin" if kind == "binary" else "cifar-10-batches-py")
+        folder.mkdir(parents=True)
+        train_files = [f"data_batch_{i}" for i in range(1, 6)]
+        parts = np.array_split(np.arange(n_train), 5)
+        for fname, idx in zip(train_files, parts):
+            x, y, _ = (a[idx] for a in data["train"])
+            if kind == "binary":
+                (folder / f"{fname}.bin").write_bytes(np.concatenate([y[:, None], x], 1).tobytes())
+            else:
+                with (folder / fname).open("wb") as fh:
+                    pickle.dump({b"data": x, b"labels": y.tolist()}, fh, protocol=2)
+        x, y, _ = data["test"]
+        if kind == "binary":
+            (folder / "test_batch.bin").write_bytes(np.concatenate([y[:, None], x], 1).tobytes())
+        else:
+            with (folder / "test_batch").open("wb") as fh:
+                pickle.dump({b"data": x, b"labels": y.tolist()}, fh, protocol=2)
+        return folder
+    folder = root / ("cifar-100-binary" if kind == "binary" else "cifar-100-python")
+    folder.mkdir(parents=True)
+    for split in ("train", "test"):
+        x, fine, coarse = data[split]
+        if kind == "binary":
+            (folder / f"{split}.bin").write_bytes(np.concatenate([coarse[:, None], fine[:, None], x], 1).tobytes())
+        else:
+            with (folder / split).open("wb") as fh:
+                pickle.dump({b"data": x, b"fine_labels": fine.tolist(), b"coarse_labels": coarse.tolist()}, fh,
+                            protocol=2)
+    return folder
+
+
+def write_femnist(root: Path, writers: int = 5, per_writer: int = 12) -> Path:
+    """Tiny LEAF FEMNIST JSON files (two train files, one test file) under root/femnist/data."""
+    import json
+
+    rng = np.random.default_rng(2)
+    base = root / "femnist" / "data"
+    for split in ("train", "test"):
+        (base / split).mkdir(parents=True)
+    users = [f"f{i:04d}_{i}" for i in range(writers)]
+    for split, n in (("train", per_writer), ("test", 4)):
+        blobs = [{"users": [], "num_samples": [], "user_data": {}} for _ in range(2 if split == "train" else 1)]
+        for i, user in enumerate(users):
+            y = rng.integers(0, 62, size=n)
+            x = _images(rng, n, (28, 28), y % 9).reshape(n, -1) / 255.0
+            blob = blobs[i % len(blobs)]
+            blob["users"].append(user)
+            blob["num_samples"].append(n)
+            blob["user_data"][user] = {"x": x.round(3).tolist(), "y": y.tolist()}
+        for j, blob in enumerate(blobs):
+            (base / split / f"all_data_{j}_{split}.json").write_text(json.dumps(blob))
+    return base

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from p2pfl.data import load_dataset, partition
+from p2pfl.data import DataRequest, load_dataset, partition
 from p2pfl.data.idx import read_idx
 from p2pfl.errors import UserError
 from tests.conftest import write_idx
@@ -28,8 +28,8 @@ def test_idx_truncated_plain(tmp_path):
 
 
 def test_load_mnist_from_data_dir(tiny_mnist):
-    ds = load_dataset("mnist", str(tiny_mnist))
-    assert ds.train_x.shape == (600, 784) and ds.test_x.shape == (100, 784) and ds.n_classes == 10
+    ds = load_dataset("mnist", DataRequest(str(tiny_mnist)))
+    assert ds.train_x.shape == (600, 1, 28, 28) and ds.test_x.shape == (100, 1, 28, 28) and ds.n_classes == 10
     assert abs(float(ds.train_x.mean())) < 5  # normalised, not raw bytes
 
 
@@ -42,36 +42,36 @@ LABELS = np.repeat(np.arange(10), 600)  # 6,000 samples, 10 balanced classes
 
 
 def test_dirichlet_per_peer_sizes_and_skew():
-    shards = partition(LABELS, 10, 50, "dirichlet", 100, 0.1, 2, "per-peer", seed=0)
+    shards = partition(LABELS, 10, 50, "dirichlet", per_peer=100, alpha=0.1, classes=2, style="per-peer", seed=0)
     sizes = [len(s) for s in shards]
     assert len(shards) == 50 and max(sizes) <= 100 and min(sizes) >= 91  # floor loses at most C-1
     dominant = [np.bincount(LABELS[s], minlength=10).max() / len(s) for s in shards]
     assert np.mean(dominant) > 0.6  # alpha 0.1: most of a peer's data is one class
-    iid_like = partition(LABELS, 10, 50, "dirichlet", 100, 100.0, 2, "per-peer", seed=0)
+    iid_like = partition(LABELS, 10, 50, "dirichlet", per_peer=100, alpha=100.0, classes=2, style="per-peer", seed=0)
     assert np.mean([np.bincount(LABELS[s], minlength=10).max() / len(s) for s in iid_like]) < 0.25
 
 
 def test_partitions_are_pure_functions_of_seed():
-    a = partition(LABELS, 10, 20, "dirichlet", 100, 0.5, 2, "per-peer", seed=4)
-    b = partition(LABELS, 10, 20, "dirichlet", 100, 0.5, 2, "per-peer", seed=4)
-    c = partition(LABELS, 10, 20, "dirichlet", 100, 0.5, 2, "per-peer", seed=5)
+    a = partition(LABELS, 10, 20, "dirichlet", per_peer=100, alpha=0.5, classes=2, style="per-peer", seed=4)
+    b = partition(LABELS, 10, 20, "dirichlet", per_peer=100, alpha=0.5, classes=2, style="per-peer", seed=4)
+    c = partition(LABELS, 10, 20, "dirichlet", per_peer=100, alpha=0.5, classes=2, style="per-peer", seed=5)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
     assert not all(np.array_equal(x, y) for x, y in zip(a, c))
 
 
 def test_dirichlet_per_class_is_disjoint_and_complete():
-    shards = partition(LABELS, 10, 20, "dirichlet", 200, 0.5, 2, "per-class", seed=0)
+    shards = partition(LABELS, 10, 20, "dirichlet", per_peer=200, alpha=0.5, classes=2, style="per-class", seed=0)
     everything = np.concatenate(shards)
     assert len(everything) == 20 * 200 == len(np.unique(everything))
     assert min(len(s) for s in shards) >= 10
 
 
 def test_iid_is_disjoint_and_equal():
-    shards = partition(LABELS, 10, 30, "iid", 200, 1.0, 2, "per-peer", seed=0)
+    shards = partition(LABELS, 10, 30, "iid", per_peer=200, alpha=1.0, classes=2, style="per-peer", seed=0)
     assert all(len(s) == 200 for s in shards) and len(np.unique(np.concatenate(shards))) == 6000
 
 
 def test_classes_per_peer():
-    shards = partition(LABELS, 10, 30, "classes", 100, 1.0, 3, "per-peer", seed=0)
+    shards = partition(LABELS, 10, 30, "classes", per_peer=100, alpha=1.0, classes=3, style="per-peer", seed=0)
     assert all(len(np.unique(LABELS[s])) == 3 and len(s) == 100 for s in shards)
     assert len(np.unique(np.concatenate(shards))) == 3000  # disjoint

@@ -41,7 +41,8 @@ def test_one_peer_matches_torch_sgd():
 
 def test_evaluate_matches_direct_forward():
     model, flat, _, x, y = setup()
-    acc, loss = evaluate(PeerStack(model), flat, x, y, peer_chunk=3, sample_chunk=50)
+    scores = evaluate(PeerStack(model), flat, x, y, peer_chunk=3, sample_chunk=50)
+    acc, loss = scores["acc"], scores["loss"]
     for i in range(len(flat)):
         torch.nn.utils.vector_to_parameters(flat[i].clone(), model.parameters())
         with torch.no_grad():

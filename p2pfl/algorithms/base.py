@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from p2pfl.comm import Message, Transport
+from p2pfl.comm import Message, Transport, Weights
 from p2pfl.config import RunConfig
 from p2pfl.data import Dataset
 from p2pfl.models import PeerStack
@@ -45,11 +45,33 @@ class RunContext:
         return SGDSettings(c.lr, c.batch_size, c.local_epochs, c.momentum, c.weight_decay)
 
 
+@dataclass(frozen=True)
+class NoSettings:
+    """An algorithm with no settings of its own."""
+
+
 class Algorithm:
-    """One communication round at a time; an algorithm changes ctx.flat and returns per-peer train losses."""
+    """One communication round at a time; an algorithm changes ctx.flat and returns per-peer train losses.
+
+    A subclass declares what the registry, the CLI and the README derive from: its name, a one-line
+    summary, its Settings dataclass (with setting_defaults overriding the class defaults), its defaults
+    for the shared training flags, and whether it runs on a star around a server."""
+
+    name = ""
+    summary = ""
+    Settings: type = NoSettings
+    setting_defaults: dict = {}
+    training: dict = {}  # defaults of lr, lr_decay, batch_size, local_epochs, momentum
+    centralized = False
+    tasks = ("classification", "regression")  # what it can learn
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
+        self.settings = ctx.cfg.settings
+
+    @classmethod
+    def prepare_data(cls, data: Dataset, settings, seed: int) -> None:
+        """Change the dataset before the model is built (NTK algorithms' input projection)."""
 
     def round(self, round_index: int) -> torch.Tensor | None:
         raise NotImplementedError
@@ -65,13 +87,13 @@ def neighbour_average(ctx: RunContext, round_index: int, flat: torch.Tensor, pha
     graph = ctx.schedule.graph(round_index)
     weights = mixing_weights(graph, ctx.cfg.mixing, ctx.sample_counts)
     row_of = {p: i for i, p in enumerate(ctx.peers)}
-    messages = [Message(p, j, (flat[row_of[p]],)) for p in ctx.peers for j in graph.neighbors(p)]
+    messages = [Message(p, j, Weights(flat[row_of[p]])) for p in ctx.peers for j in graph.neighbors(p)]
     expect = [(j, p) for p in ctx.peers for j in graph.neighbors(p)]
-    inbox = ctx.transport.exchange(phase, round_index, messages, expect)
+    inbox = ctx.transport.exchange(phase, round_index, messages, expect, Weights)
     out = torch.empty_like(flat)
     for p in ctx.peers:
         acc = torch.zeros_like(flat[0])
         for j, w in weights[p]:
-            acc += w * (flat[row_of[p]] if j == p else inbox[p][j][0].to(flat.device))
+            acc += w * (flat[row_of[p]] if j == p else inbox[p][j].weights.to(flat.device))
         out[row_of[p]] = acc
     return out

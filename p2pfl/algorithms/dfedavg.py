@@ -11,9 +11,19 @@ from p2pfl.training import train_epochs
 
 
 class DFedAvg(Algorithm):
+    name = "dfedavg"
+    summary = "local epochs of SGD, then averaging with neighbours"
+    training = {"lr": 0.1, "batch_size": 25, "local_epochs": 20, "momentum": 0.0}
+
     def round(self, round_index: int) -> torch.Tensor:
         ctx = self.ctx
         losses = train_epochs(ctx.stack, ctx.flat, ctx.local_shards, ctx.peers, ctx.data.train_x,
                               ctx.data.train_y, ctx.sgd(), ctx.lr(round_index), ctx.cfg.seed, round_index)
         ctx.flat = neighbour_average(ctx, round_index, ctx.flat)
         return losses
+
+
+class DFedAvgM(DFedAvg):
+    name = "dfedavgm"
+    summary = "DFedAvg with heavy-ball momentum, reset each round"
+    training = {"lr": 0.01, "batch_size": 50, "local_epochs": 20, "momentum": 0.9}

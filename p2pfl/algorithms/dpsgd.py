@@ -8,12 +8,17 @@ from p2pfl.training import apply_step, gradients, sample_batch
 
 
 class DPSGD(Algorithm):
+    name = "dpsgd"
+    summary = "D-PSGD (Lian et al. 2017): one SGD step per gossip round"
+    training = {"lr": 0.1, "batch_size": 10, "momentum": 0.0}
+
     def round(self, round_index: int) -> torch.Tensor:
         ctx = self.ctx
         opt = ctx.sgd()
         index, mask = sample_batch(ctx.local_shards, opt.batch_size, ctx.cfg.seed, round_index, ctx.peers)
         index, mask = index.to(ctx.device), mask.to(ctx.device)
-        grad, losses = gradients(ctx.stack, ctx.flat, ctx.data.train_x[index], ctx.data.train_y[index], mask)
+        noise = ctx.stack.dropout_noise(ctx.peers, opt.batch_size, ctx.cfg.seed, round_index) if ctx.stack.dropouts else None
+        grad, losses = gradients(ctx.stack, ctx.flat, ctx.data.train_x[index], ctx.data.train_y[index], mask, noise)
         ctx.flat = neighbour_average(ctx, round_index, ctx.flat)
         apply_step(ctx.flat, grad, mask.sum(1) > 0, opt, ctx.lr(round_index), None)
         return losses

@@ -1,22 +1,70 @@
-"""The FedAvg family on the star: FedAvg, FedProx, SCAFFOLD, FedNova, and a centralized-training
-upper bound. Clients start each round from the global weights they were sent."""
+"""The FedAvg family on the star: FedAvg, FedProx, SCAFFOLD, FedNova, Data Share, and a centralized-
+training upper bound. Clients start each round from the global weights they were sent."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from p2pfl.algorithms.server import ServerAlgorithm
-from p2pfl.comm import Message
+from p2pfl.algorithms.server import ServerAlgorithm, ServerOptions
+from p2pfl.algorithms.settings import fraction, non_negative, option
+from p2pfl.comm import Message, Payload, Weights
 from p2pfl.seeding import numpy_rng
-from p2pfl.training import StepTerms, local_steps, train_epochs
+from p2pfl.training import SGDSettings, StepTerms, local_steps, train_epochs
+
+
+@dataclass(frozen=True)
+class FedAvgSettings(ServerOptions):
+    local_steps: int = option(0, "a fixed number of local SGD steps instead of --local-epochs (0 = epochs)",
+                              non_negative)
+
+
+@dataclass(frozen=True)
+class FedProxSettings(FedAvgSettings):
+    prox_mu: float = option(0.01, "FedProx proximal coefficient mu", non_negative)
+
+
+@dataclass(frozen=True)
+class DataShareSettings(FedAvgSettings):
+    share_fraction: float = option(0.1, "the global set's fraction of all clients' samples", fraction)
+
+
+@dataclass
+class ScaffoldDownload(Payload):
+    weights: torch.Tensor
+    control: torch.Tensor  # the server's control variate c
+
+
+@dataclass
+class ScaffoldUpload(Payload):
+    delta_weights: torch.Tensor
+    delta_control: torch.Tensor
+
+
+@dataclass
+class FedNovaUpload(Payload):
+    weights: torch.Tensor
+    norm: torch.Tensor  # (1,): the client's ||a_i||_1
+
+
+@dataclass
+class Samples(Payload):
+    x: torch.Tensor
+    y: torch.Tensor
 
 
 class FedAvg(ServerAlgorithm):
     """Local SGD from the global weights, then the sample-size-weighted average of the sampled clients."""
 
+    name = "fedavg"
+    summary = "FedAvg: local SGD, sample-weighted average of the sampled clients"
+    Settings = FedAvgSettings
+    training = {"lr": 0.1, "batch_size": 50, "local_epochs": 5, "momentum": 0.0}
+
     def local_train(self, round_index, clients, received, losses, terms=None) -> torch.Tensor:
         ctx = self.ctx
-        start = torch.stack([received[c][0] for c in clients])
+        start = torch.stack([received[c].weights for c in clients])
         trained = start.clone()
         out = train_epochs(ctx.stack, trained, [ctx.shards[c] for c in clients], clients, ctx.data.train_x,
                            ctx.data.train_y, self.sgd(), ctx.lr(round_index), ctx.cfg.seed, round_index, terms)
@@ -25,34 +73,46 @@ class FedAvg(ServerAlgorithm):
             losses[self.row[c]] = out[i]
         return trained
 
-    def sgd(self):
+    def sgd(self) -> SGDSettings:
         opt = self.ctx.sgd()
-        opt.steps = self.ctx.cfg.extras.get("local_steps") or None
-        opt.prox_mu = self.ctx.cfg.extras.get("prox_mu", 0.0) if self.ctx.cfg.algo == "fedprox" else 0.0
+        opt.steps = self.settings.local_steps or None
         return opt
 
     def client_work(self, round_index, clients, received, losses):
         trained = self.local_train(round_index, clients, received, losses, self.terms(clients, received))
-        return {c: ((trained[i],), None) for i, c in enumerate(clients)}
+        return {c: (Weights(trained[i]), None) for i, c in enumerate(clients)}
 
     def terms(self, clients, received) -> StepTerms | None:
         return None
 
     def server_update(self, round_index, clients, uploads):
         p = self.weights_of(clients)
-        return sum(p[i] * uploads[c][0] for i, c in enumerate(clients))
+        return sum(p[i] * uploads[c].weights for i, c in enumerate(clients))
 
 
 class FedProx(FedAvg):
     """FedAvg with the proximal term (mu/2)||w - w_global||^2 in every local step (--prox-mu)."""
 
+    name = "fedprox"
+    summary = "FedAvg with a proximal term mu/2 ||w - w_global||^2"
+    Settings = FedProxSettings
+
+    def sgd(self):
+        opt = super().sgd()
+        opt.prox_mu = self.settings.prox_mu
+        return opt
+
     def terms(self, clients, received):
-        return StepTerms(anchor=torch.stack([received[c][0] for c in clients]))
+        return StepTerms(anchor=torch.stack([received[c].weights for c in clients]))
 
 
 class Scaffold(FedAvg):
     """SCAFFOLD (Karimireddy et al. 2020, option II): local steps corrected by c - c_i; clients return
     the weight and control-variate deltas, so traffic doubles both ways. Global step size 1."""
+
+    name = "scaffold"
+    summary = "SCAFFOLD: control variates correct client drift"
+    Download, Upload = ScaffoldDownload, ScaffoldUpload
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -61,24 +121,24 @@ class Scaffold(FedAvg):
             self.c_global = torch.zeros_like(ctx.global_weights)
 
     def download(self, round_index, client):
-        return (self.ctx.global_weights, self.c_global)
+        return ScaffoldDownload(self.ctx.global_weights, self.c_global)
 
     def client_work(self, round_index, clients, received, losses):
         ctx, opt = self.ctx, self.sgd()
         rows = [self.row[c] for c in clients]
-        c_global = torch.stack([received[c][1] for c in clients])
-        start = torch.stack([received[c][0] for c in clients])
+        c_global = torch.stack([received[c].control for c in clients])
+        start = torch.stack([received[c].weights for c in clients])
         trained = self.local_train(round_index, clients, received, losses,
                                    StepTerms(offset=c_global - self.c_local[rows]))
         steps = torch.tensor([local_steps(len(ctx.shards[c]), opt) for c in clients], device=ctx.device)
         new_c = self.c_local[rows] - c_global + (start - trained) / (steps[:, None] * ctx.lr(round_index))
         delta_c = new_c - self.c_local[rows]
         self.c_local[rows] = new_c
-        return {c: ((trained[i] - start[i], delta_c[i]), None) for i, c in enumerate(clients)}
+        return {c: (ScaffoldUpload(trained[i] - start[i], delta_c[i]), None) for i, c in enumerate(clients)}
 
     def server_update(self, round_index, clients, uploads):
-        dw = torch.stack([uploads[c][0] for c in clients]).mean(0)
-        dc = torch.stack([uploads[c][1] for c in clients]).sum(0)
+        dw = torch.stack([uploads[c].delta_weights for c in clients]).mean(0)
+        dc = torch.stack([uploads[c].delta_control for c in clients]).sum(0)
         self.c_global = self.c_global + dc / self.ctx.cfg.peers
         return self.ctx.global_weights + dw
 
@@ -88,6 +148,10 @@ class FedNova(FedAvg):
     (with momentum rho, by ||a_i||_1 = (tau - rho (1 - rho^tau) / (1 - rho)) / (1 - rho)), then the
     server steps tau_eff = sum p_i ||a_i||_1 along the weighted mean of the normalized changes."""
 
+    name = "fednova"
+    summary = "FedNova: normalized averaging of local progress"
+    Upload = FedNovaUpload
+
     def client_work(self, round_index, clients, received, losses):
         opt = self.sgd()
         trained = self.local_train(round_index, clients, received, losses)
@@ -95,13 +159,13 @@ class FedNova(FedAvg):
         for i, c in enumerate(clients):
             tau, rho = local_steps(len(self.ctx.shards[c]), opt), opt.momentum
             norm = tau if not rho else (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
-            out[c] = ((trained[i], torch.tensor([float(norm)], device=trained.device)), None)
+            out[c] = (FedNovaUpload(trained[i], torch.tensor([float(norm)], device=trained.device)), None)
         return out
 
     def server_update(self, round_index, clients, uploads):
         p, w = self.weights_of(clients), self.ctx.global_weights
-        norms = torch.cat([uploads[c][1] for c in clients])
-        direction = sum(p[i] * (w - uploads[c][0]) / norms[i] for i, c in enumerate(clients))
+        norms = torch.cat([uploads[c].norm for c in clients])
+        direction = sum(p[i] * (w - uploads[c].weights) / norms[i] for i, c in enumerate(clients))
         return w - (p * norms).sum() * direction
 
 
@@ -109,12 +173,15 @@ class Centralized(FedAvg):
     """The upper bound: the sampled clients upload their raw data and the server trains the global
     model on the union, with the same local settings."""
 
+    name = "central"
+    summary = "upper bound: the server trains on the sampled clients' data"
     trains_locally = False
+    Upload = Samples
 
     def client_work(self, round_index, clients, received, losses):
         ctx = self.ctx
-        return {c: ((ctx.data.train_x[ctx.shards[c].to(ctx.device)], ctx.data.train_y[ctx.shards[c].to(ctx.device)]),
-                    None) for c in clients}
+        return {c: (Samples(ctx.data.train_x[ctx.shards[c].to(ctx.device)],
+                            ctx.data.train_y[ctx.shards[c].to(ctx.device)]), None) for c in clients}
 
     def server_update(self, round_index, clients, uploads):
         ctx = self.ctx
@@ -130,11 +197,15 @@ class DataShare(FedAvg):
     --share-fraction of all clients' training samples and sends it to every client once (round 1,
     phase 'share'); each round a client trains on its shard plus as many samples drawn from it."""
 
+    name = "datashare"
+    summary = "FedAvg with a shared global set mixed into local training"
+    Settings = DataShareSettings
+
     def __init__(self, ctx):
         super().__init__(ctx)
         union = torch.cat(ctx.shards).unique()
         rng = numpy_rng(ctx.cfg.seed, "share")
-        size = max(1, int(round(ctx.cfg.extras["share_fraction"] * len(union))))
+        size = max(1, int(round(self.settings.share_fraction * len(union))))
         self.shared = torch.from_numpy(np.sort(rng.choice(union.numpy(), size, replace=False)))
 
     def round(self, round_index):
@@ -144,9 +215,9 @@ class DataShare(FedAvg):
 
     def send_shared(self):
         ctx, index = self.ctx, self.shared.to(self.ctx.device)
-        payload = (ctx.data.train_x[index], ctx.data.train_y[index])
+        payload = Samples(ctx.data.train_x[index], ctx.data.train_y[index])
         msgs = [Message(self.server, c, payload) for c in range(ctx.cfg.peers)] if self.is_server else []
-        ctx.transport.exchange("share", 0, msgs, [(self.server, c) for c in ctx.peers])
+        ctx.transport.exchange("share", 0, msgs, [(self.server, c) for c in ctx.peers], Samples)
 
     def local_train(self, round_index, clients, received, losses, terms=None):
         ctx, original = self.ctx, self.ctx.shards

@@ -19,27 +19,50 @@ needed).
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from p2pfl.algorithms.base import Algorithm, RunContext, neighbour_average
-from p2pfl.comm import Message
+from p2pfl.algorithms.ntk_options import NTKOptions, check_memory, make_codec, project_inputs
+from p2pfl.algorithms.settings import option
+from p2pfl.comm import Message, Weights
 from p2pfl.final_averaging import final_averaging
-from p2pfl.ntk.codec import JacobianCodec, ntk_settings, tau_histogram
+from p2pfl.ntk.codec import JacobianMessage, tau_histogram
 from p2pfl.ntk.step import ntk_step
 from p2pfl.seeding import numpy_rng
 from p2pfl.training import candidate_losses
 
 
+@dataclass(frozen=True)
+class NTKDFLSettings(NTKOptions):
+    ntk_no_avg: bool = option(False, "skip the per-round weight averaging (ablation of fig. 6)")
+
+
 class NTKDFL(Algorithm):
+    name = "ntk-dfl"
+    summary = "NTK-DFL: averaging, Jacobian exchange, local NTK evolution"
+    Settings = NTKDFLSettings
+    tasks = ("classification",)
+    training = {"lr": 0.01, "lr_decay": 0.07}
+
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
-        self.settings = ntk_settings(ctx.cfg)
-        self.codec = JacobianCodec(ctx)
-        self.batches = ctx.cfg.extras.get("ntk_batches", 1)
-        self.subsample = ctx.cfg.extras.get("ntk_subsample", 1)
-        self.no_avg = ctx.cfg.extras.get("ntk_no_avg", False)
+        self.step_settings = self.settings.step_settings()
+        self.codec = make_codec(ctx, self.settings)
+        self.batches = self.settings.ntk_batches
+        self.subsample = self.settings.ntk_subsample
         self.taus_chosen: list[int] = []
+        graph = ctx.schedule.graph(0)
+        per_peer = max(len(s) for s in ctx.shards) // self.subsample
+        touched = sum(graph.degree(p) + 1 for p in ctx.peers) * math.ceil(per_peer / self.batches)
+        check_memory(self.codec, self.settings, ctx.data.n_classes, touched)
+
+    @classmethod
+    def prepare_data(cls, data, settings, seed):
+        project_inputs(data, settings, seed)
 
     def samples(self, round_index: int, peer: int) -> list[torch.Tensor]:
         """The peer's training indices used this round, split into the m1 Jacobian batches."""
@@ -54,7 +77,7 @@ class NTKDFL(Algorithm):
         ctx = self.ctx
         graph = ctx.schedule.graph(round_index)
         hood = {p: sorted(list(graph.neighbors(p)) + [p]) for p in range(ctx.cfg.peers)}
-        weights = ctx.flat if self.no_avg else neighbour_average(ctx, round_index, ctx.flat)
+        weights = ctx.flat if self.settings.ntk_no_avg else neighbour_average(ctx, round_index, ctx.flat)
         data = {p: self.samples(round_index, p) for p in set(q for p in ctx.peers for q in hood[p])}
         losses = torch.zeros(len(ctx.peers), device=ctx.device)
         for b in range(self.batches):
@@ -68,10 +91,11 @@ class NTKDFL(Algorithm):
         row = {p: i for i, p in enumerate(ctx.peers)}
         n_classes = ctx.data.n_classes
         # 'weights': every peer's neighbours learn the weights their Jacobians are to be taken at
-        msgs = [Message(p, j, (weights[row[p]],)) for p in ctx.peers for j in graph.neighbors(p)]
-        inbox = ctx.transport.exchange("weights", round_index, msgs, [(j, p) for p in ctx.peers for j in graph.neighbors(p)])
+        msgs = [Message(p, j, Weights(weights[row[p]])) for p in ctx.peers for j in graph.neighbors(p)]
+        inbox = ctx.transport.exchange("weights", round_index, msgs,
+                                       [(j, p) for p in ctx.peers for j in graph.neighbors(p)], Weights)
         at = {p: weights[row[p]] for p in ctx.peers}
-        at.update({j: w[0].to(ctx.device) for p in ctx.peers for j, w in inbox[p].items()})
+        at.update({j: w.weights.to(ctx.device) for p in ctx.peers for j, w in inbox[p].items()})
         # 'jacobians': J of my samples at each neighbour's weights, with my labels and outputs
         own, msgs = {}, []
         for i in ctx.peers:
@@ -84,7 +108,7 @@ class NTKDFL(Algorithm):
                     payload, dense = self.codec.pack(jac, f, y)
                     msgs.append(Message(i, j, payload, dense_nbytes=dense))
         inbox = ctx.transport.exchange("jacobians", round_index, msgs,
-                                       [(j, p) for p in ctx.peers for j in graph.neighbors(p)])
+                                       [(j, p) for p in ctx.peers for j in graph.neighbors(p)], JacobianMessage)
         new = ctx.flat.clone()
         losses = torch.zeros(len(ctx.peers), device=ctx.device)
         for p in ctx.peers:
@@ -93,7 +117,7 @@ class NTKDFL(Algorithm):
             f0 = torch.cat([part[1] for part in parts]).to(ctx.device)
             labels = torch.cat([part[2] for part in parts]).to(ctx.device)
             selection_x, selection_y = self.selection_data(p, hood[p], data)
-            result = ntk_step(jac, self.codec.shape, weights[row[p]], f0, labels, n_classes, eta, self.settings,
+            result = ntk_step(jac, self.codec.shape, weights[row[p]], f0, labels, n_classes, eta, self.step_settings,
                               lambda cands: candidate_losses(ctx.stack, cands, selection_x, selection_y))
             new[row[p]] = result.weights
             losses[row[p]] = result.losses.min()
@@ -102,7 +126,7 @@ class NTKDFL(Algorithm):
         return losses
 
     def selection_data(self, peer, hood, data):
-        members = [peer] if self.settings.selection == "own" else hood
+        members = [peer] if self.settings.ntk_selection == "own" else hood
         index = torch.cat([data[j] for j in members]).to(self.ctx.device)
         return self.ctx.data.train_x[index], self.ctx.data.train_y[index]
 

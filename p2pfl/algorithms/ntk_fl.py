@@ -13,26 +13,70 @@ aggregator holds no raw samples.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
-from p2pfl.algorithms.server import ServerAlgorithm
-from p2pfl.ntk.codec import JacobianCodec, ntk_settings, tau_histogram
+from p2pfl.algorithms.ntk_options import NTKOptions, check_memory, make_codec, project_inputs
+from p2pfl.algorithms.server import ServerAlgorithm, ServerOptions
+from p2pfl.algorithms.settings import fraction, option
+from p2pfl.comm import Payload
+from p2pfl.ntk.codec import tau_histogram
 from p2pfl.ntk.step import ntk_step
 from p2pfl.seeding import numpy_rng, torch_generator
 from p2pfl.training import candidate_losses
 
 
+@dataclass(frozen=True)
+class NTKFLSettings(ServerOptions, NTKOptions):
+    pass
+
+
+@dataclass(frozen=True)
+class CPNTKFLSettings(NTKFLSettings):
+    cp_beta: float = option(0.3, "data sampling rate beta: fraction of each client's samples per round", fraction)
+
+
+@dataclass
+class NTKUpload(Payload):
+    """A client's Jacobian message plus the indices of its samples, which stand for the inputs that
+    'network' selection reads (the simulator's shared dataset copy)."""
+
+    outputs: torch.Tensor
+    labels: torch.Tensor
+    index: torch.Tensor
+    jacobian: tuple[torch.Tensor, ...]
+
+
 class NTKFL(ServerAlgorithm):
+    name = "ntk-fl"
+    summary = "NTK-FL: clients send Jacobians, the server evolves the global model"
+    Settings = NTKFLSettings
+    tasks = ("classification",)
+    setting_defaults = {"ntk_taus": (100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1500, 2000)}
+    training = {"lr": 0.01, "lr_decay": 0.0}
     trains_locally = False
+    shuffle = False  # CP-NTK-FL's shuffling server
+    Upload = NTKUpload
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.settings = ntk_settings(ctx.cfg)
-        self.codec = JacobianCodec(ctx)
-        self.beta = ctx.cfg.extras.get("cp_beta", 1.0)
-        self.shuffle = ctx.cfg.algo == "cp-ntk-fl"
+        self.step_settings = self.settings.step_settings()
+        self.codec = make_codec(ctx, self.settings)
+        self.beta = self.sampling_rate()
         self.taus_chosen: list[int] = []
+        largest = sorted(len(s) for s in ctx.shards)[-self.per_round:]
+        check_memory(self.codec, self.settings, ctx.data.n_classes, sum(math.ceil(self.beta * n) for n in largest))
+
+    @classmethod
+    def prepare_data(cls, data, settings, seed):
+        project_inputs(data, settings, seed)
+
+    def sampling_rate(self) -> float:
+        """The fraction of its samples a client uses each round (CP-NTK-FL's beta)."""
+        return 1.0
 
     def samples(self, round_index: int, client: int) -> torch.Tensor:
         shard = self.ctx.shards[client].numpy()
@@ -46,25 +90,25 @@ class NTKFL(ServerAlgorithm):
         for c in clients:
             index = self.samples(round_index, c).to(ctx.device)
             x, y = ctx.data.train_x[index], ctx.data.train_y[index]
-            jac, f = self.codec.compute(received[c][0], x)
-            ctx.flat[self.row[c]] = received[c][0]
-            payload, dense = self.codec.pack(jac, f, y)
-            out[c] = ((*payload, index), dense)  # the indices stand for the inputs 'network' selection reads
+            jac, f = self.codec.compute(received[c].weights, x)
+            ctx.flat[self.row[c]] = received[c].weights
+            message, dense = self.codec.pack(jac, f, y)
+            out[c] = (NTKUpload(message.outputs, message.labels, index, message.jacobian), dense)
         return out
 
     def server_update(self, round_index, clients, uploads):
         ctx, w = self.ctx, self.ctx.global_weights
-        parts = [self.codec.unpack(uploads[c][:-1]) for c in clients]
+        parts = [self.codec.unpack(uploads[c]) for c in clients]
         jac = self.codec.cat([p[0] for p in parts])
         f0 = torch.cat([p[1] for p in parts])
         labels = torch.cat([p[2] for p in parts])
-        index = torch.cat([uploads[c][-1] for c in clients])
+        index = torch.cat([uploads[c].index for c in clients])
         if self.shuffle:
             order = torch.randperm(len(labels), generator=torch_generator(ctx.cfg.seed, "shuffler", round_index))
             jac, f0, labels, index = jac.rows(order.to(f0.device)), f0[order], labels[order], index[order]
         x = ctx.data.train_x[index]
         result = ntk_step(jac, self.codec.shape, w, f0, labels, ctx.data.n_classes, ctx.lr(round_index),
-                          self.settings, lambda cands: candidate_losses(ctx.stack, cands, x, labels))
+                          self.step_settings, lambda cands: candidate_losses(ctx.stack, cands, x, labels))
         self.taus_chosen.append(result.tau)
         return result.weights
 
@@ -72,3 +116,15 @@ class NTKFL(ServerAlgorithm):
         if not self.is_server:
             return None
         return {"tau_histogram": tau_histogram(self.taus_chosen)}
+
+
+class CPNTKFL(NTKFL):
+    name = "cp-ntk-fl"
+    summary = "CP-NTK-FL: NTK-FL with sampling, projection, top-k, shuffling"
+    Settings = CPNTKFLSettings
+    setting_defaults = {**NTKFL.setting_defaults, "ntk_projection": 200, "ntk_topk": 0.1,
+                        "ntk_selection": "linearized"}
+    shuffle = True
+
+    def sampling_rate(self) -> float:
+        return self.settings.cp_beta

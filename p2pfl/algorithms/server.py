@@ -5,22 +5,33 @@ global model. Both directions go through the transport, so every byte is counted
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from p2pfl.algorithms.base import Algorithm, RunContext
-from p2pfl.comm import Message
+from p2pfl.algorithms.settings import option, positive
+from p2pfl.comm import Message, Payload, Weights
 from p2pfl.models import initial_parameters
 from p2pfl.seeding import numpy_rng
 
 
+@dataclass(frozen=True)
+class ServerOptions:
+    clients_per_round: int = option(20, "clients the server samples each round (at most --peers)", positive)
+
+
 class ServerAlgorithm(Algorithm):
+    centralized = True
     trains_locally = True  # clients run SGD, so a round reports their training losses
+    Download: type[Payload] = Weights  # what the server sends a sampled client
+    Upload: type[Payload] = Weights  # what a client sends back
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         self.server = ctx.cfg.peers
         self.is_server = self.server in ctx.transport.local_nodes
-        self.per_round = min(ctx.cfg.extras["clients_per_round"], ctx.cfg.peers)
+        self.per_round = self.settings.clients_per_round
         self.row = {p: i for i, p in enumerate(ctx.peers)}
         if self.is_server:
             ctx.global_weights = initial_parameters(ctx.stack.model, [self.server], ctx.cfg.seed, "same",
@@ -34,23 +45,23 @@ class ServerAlgorithm(Algorithm):
         ctx, clients = self.ctx, self.sample(round_index)
         mine = [c for c in clients if c in self.row]
         down = [Message(self.server, c, self.download(round_index, c)) for c in clients] if self.is_server else []
-        inbox = ctx.transport.exchange("download", round_index, down, [(self.server, c) for c in mine])
-        received = {c: tuple(t.to(ctx.device) for t in inbox[c][self.server]) for c in mine}
+        inbox = ctx.transport.exchange("download", round_index, down, [(self.server, c) for c in mine], self.Download)
+        received = {c: inbox[c][self.server].to(ctx.device) for c in mine}
         losses = torch.zeros(len(ctx.peers), device=ctx.device)
         uploads = self.client_work(round_index, mine, received, losses) if mine else {}
         up = [Message(c, self.server, payload, dense) for c, (payload, dense) in uploads.items()]
         expect = [(c, self.server) for c in clients] if self.is_server else []
-        inbox = ctx.transport.exchange("upload", round_index, up, expect)
+        inbox = ctx.transport.exchange("upload", round_index, up, expect, self.Upload)
         if self.is_server:
-            got = {c: tuple(t.to(ctx.device) for t in inbox[self.server][c]) for c in clients}
+            got = {c: inbox[self.server][c].to(ctx.device) for c in clients}
             ctx.global_weights = self.server_update(round_index, clients, got)
         return losses if self.trains_locally else None
 
-    def download(self, round_index: int, client: int) -> tuple[torch.Tensor, ...]:
-        return (self.ctx.global_weights,)
+    def download(self, round_index: int, client: int) -> Payload:
+        return Weights(self.ctx.global_weights)
 
-    def client_work(self, round_index, clients, received, losses) -> dict[int, tuple[tuple, int | None]]:
-        """Local work of this rank's sampled clients: {client: (upload tensors, dense bytes or None)}."""
+    def client_work(self, round_index, clients, received, losses) -> dict[int, tuple[Payload, int | None]]:
+        """Local work of this rank's sampled clients: {client: (upload payload, dense bytes or None)}."""
         raise NotImplementedError
 
     def server_update(self, round_index, clients, uploads) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from p2pfl.comm.local import LocalTransport
-from p2pfl.comm.transport import CommTimeout, Inbox, Message, Placement, Transport
+from p2pfl.comm.transport import CommTimeout, Inbox, Message, Payload, Placement, Tensors, Transport, Weights
 
 _LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 
@@ -33,5 +33,6 @@ def make_transport(peers: int, extra_on_root: int = 0, timeout: float = 600.0) -
     return LocalTransport(peers, extra_on_root, timeout)
 
 
-__all__ = ["CommTimeout", "Inbox", "LocalTransport", "Message", "Placement", "Transport", "make_transport",
+__all__ = ["CommTimeout", "Inbox", "LocalTransport", "Message", "Payload", "Placement", "Tensors", "Transport",
+           "Weights", "make_transport",
            "launched_by_mpi", "mpi_world"]

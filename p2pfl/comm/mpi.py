@@ -86,7 +86,7 @@ class MpiTransport(Transport):
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         super().__init__(Placement(peers, self.size, extra_on_root), timeout)
 
-    def _remote_exchange(self, phase, round_index, remote, pending, inbox) -> None:
+    def _remote_exchange(self, phase, round_index, remote, pending, inbox, kind) -> None:
         MPI, comm, tag = self.MPI, self.comm, _tag(phase, round_index)
         by_rank: dict[int, list[Message]] = defaultdict(list)
         for m in remote:
@@ -102,7 +102,7 @@ class MpiTransport(Transport):
                     buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
                     comm.Recv([buf, MPI.BYTE], source=r, tag=tag)
                     for src, dst, tensors in unpack(buf):
-                        inbox[dst][src] = tensors
+                        inbox[dst][src] = kind.from_tensors(tensors)
                     waiting.discard(r)
                     got = True
             if waiting and not got:

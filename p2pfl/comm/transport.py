@@ -6,21 +6,67 @@ message is counted in bytes (what was sent, and its dense equivalent where a cod
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import torch
 
-Inbox = dict[int, dict[int, tuple[torch.Tensor, ...]]]  # inbox[dst][src] = tensors
+class Payload:
+    """What a message carries: a dataclass whose fields are tensors, the last one may be a tuple of tensors
+    (a Jacobian's parts). On the wire it is the flat tuple of its tensors, and the receiving phase names
+    the class to rebuild it with."""
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        out: list[torch.Tensor] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out.extend(value if isinstance(value, tuple) else (value,))
+        return tuple(out)
+
+    @classmethod
+    def from_tensors(cls, tensors: Sequence[torch.Tensor]):
+        fields = dataclasses.fields(cls)
+        names = [f.name for f in fields]
+        variadic = str(fields[-1].type).startswith("tuple")
+        fixed = names[:-1] if variadic else names
+        values = dict(zip(fixed, tensors))
+        if variadic:
+            values[names[-1]] = tuple(tensors[len(fixed):])
+        return cls(**values)
+
+    def to(self, device) -> "Payload":
+        return type(self).from_tensors([t.to(device) for t in self.tensors()])
+
+
+@dataclass
+class Tensors(Payload):
+    """Any tensors, positionally: the transport's own tests and tools, not algorithms."""
+
+    items: tuple[torch.Tensor, ...]
+
+
+@dataclass
+class Weights(Payload):
+    """A model's flat weights (and state buffers): averaging, downloads, FedAvg-style uploads."""
+
+    weights: torch.Tensor
+
+
+Inbox = dict[int, dict[int, Payload]]  # inbox[dst][src] = payload
 
 
 @dataclass
 class Message:
     src: int
     dst: int
-    tensors: tuple[torch.Tensor, ...]
+    payload: Payload
     dense_nbytes: int | None = None  # what the payload would weigh uncompressed
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.payload.tensors()
 
     @property
     def nbytes(self) -> int:
@@ -94,8 +140,9 @@ class Transport:
         self.local_nodes = set(placement.nodes_of(self.rank))
 
     def exchange(self, phase: str, round_index: int, messages: Sequence[Message],
-                 expect: Iterable[tuple[int, int]]) -> Inbox:
-        """Send messages from this rank's peers; return what this rank's peers receive.
+                 expect: Iterable[tuple[int, int]], kind: type[Payload] = Tensors) -> Inbox:
+        """Send messages from this rank's peers; return what this rank's peers receive, as payloads of
+        class kind (what the phase carries).
 
         expect lists the (src, dst) pairs with dst on this rank; the call returns when all arrived."""
         for m in messages:
@@ -106,18 +153,18 @@ class Transport:
         remote: list[Message] = []
         for m in messages:
             if m.dst in self.local_nodes:
-                inbox[m.dst][m.src] = m.tensors
+                inbox[m.dst][m.src] = m.payload
             else:
                 remote.append(m)
         pending = {(s, d) for s, d in expect if d in self.local_nodes and s not in self.local_nodes}
         if remote or pending:
-            self._remote_exchange(phase, round_index, remote, pending, inbox)
+            self._remote_exchange(phase, round_index, remote, pending, inbox, kind)
         missing = [(s, d) for s, d in expect if d in self.local_nodes and s not in inbox.get(d, {})]
         if missing:
             raise CommTimeout(f"{phase} (round {round_index}): no message for {missing[:10]}")
         return inbox
 
-    def _remote_exchange(self, phase, round_index, remote, pending, inbox) -> None:
+    def _remote_exchange(self, phase, round_index, remote, pending, inbox, kind) -> None:
         raise RuntimeError("this transport has a single rank; peers on other ranks cannot exist")
 
     # Bookkeeping collectives: simulation plumbing (metrics), not simulated traffic, so not counted.

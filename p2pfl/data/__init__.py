@@ -1,5 +1,5 @@
 """Datasets and their partition over peers."""
 from p2pfl.data.partition import partition, summary
-from p2pfl.data.sources import Dataset, load_dataset
+from p2pfl.data.sources import DATASETS, DataRequest, Dataset, canonical_dataset, load_dataset
 
-__all__ = ["Dataset", "load_dataset", "partition", "summary"]
+__all__ = ["DATASETS", "DataRequest", "Dataset", "canonical_dataset", "load_dataset", "partition", "summary"]

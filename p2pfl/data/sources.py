@@ -1,23 +1,31 @@
 """Datasets by name: where their files are found, how they are read and normalised.
 
 Roots are tried in order: --data-dir, $P2PFL_DATA, the Debian package location (Fashion-MNIST),
-then torchvision's downloader where a network exists (never when $P2PFL_NO_DOWNLOAD is set).
+then torchvision's downloader where one exists and a network does (never when $P2PFL_NO_DOWNLOAD is
+set). Images are kept as (C, H, W); models that want vectors flatten them.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
+from p2pfl.data.cifar import find_cifar, read_cifar
 from p2pfl.data.idx import read_idx
+from p2pfl.data.leaf import find_leaf, read_leaf
 from p2pfl.errors import UserError
 
 DEBIAN_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
-TORCHVISION_NAMES = {"fashion-mnist": "FashionMNIST", "mnist": "MNIST"}
-NORMALISATION = {"fashion-mnist": (0.2860, 0.3530), "mnist": (0.1307, 0.3081)}  # reference code's values
+TORCHVISION_NAMES = {"fashion-mnist": "FashionMNIST", "mnist": "MNIST", "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
+NORMALISATION = {  # per-channel mean and std of the training images (the reference codes' values)
+    "fashion-mnist": ((0.2860,), (0.3530,)), "mnist": ((0.1307,), (0.3081,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
 IDX_FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
              "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}
 
@@ -25,15 +33,32 @@ IDX_FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1
 @dataclass
 class Dataset:
     name: str
-    train_x: torch.Tensor  # (N, features) float32, normalised
-    train_y: torch.Tensor  # (N,) int64
+    train_x: torch.Tensor  # (N, *input_shape) float32, normalised
+    train_y: torch.Tensor  # (N,) int64 classes, or float32 regression targets
     test_x: torch.Tensor
     test_y: torch.Tensor
-    n_classes: int
+    n_classes: int  # outputs of the model: classes, or 1 for regression
+    task: str = "classification"
+    groups: np.ndarray | None = None  # each training sample's natural owner (writer, client), if any
 
     @property
-    def n_features(self) -> int:
-        return self.train_x.shape[1]
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.train_x.shape[1:])
+
+    @property
+    def is_image(self) -> bool:
+        return len(self.input_shape) == 3
+
+
+@dataclass(frozen=True)
+class DataRequest:
+    """What a loader may need besides a folder: generated sets depend on the run's peers and seed."""
+
+    data_dir: str | None = None
+    labels: str = "fine"  # CIFAR-100: fine (100) or coarse (20 superclasses)
+    peers: int = 10
+    samples_per_peer: int = 200
+    seed: int = 0
 
 
 def _find_file(folder: Path, stem: str) -> Path | None:
@@ -51,69 +76,92 @@ def _idx_folder(root: Path, name: str) -> Path | None:
     return None
 
 
-def _roots(name: str) -> list[Path]:
-    roots = []
-    if os.environ.get("P2PFL_DATA"):
-        roots.append(Path(os.environ["P2PFL_DATA"]))
-    if name in DEBIAN_DIRS:
-        roots.append(Path(DEBIAN_DIRS[name]))
-    return roots
-
-
-def locate_idx(name: str, data_dir: str | None) -> Path:
+def _locate(name: str, data_dir: str | None, find: Callable[[Path], object | None], files: str):
+    """find(root) over the roots in order, then the download cache (filled by torchvision's downloader)."""
     if data_dir is not None:
-        folder = _idx_folder(Path(data_dir), name)
-        if folder is None:
-            raise UserError(f"{name} IDX files ({', '.join(IDX_FILES.values())}, gzipped or not) "
-                            f"not found in --data-dir {data_dir}")
-        return folder
-    for root in _roots(name):
-        folder = _idx_folder(root, name)
-        if folder is not None:
-            return folder
-    return _download(name)
-
-
-def _download(name: str) -> Path:
+        found = find(Path(data_dir))
+        if found is None:
+            raise UserError(f"{name} files ({files}) not found in --data-dir {data_dir}")
+        return found
+    roots = [Path(os.environ["P2PFL_DATA"])] if os.environ.get("P2PFL_DATA") else []
+    roots += [Path(DEBIAN_DIRS[name])] if name in DEBIAN_DIRS else []
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "p2pfl"
-    folder = _idx_folder(cache, name)
-    if folder is not None:
-        return folder
-    hint = f"{name} not found; pass --data-dir or set $P2PFL_DATA" + (
+    for root in [*roots, cache]:
+        found = find(root)
+        if found is not None:
+            return found
+    hint = f"{name} not found; pass --data-dir or set $P2PFL_DATA to a folder with {files}" + (
         " (or apt-get install dataset-fashion-mnist)" if name == "fashion-mnist" else "")
-    if os.environ.get("P2PFL_NO_DOWNLOAD"):
+    if name not in TORCHVISION_NAMES or os.environ.get("P2PFL_NO_DOWNLOAD"):
         raise UserError(hint)
     try:
         import torchvision.datasets as tvd
 
-        getattr(tvd, TORCHVISION_NAMES[name])(str(cache), train=True, download=True)
-        getattr(tvd, TORCHVISION_NAMES[name])(str(cache), train=False, download=True)
+        for train in (True, False):
+            getattr(tvd, TORCHVISION_NAMES[name])(str(cache), train=train, download=True)
     except Exception as exc:  # no network: say what to do instead
         raise UserError(f"{hint}; download failed ({exc.__class__.__name__})")
-    folder = _idx_folder(cache, name)
-    if folder is None:
+    found = find(cache)
+    if found is None:
         raise UserError(hint)
-    return folder
+    return found
 
 
-def load_idx_dataset(name: str, data_dir: str | None) -> Dataset:
-    folder = locate_idx(name, data_dir)
-    arrays = {key: read_idx(_find_file(folder, stem)) for key, stem in IDX_FILES.items()}
+def _images(a: np.ndarray, name: str) -> torch.Tensor:
+    mean, std = (torch.tensor(v).view(-1, 1, 1) for v in NORMALISATION[name])
+    return (torch.from_numpy(a.astype(np.float32)) / 255.0 - mean) / std
+
+
+def _check_splits(name: str, where, arrays: dict) -> None:
     for split in ("train", "test"):
         x, y = arrays[f"{split}_x"], arrays[f"{split}_y"]
-        if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
-            raise UserError(f"{name} {split} files in {folder} disagree: images {x.shape}, labels {y.shape}")
-    mean, std = NORMALISATION[name]
+        if len(x) != len(y) or len(x) == 0:
+            raise UserError(f"{name} {split} files in {where} disagree: images {x.shape}, labels {y.shape}")
+    if arrays["train_x"].shape[1:] != arrays["test_x"].shape[1:]:
+        raise UserError(f"{name} in {where}: test images {arrays['test_x'].shape[1:]} differ from training "
+                        f"images {arrays['train_x'].shape[1:]}")
 
-    def images(a: np.ndarray) -> torch.Tensor:
-        return ((torch.from_numpy(a.reshape(len(a), -1).astype(np.float32)) / 255.0) - mean) / std
 
+def load_idx(name: str, req: DataRequest) -> Dataset:
+    folder = _locate(name, req.data_dir, lambda root: _idx_folder(root, name),
+                     f"{', '.join(IDX_FILES.values())}, gzipped or not")
+    arrays = {key: read_idx(_find_file(folder, stem)) for key, stem in IDX_FILES.items()}
+    for split in ("train", "test"):
+        if arrays[f"{split}_x"].ndim != 3 or arrays[f"{split}_y"].ndim != 1:
+            raise UserError(f"{name} {split} files in {folder} are not images and labels: "
+                            f"{arrays[f'{split}_x'].shape}, {arrays[f'{split}_y'].shape}")
+    _check_splits(name, folder, arrays)
     labels = [torch.from_numpy(arrays[k].astype(np.int64)) for k in ("train_y", "test_y")]
-    n_classes = int(max(int(l.max()) for l in labels)) + 1
-    return Dataset(name, images(arrays["train_x"]), labels[0], images(arrays["test_x"]), labels[1], n_classes)
+    n_classes = 10
+    if max(int(l.max()) for l in labels) >= n_classes:
+        raise UserError(f"{name} labels in {folder} lie outside 0..9")
+    images = [_images(arrays[k][:, None], name) for k in ("train_x", "test_x")]
+    return Dataset(name, images[0], labels[0], images[1], labels[1], n_classes)
 
 
-def synthetic_dataset(n_train: int = 6000, n_test: int = 1000, features: int = 64, classes: int = 10) -> Dataset:
+def load_cifar(name: str, req: DataRequest) -> Dataset:
+    sub = {"cifar10": "cifar-10-batches-bin or cifar-10-batches-py",
+           "cifar100": "cifar-100-binary or cifar-100-python"}[name]
+    kind, folder = _locate(name, req.data_dir, lambda root: find_cifar(root, name), sub)
+    arrays = read_cifar(name, kind, folder, req.labels)
+    _check_splits(name, folder, arrays)
+    return Dataset(name, _images(arrays["train_x"], name), torch.from_numpy(arrays["train_y"]),
+                   _images(arrays["test_x"], name), torch.from_numpy(arrays["test_y"]), arrays["n_classes"])
+
+
+def load_femnist(name: str, req: DataRequest) -> Dataset:
+    folder = _locate(name, req.data_dir, find_leaf, "LEAF's train/*.json and test/*.json")
+    arrays = read_leaf(folder)
+    _check_splits(name, folder, arrays)
+    train = torch.from_numpy(arrays["train_x"])
+    mean, std = float(train.mean()), float(train.std()) or 1.0  # LEAF gives [0, 1] floats; no published stats
+    return Dataset(name, (train - mean) / std, torch.from_numpy(arrays["train_y"]),
+                   (torch.from_numpy(arrays["test_x"]) - mean) / std, torch.from_numpy(arrays["test_y"]),
+                   arrays["n_classes"], groups=arrays["groups"])
+
+
+def synthetic_dataset(name: str = "synthetic", req: DataRequest | None = None, n_train: int = 6000,
+                      n_test: int = 1000, features: int = 64, classes: int = 10) -> Dataset:
     """Gaussian class clusters: learnable in a few steps, for fast tests. Always the same data."""
     gen = torch.Generator().manual_seed(1234)
     means = torch.randn(classes, features, generator=gen) * 0.6
@@ -128,9 +176,66 @@ def synthetic_dataset(n_train: int = 6000, n_test: int = 1000, features: int = 6
     return Dataset("synthetic", train_x, train_y, test_x, test_y, classes)
 
 
-def load_dataset(name: str, data_dir: str | None = None) -> Dataset:
-    if name == "synthetic":
-        return synthetic_dataset()
-    if name in TORCHVISION_NAMES:
-        return load_idx_dataset(name, data_dir)
-    raise UserError(f"unknown dataset {name!r}")
+LINEAR_REP_D, LINEAR_REP_K, LINEAR_REP_NOISE, LINEAR_REP_TEST = 100, 5, 0.1, 100
+
+
+def linear_rep_dataset(name: str, req: DataRequest) -> Dataset:
+    """FedAvg-FT section 5.1: client i's samples are y = <B* w*_i, x> + e with x ~ N(0, I_d), a shared
+    B* (d = 100, k = 5, orthonormal columns from the QR of a Gaussian matrix), w*_i ~ N(0, I_k) and
+    noise e ~ N(0, 0.1^2) (the paper's 'N(0, 0.01)' read as a variance). One client per peer,
+    --samples-per-peer training samples each (its natural split: --partition writers); the test set
+    holds 100 fresh samples of every client."""
+    from p2pfl.seeding import torch_generator
+
+    gen = torch_generator(req.seed, "linear-rep")
+    d, k, m = LINEAR_REP_D, LINEAR_REP_K, req.peers
+    b_star, _ = torch.linalg.qr(torch.randn(d, k, generator=gen))
+    w_star = torch.randn(m, k, generator=gen)
+
+    def draw(per_client: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        x = torch.randn(m, per_client, d, generator=gen)
+        y = torch.einsum("mnd,dk,mk->mn", x, b_star, w_star) + LINEAR_REP_NOISE * torch.randn(m, per_client,
+                                                                                            generator=gen)
+        return x.reshape(-1, d), y.reshape(-1), np.repeat(np.arange(m), per_client)
+
+    train_x, train_y, groups = draw(req.samples_per_peer)
+    test_x, test_y, _ = draw(LINEAR_REP_TEST)
+    return Dataset(name, train_x, train_y, test_x, test_y, 1, task="regression", groups=groups)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    load: Callable[[str, DataRequest], Dataset]
+    aliases: tuple[str, ...] = ()
+    default_model: str = "mlp"
+    default_partition: str = "dirichlet"
+    task: str = "classification"
+    images: bool = True  # (C, H, W) inputs; False: flat feature vectors
+    natural_split: bool = False  # each sample has an owner (--partition writers)
+
+
+DATASETS = {s.name: s for s in [
+    DatasetSpec("fashion-mnist", load_idx, ("fmnist", "fashion_mnist", "fashionmnist")),
+    DatasetSpec("mnist", load_idx),
+    DatasetSpec("cifar10", load_cifar, ("cifar-10", "cifar_10"), "lenet5"),
+    DatasetSpec("cifar100", load_cifar, ("cifar-100", "cifar_100"), "resnet8"),
+    DatasetSpec("femnist", load_femnist, (), "cnn-femnist", "writers", natural_split=True),
+    DatasetSpec("synthetic", synthetic_dataset, images=False),
+    DatasetSpec("linear-rep", linear_rep_dataset, ("linear_rep",), "linear-rep", "writers", "regression", False, True),
+]}
+ALIASES = {alias: s.name for s in DATASETS.values() for alias in (s.name, *s.aliases)}
+
+
+def canonical_dataset(name: str) -> str | None:
+    return ALIASES.get(str(name).lower())
+
+
+def load_dataset(name: str, req: DataRequest | None = None) -> Dataset:
+    canonical = canonical_dataset(name)
+    if canonical is None:
+        raise UserError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    return DATASETS[canonical].load(canonical, req or DataRequest())
+
+
+__all__ = ["DATASETS", "DataRequest", "Dataset", "canonical_dataset", "load_dataset"]

@@ -1,10 +1,51 @@
-"""Models and the stacked (peers x parameters) representation they are trained in."""
+"""Models by name, and the stacked (peers x parameters) representation they are trained in."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import nn
+
+from p2pfl.models.cnn import CNNCifar, CNNFashionMNIST, CNNFEMNIST, LeNet5, SimpleCNN
+from p2pfl.models.linear_rep import LinearRepresentation
 from p2pfl.models.mlp import MLP
-from p2pfl.models.stack import ParamLayout, PeerStack, initial_parameters
+from p2pfl.models.resnet import resnet8, resnet18
+from p2pfl.models.stack import ParamLayout, PeerStack, initial_parameters, reset_model
 
 
-def build_model(n_inputs: int, hidden: list[int], n_classes: int) -> MLP:
-    return MLP(n_inputs, hidden, n_classes)
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    summary: str
+    build: Callable[..., nn.Module]  # (input_shape, n_outputs, options) -> module
+    task: str = "classification"
+    images: bool = True  # needs (C, H, W) inputs
 
 
-__all__ = ["MLP", "ParamLayout", "PeerStack", "build_model", "initial_parameters"]
+MODELS = {s.name: s for s in [
+    ModelSpec("mlp", "the papers' MLP, --hidden widths (784-100-10 by default)",
+              lambda shape, n, o: MLP(math.prod(shape), o.hidden, n), images=False),
+    ModelSpec("simple-cnn", "TCT's FMNIST net: 2 conv+pool, 2 FC", lambda shape, n, o: SimpleCNN(shape, n)),
+    ModelSpec("cnn-fmnist", "CyclicFL's CNN-FMNIST: 2 conv, dropout, 2 FC", lambda shape, n, o: CNNFashionMNIST(shape, n)),
+    ModelSpec("cnn-femnist", "CyclicFL's CNN-FEMNIST: 2 conv, 1 FC", lambda shape, n, o: CNNFEMNIST(shape, n)),
+    ModelSpec("lenet5", "LeNet-5: 2 conv, 3 FC", lambda shape, n, o: LeNet5(shape, n)),
+    ModelSpec("resnet8", "ResNet-8, CIFAR stem, --norm", lambda shape, n, o: resnet8(shape, n, o.norm)),
+    ModelSpec("resnet18", "ResNet-18, CIFAR stem, --norm", lambda shape, n, o: resnet18(shape, n, o.norm)),
+    ModelSpec("cnn-cifar", "FedAvg-FT's CNN: 3 x (conv, conv, pool), 3-layer MLP", lambda shape, n, o: CNNCifar(shape, n)),
+    ModelSpec("linear-rep", "y = <B w, x>, B (d, --rep-dim), w (--rep-dim,)",
+              lambda shape, n, o: LinearRepresentation(math.prod(shape), o.rep_dim), task="regression", images=False),
+]}
+
+
+def build_model(name: str, input_shape: tuple[int, ...], n_outputs: int, options) -> nn.Module:
+    """options carries hidden, norm and rep_dim (a RunConfig does)."""
+    return MODELS[name].build(tuple(input_shape), n_outputs, options)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["MLP", "MODELS", "ModelSpec", "ParamLayout", "PeerStack", "build_model", "count_parameters",
+           "initial_parameters", "reset_model"]

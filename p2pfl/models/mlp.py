@@ -1,4 +1,4 @@
-"""The papers' MLP: flatten -> Linear -> ReLU -> ... -> Linear, Kaiming-normal weights, zero biases."""
+"""The papers' MLP: flatten -> Linear -> ReLU -> ... -> Linear (Kaiming-normal weights, zero biases)."""
 from __future__ import annotations
 
 import torch
@@ -18,10 +18,3 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
-
-    def reset(self, gen: torch.Generator) -> None:
-        """Kaiming-normal (fan-in, gain sqrt 2) weights and zero biases, as the NTK-DFL/NTK-FL code."""
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.kaiming_normal_(module.weight, a=0.0, mode="fan_in", generator=gen)
-                nn.init.zeros_(module.bias)

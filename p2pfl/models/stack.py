@@ -1,7 +1,9 @@
-"""The peers of one rank as one flat (peers, parameters) tensor, evaluated as one vmap batch.
+"""The peers of one rank as one flat (peers, state) tensor, evaluated as one vmap batch.
 
 A flat layout makes messages, averaging and gathers single tensors, and lets a rank's peers train as
 one batch: functional_call + vmap over the stacked parameters (DESIGN, "a rank's peers are one batch").
+A row holds the trainable parameters first, then the float buffers (batch norm's running statistics):
+buffers travel and are averaged with the weights, and are counted in bytes, but SGD never steps them.
 """
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from p2pfl.models.layers import PeerDropout
 from p2pfl.seeding import torch_generator
+from p2pfl.tasks import TASKS, Task
 
 
 @dataclass(frozen=True)
@@ -22,16 +26,28 @@ class Slot:
     numel: int
 
 
+def _state_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Persistent float buffers (running means and variances), not counters or per-step noise."""
+    out = []
+    for mod_name, module in model.named_modules():
+        for name, buf in module.named_buffers(recurse=False):
+            if name not in module._non_persistent_buffers_set and buf.is_floating_point():
+                out.append((f"{mod_name}.{name}" if mod_name else name, buf))
+    return out
+
+
 class ParamLayout:
-    """Where each named parameter of a model sits in its flat vector."""
+    """Where each named parameter and state buffer of a model sits in its flat vector."""
 
     def __init__(self, model: nn.Module):
         self.slots: list[Slot] = []
         offset = 0
-        for name, p in model.named_parameters():
+        for name, p in [*model.named_parameters(), *_state_buffers(model)]:
             self.slots.append(Slot(name, tuple(p.shape), offset, p.numel()))
             offset += p.numel()
         self.size = offset
+        self.trainable = sum(p.numel() for p in model.parameters())  # flat[..., :trainable] are parameters
+        self.n_params = len(list(model.parameters()))
 
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """Named views into flat, which is (D,) or (L, D)."""
@@ -39,30 +55,68 @@ class ParamLayout:
         return {s.name: flat[..., s.offset:s.offset + s.numel].view(*lead, *s.shape) for s in self.slots}
 
     def flatten(self, model: nn.Module) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        tensors = [*model.parameters(), *(b for _, b in _state_buffers(model))]
+        return torch.cat([t.detach().reshape(-1).float() for t in tensors])
 
 
 class PeerStack:
     """Forward passes of many peers' models that share one architecture."""
 
-    def __init__(self, model: nn.Module, batched: bool = True):
+    def __init__(self, model: nn.Module, batched: bool = True, task: Task = TASKS["classification"]):
         self.model = model
+        self.task = task  # what the outputs mean: the loss and metrics training and evaluation use
         self.layout = ParamLayout(model)
         self.batched = batched
+        self.dropouts = {name: m for name, m in model.named_modules() if isinstance(m, PeerDropout)}
+        # batch norm couples the samples of a batch: padded rows must not enter its statistics
+        self.couples_samples = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
     def forward(self, flat: torch.Tensor, x: torch.Tensor, shared_input: bool = False) -> torch.Tensor:
-        """flat (L, D); x (L, B, ...) or, with shared_input, (B, ...) for all peers -> (L, B, classes)."""
+        """Evaluation: flat (L, D); x (L, B, ...) or, with shared_input, (B, ...) -> (L, B, outputs)."""
         return self.forward_views(self.layout.views(flat), x, shared_input)
 
-    def forward_views(self, params: dict[str, torch.Tensor], x: torch.Tensor,
-                      shared_input: bool = False) -> torch.Tensor:
-        """As forward, from named (L, ...) parameter tensors."""
+    def forward_views(self, params: dict[str, torch.Tensor], x: torch.Tensor, shared_input: bool = False,
+                      train: bool = False, noise: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """As forward, from named (L, ...) tensors; train=True uses batch statistics (and updates the
+        running ones in place) and the given dropout noise."""
+        self.model.train(train)
+        params = {**params, **(noise or {})}
         call = lambda p, xb: functional_call(self.model, p, (xb,))  # noqa: E731
         if self.batched:
             return vmap(call, in_dims=(0, None if shared_input else 0))(params, x)
         rows = next(iter(params.values())).shape[0]
         return torch.stack([call({k: v[i] for k, v in params.items()}, x if shared_input else x[i])
                             for i in range(rows)])
+
+    def dropout_noise(self, peers: list[int], batch: int, seed: int, *key: int) -> dict[str, torch.Tensor]:
+        """Uniform draws (L, batch * features) for every dropout layer, from each peer's own generator
+        keyed by (seed, key, peer): the same mask whatever else shares the batch."""
+        out = {}
+        for j, (name, layer) in enumerate(self.dropouts.items()):
+            rows = [torch.rand(batch * layer.features, generator=torch_generator(seed, "dropout", *key, j, p))
+                    for p in peers]
+            out[f"{name}.noise"] = torch.stack(rows)
+        return out
+
+
+def reset_model(model: nn.Module, gen: torch.Generator) -> None:
+    """Deterministic initialisation from gen: the model's own reset() where it has one, else Kaiming-
+    normal (fan-in, gain sqrt 2) weights of conv and linear layers with zero biases (the NTK-DFL/NTK-FL
+    code's MLP init), unit scale and zero shift for norm layers, fresh running statistics."""
+    if hasattr(model, "reset"):
+        model.reset(gen)
+        return
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                nn.init.kaiming_normal_(module.weight, a=0.0, mode="fan_in", generator=gen)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.modules.batchnorm._BatchNorm, nn.GroupNorm)):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.reset_running_stats()
 
 
 def initial_parameters(model: nn.Module, peers: list[int], seed: int, init: str,
@@ -71,6 +125,6 @@ def initial_parameters(model: nn.Module, peers: list[int], seed: int, init: str,
     layout = ParamLayout(model)
     rows = []
     for peer in peers:
-        model.reset(torch_generator(seed, "init", 0 if init == "same" else peer))
+        reset_model(model, torch_generator(seed, "init", 0 if init == "same" else peer))
         rows.append(layout.flatten(model))
     return torch.stack(rows).to(device) if rows else torch.zeros(0, layout.size, device=device)

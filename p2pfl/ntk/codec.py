@@ -1,46 +1,55 @@
 """How NTK algorithms compute a Jacobian, put it into message tensors and read it back."""
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
-from p2pfl.errors import UserError
+import torch
+from torch import nn
+
+from p2pfl.comm import Payload
+from p2pfl.models.mlp import MLP
+from p2pfl.models.stack import ParamLayout
 from p2pfl.ntk.compression import decode, encode
 from p2pfl.ntk.jacobian import DenseJacobian, FactoredJacobian, MLPShape
-from p2pfl.ntk.step import NTKSettings
 
 
-def ntk_settings(cfg) -> NTKSettings:
-    e = cfg.extras
-    return NTKSettings(e["ntk_loss"], tuple(e["ntk_taus"]), e["ntk_ode"], e["ntk_selection"])
+@dataclass
+class JacobianMessage(Payload):
+    """A peer's outputs and labels with the Jacobian of its samples (as sent: factors, dense or compressed)."""
+
+    outputs: torch.Tensor
+    labels: torch.Tensor
+    jacobian: tuple[torch.Tensor, ...]
 
 
-def jacobian_path(cfg) -> str:
-    """'auto' is factored, except where compression needs dense entries."""
-    e = cfg.extras
-    compress = e.get("ntk_topk", 1.0) < 1 or e.get("ntk_quant_bits", 0) > 0
-    path = e.get("ntk_jacobian", "auto")
-    if path == "auto":
-        return "dense" if compress else "factored"
-    if path == "factored" and compress:
-        raise UserError("Jacobian compression acts on dense entries; use --ntk-jacobian dense (or auto)")
-    return path
+def jacobian_path(choice: str, model: nn.Module, compress: bool) -> str:
+    """'auto' is factored for MLPs without compression, dense otherwise. Raises ValueError where the
+    factored path cannot serve."""
+    if choice == "auto":
+        return "factored" if isinstance(model, MLP) and not compress else "dense"
+    if choice == "factored" and compress:
+        raise ValueError("Jacobian compression acts on dense entries; use --ntk-jacobian dense (or auto)")
+    if choice == "factored" and not isinstance(model, MLP):
+        raise ValueError(f"the factored Jacobian serves MLPs only, not {type(model).__name__}; "
+                         "use --ntk-jacobian dense (or auto)")
+    return choice
 
 
 class JacobianCodec:
-    """Computes a Jacobian at given weights and turns it into message tensors and back."""
+    """Computes a Jacobian at given weights and turns it into a message and back."""
 
-    def __init__(self, ctx):
-        self.ctx = ctx
-        self.path = jacobian_path(ctx.cfg)
-        self.keep = ctx.cfg.extras.get("ntk_topk", 1.0)
-        self.bits = ctx.cfg.extras.get("ntk_quant_bits", 0)
-        self.shape = MLPShape.of(ctx.stack.model, ctx.stack.layout) if self.path == "factored" else None
-        self.n_params = ctx.stack.layout.size
+    def __init__(self, model: nn.Module, layout: ParamLayout, device: torch.device, path: str = "auto",
+                 keep: float = 1.0, bits: int = 0, chunk: int = 50):
+        self.model, self.layout, self.device = model, layout, device
+        self.keep, self.bits, self.chunk = keep, bits, chunk
+        self.path = jacobian_path(path, model, keep < 1 or bits > 0)
+        self.shape = MLPShape.of(model, layout) if self.path == "factored" else None
+        self.n_params = layout.trainable
 
     def compute(self, w: torch.Tensor, x: torch.Tensor):
         if self.path == "factored":
             return FactoredJacobian.compute(self.shape, w, x)
-        return DenseJacobian.compute(self.ctx.stack.model, self.ctx.stack.layout, w, x)
+        return DenseJacobian.compute(self.model, self.layout, w, x, self.chunk)
 
     def to_wire(self, jac) -> tuple[torch.Tensor, ...]:
         if self.path == "dense" and (self.keep < 1 or self.bits):
@@ -51,22 +60,22 @@ class JacobianCodec:
         if self.path == "factored":
             return FactoredJacobian.from_wire(tensors)
         if self.keep < 1 or self.bits:
-            return DenseJacobian(decode(tuple(t.cpu() for t in tensors)).to(self.ctx.device))
+            return DenseJacobian(decode(tuple(t.cpu() for t in tensors)).to(self.device))
         return DenseJacobian.from_wire(tensors)
 
     def cat(self, parts):
         return (FactoredJacobian if self.path == "factored" else DenseJacobian).cat(parts)
 
-    def pack(self, jac, f: torch.Tensor, y: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], int]:
-        """A Jacobian message (J as sent, outputs, labels) and what it would weigh with dense J."""
+    def pack(self, jac, f: torch.Tensor, y: torch.Tensor) -> tuple[JacobianMessage, int]:
+        """A Jacobian message and what it would weigh with the dense J."""
         n, n_classes = f.shape
-        dense = n * n_classes * self.n_params * 4 + f.numel() * 4 + y.numel() * 8
-        return (*self.to_wire(jac), f.detach(), y), dense
+        dense = n * n_classes * self.n_params * 4 + f.numel() * 4 + y.numel() * y.element_size()
+        return JacobianMessage(f.detach(), y, self.to_wire(jac)), dense
 
-    def unpack(self, tensors: tuple[torch.Tensor, ...]):
-        """pack's tensors -> (Jacobian, outputs, labels), on the run's device."""
-        tensors = tuple(t.to(self.ctx.device) for t in tensors)
-        return self.from_wire(tensors[:-2]), tensors[-2], tensors[-1]
+    def unpack(self, message: JacobianMessage):
+        """(Jacobian, outputs, labels), on the run's device."""
+        message = message.to(self.device)
+        return self.from_wire(message.jacobian), message.outputs, message.labels
 
 
 def tau_histogram(taus: list[int]) -> dict[str, int]:

@@ -143,15 +143,20 @@ class DenseJacobian:
     @staticmethod
     def compute(model: nn.Module, layout: ParamLayout, flat: torch.Tensor, x: torch.Tensor,
                 chunk: int = 50) -> tuple["DenseJacobian", torch.Tensor]:
-        """Per-sample Jacobians with torch.func (vmap of jacrev), chunk samples at a time."""
+        """Per-sample Jacobians with respect to the trainable parameters (torch.func, vmap of jacrev),
+        chunk samples at a time, in evaluation mode (batch norm on its running statistics, no dropout)."""
+        model.eval()
+        P = layout.trainable
+        state = flat[P:]
 
         def f(w, xi):
-            return functional_call(model, layout.views(w), (xi[None],))[0]
+            return functional_call(model, layout.views(torch.cat([w, state])), (xi[None],))[0]
 
         jac = vmap(jacrev(f), in_dims=(None, 0))
-        outs = [(jac(flat, x[s:s + chunk]), f_chunk) for s in range(0, len(x), chunk)
-                for f_chunk in [vmap(f, in_dims=(None, 0))(flat, x[s:s + chunk])]]
-        return DenseJacobian(torch.cat([j for j, _ in outs])), torch.cat([o for _, o in outs]).detach()
+        out = vmap(f, in_dims=(None, 0))
+        w = flat[:P]
+        parts = [(jac(w, x[s:s + chunk]).detach(), out(w, x[s:s + chunk]).detach()) for s in range(0, len(x), chunk)]
+        return DenseJacobian(torch.cat([j for j, _ in parts])), torch.cat([o for _, o in parts])
 
     def kernel(self, shape=None, flat=None) -> torch.Tensor:
         C = self.J.shape[1]
@@ -159,7 +164,10 @@ class DenseJacobian:
         return flatJ @ flatJ.T / C
 
     def transpose_apply(self, shape, flat, R: torch.Tensor) -> torch.Tensor:
-        return torch.einsum("tnc,ncd->td", R, self.J)
+        """(T, D): J^T R over the trainable parameters, zero for state buffers."""
+        out = torch.zeros(R.shape[0], flat.shape[-1], dtype=R.dtype, device=R.device)
+        out[:, : self.J.shape[2]] = torch.einsum("tnc,ncd->td", R, self.J)
+        return out
 
     def rows(self, index: torch.Tensor) -> "DenseJacobian":
         return DenseJacobian(self.J[index])

@@ -1,0 +1,74 @@
+"""The settings NTK-DFL, NTK-FL and CP-NTK-FL share, and what they make of them: the NTK step's
+settings, the Jacobian codec, the input projection and the memory cap of dense Jacobians."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from p2pfl.algorithms.settings import bits, fraction, non_negative, option, positive, positive_ints
+from p2pfl.errors import UserError
+from p2pfl.ntk.codec import JacobianCodec
+from p2pfl.ntk.step import NTKSettings
+
+GB = 1024**3
+
+
+@dataclass(frozen=True)
+class NTKOptions:
+    ntk_taus: tuple[int, ...] = option((100, 200, 300, 400, 500, 600, 700, 800),
+                                       "candidate evolution steps t, comma-separated", positive_ints)
+    ntk_loss: str = option("ce", "kernel evolution: ce (ODE, reference code) or mse (closed form, paper eqs. 4-5)",
+                           choices=("ce", "mse"))
+    ntk_ode: str = option("deflated", "CE evolution: euler (unit steps = gradient descent on the linearized "
+                          "model), deflated (the same steps, faster: the kernel's top subspace every step, the "
+                          "rest extrapolated) or adaptive (accurate ODE solution, as the reference code's solver)",
+                          choices=("deflated", "euler", "adaptive"))
+    ntk_selection: str = option("network", "pick t by: network (true loss on neighbourhood data), linearized "
+                                "(loss of the evolved outputs) or own (true loss on the peer's own data)",
+                                choices=("network", "linearized", "own"))
+    ntk_jacobian: str = option("auto", "Jacobian path: auto (factored for MLPs, else dense), factored (exact, "
+                               "fast, MLPs only) or dense (any model; needed by compression)",
+                               choices=("auto", "factored", "dense"))
+    ntk_batches: int = option(1, "Jacobian batching m1: evolve m1 times a round, each on 1/m1 of the samples",
+                              positive)
+    ntk_subsample: int = option(1, "data subsampling m2: peers use 1/m2 of their samples each round", positive)
+    ntk_topk: float = option(1.0, "Jacobian compression: keep this fraction of entries (top-k by magnitude)",
+                             fraction)
+    ntk_quant_bits: int = option(0, "Jacobian compression: quantize kept entries to this many bits (0 = off)", bits)
+    ntk_projection: int = option(0, "project inputs to this many dims with a shared-seed Gaussian matrix "
+                                 "(0 = off; MLP only)", non_negative)
+    ntk_memory_gb: float = option(8.0, "cap on the dense Jacobians a rank holds in a round, in GB (a run that "
+                                  "would exceed it is refused before it starts)", positive)
+
+    def step_settings(self) -> NTKSettings:
+        return NTKSettings(self.ntk_loss, tuple(self.ntk_taus), self.ntk_ode, self.ntk_selection)
+
+
+def make_codec(ctx, options: NTKOptions) -> JacobianCodec:
+    """The codec for this run; a dense Jacobian is computed a chunk of samples at a time, the chunk sized
+    so that jacrev's working set (about four Jacobians of the chunk) stays within a tenth of the cap."""
+    per_sample = ctx.data.n_classes * ctx.stack.layout.trainable * 4
+    chunk = max(1, min(50, int(options.ntk_memory_gb * GB / 10 / (4 * per_sample))))
+    try:
+        return JacobianCodec(ctx.stack.model, ctx.stack.layout, ctx.device, options.ntk_jacobian,
+                             options.ntk_topk, options.ntk_quant_bits, chunk)
+    except ValueError as exc:
+        raise UserError(str(exc))
+
+
+def check_memory(codec: JacobianCodec, options: NTKOptions, n_classes: int, samples_held: int) -> None:
+    """Refuse a dense-Jacobian run whose Jacobians (computed, sent, received and stacked: about three
+    copies of every Jacobian a rank's peers touch in one evolution) would exceed --ntk-memory-gb."""
+    if codec.path != "dense":
+        return
+    need = 3 * samples_held * n_classes * codec.n_params * 4
+    if need > options.ntk_memory_gb * GB:
+        raise UserError(f"dense Jacobians of {codec.n_params:,} parameters for {samples_held:,} samples would take "
+                        f"about {need / GB:.1f} GB on one rank, above --ntk-memory-gb {options.ntk_memory_gb:g}; use "
+                        "fewer --samples-per-peer or --peers per rank, --ntk-batches, --ntk-subsample, or a larger cap")
+
+
+def project_inputs(data, options: NTKOptions, seed: int) -> None:
+    if options.ntk_projection:
+        from p2pfl.ntk.compression import project_dataset
+
+        project_dataset(data, options.ntk_projection, seed)

@@ -1,0 +1,125 @@
+"""Algorithm settings declared as frozen dataclasses: each field is an option with a default, a help
+sentence and a check. The CLI flags, the TOML keys, the checks and the README's tables are derived from
+these declarations (p2pfl.algorithms.docs), so a default is written once, next to the algorithm."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from typing import Any, Callable
+
+from p2pfl.errors import UserError
+
+Check = Callable[[Any], "str | None"]  # returns an error sentence or None
+
+
+def option(default: Any, help: str, check: Check | None = None, choices: tuple[str, ...] = ()) -> Any:
+    """A settings field: its default, its help text and how to check a value."""
+    return dataclasses.field(default=default, metadata={"help": help, "check": check, "choices": choices})
+
+
+def positive(v) -> str | None:
+    return None if v > 0 else f"must be positive, got {v}"
+
+
+def non_negative(v) -> str | None:
+    return None if v >= 0 else f"must be non-negative, got {v}"
+
+
+def fraction(v) -> str | None:
+    return None if 0 < v <= 1 else f"must be in (0, 1], got {v}"
+
+
+def positive_ints(v) -> str | None:
+    return None if v and all(int(x) >= 1 for x in v) else f"needs positive integers, got {list(v)}"
+
+
+def bits(v) -> str | None:
+    return None if 0 <= v <= 8 else f"must be between 0 (off) and 8, got {v}"
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def kind_of(f: dataclasses.Field) -> str:
+    """bool, int, float, str or ints (a tuple of ints), from the field's annotation."""
+    text = str(f.type).replace(" | None", "")
+    for kind in ("bool", "int", "float", "str"):
+        if text == kind:
+            return kind
+    if text.startswith(("tuple", "list")):
+        return "ints"
+    raise TypeError(f"settings field {f.name} has an unsupported type {text}")
+
+
+def coerce(f: dataclasses.Field, value: Any) -> Any:
+    """A CLI string or a TOML value turned into the field's type, or one UserError line."""
+    kind, where = kind_of(f), flag(f.name)
+    try:
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            raise ValueError
+        if kind == "ints":
+            items = value if isinstance(value, (list, tuple)) else str(value).replace(" ", "").split(",")
+            return tuple(_integer(v) for v in items if v != "")
+        if kind == "int":
+            return _integer(value)
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            number = float(value)
+            if not math.isfinite(number):
+                raise ValueError
+            return number
+        if not isinstance(value, str):
+            raise ValueError
+        return value
+    except (TypeError, ValueError):
+        wanted = {"bool": "true or false", "ints": "comma-separated integers", "int": "an integer",
+                  "float": "a finite number", "str": "a name"}[kind]
+        raise UserError(f"{where} takes {wanted}, not {value!r}")
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError
+    return int(value)
+
+
+def check(f: dataclasses.Field, value: Any) -> None:
+    choices, test = f.metadata.get("choices"), f.metadata.get("check")
+    if choices and value not in choices:
+        raise UserError(f"{flag(f.name)} must be one of {', '.join(choices)}, got {value!r}")
+    problem = test(value) if test else None
+    if problem:
+        raise UserError(f"{flag(f.name)} {problem}")
+
+
+def build(cls: type, values: dict[str, Any], defaults: dict[str, Any] | None = None):
+    """An instance of settings class cls from raw values (CLI strings or TOML), each coerced and checked;
+    defaults are the algorithm's own overrides of the class defaults."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    merged = {**(defaults or {}), **values}
+    out = {}
+    for name, value in merged.items():
+        out[name] = coerce(fields[name], value)
+        check(fields[name], out[name])
+    return cls(**out)
+
+
+def defaults_of(cls: type, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {f.name: (overrides or {}).get(f.name, f.default) for f in dataclasses.fields(cls)}
+
+
+def add_flags(group: argparse._ArgumentGroup, cls: type, overrides: dict[str, Any] | None = None) -> None:
+    """One flag per field; values stay strings here and are coerced by build()."""
+    for f in dataclasses.fields(cls):
+        default = (overrides or {}).get(f.name, f.default)
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        text = f"{f.metadata['help']} (default {shown})"
+        if kind_of(f) == "bool":
+            group.add_argument(flag(f.name), dest=f.name, action="store_true", help=text)
+        else:
+            group.add_argument(flag(f.name), dest=f.name, help=text, metavar=f.name.upper().split("_")[-1])

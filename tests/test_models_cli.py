@@ -1,0 +1,77 @@
+"""Every model trains from the CLI with FedAvg and DFedAvg and writes the usual run folder; the CNN
+path under mpirun equals one process; NTK-DFL runs a CNN on the dense path within its memory cap."""
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli, write_cifar, write_femnist
+from tests.helpers import metric_lines
+
+FMNIST = Path("/usr/share/datasets/fashion-mnist")
+SMALL = ["--peers", "3", "--kappa", "2", "--rounds", "2", "--samples-per-peer", "8", "--batch-size", "4",
+         "--local-epochs", "1", "--test-samples", "16", "--lr", "0.01", "--no-progress"]
+CASES = [("mlp", "mnist", []), ("simple-cnn", "mnist", []), ("cnn-fmnist", "mnist", []),
+         ("cnn-femnist", "femnist", []), ("lenet5", "cifar10", []), ("cnn-cifar", "cifar10", []),
+         ("resnet8", "cifar100", ["--labels", "coarse"]), ("resnet18", "cifar10", ["--norm", "batch"]),
+         ("resnet18", "cifar10", ["--norm", "group"])]
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    from tests.conftest import write_idx
+    import numpy as np
+
+    root = tmp_path_factory.mktemp("data")
+    write_cifar(root, "cifar10", "binary")
+    write_cifar(root, "cifar100", "python")
+    write_femnist(root)
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 60), ("t10k", 20)):
+        write_idx(root / f"{split}-images-idx3-ubyte", rng.integers(0, 255, (n, 28, 28)).astype(np.uint8))
+        write_idx(root / f"{split}-labels-idx1-ubyte", (np.arange(n) % 10).astype(np.uint8))
+    return root
+
+
+@pytest.mark.parametrize("algo", ["fedavg", "dfedavg"])
+@pytest.mark.parametrize("model,dataset,extra", CASES, ids=[f"{m}-{d}{''.join(e)}" for m, d, e in CASES])
+def test_model_trains_two_rounds(data_root, tmp_path, model, dataset, extra, algo):
+    partition = ["--partition", "writers"] if dataset == "femnist" else ["--partition", "iid"]
+    star = ["--clients-per-round", "2"] if algo == "fedavg" else []
+    out = tmp_path / "run"
+    result = run_cli("--algo", algo, "--model", model, "--dataset", dataset, "--data-dir", str(data_root), *SMALL,
+                     *partition, *star, *extra, "--out", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and 0 <= rows[-1]["test_acc"] <= 1 and rows[-1]["bytes_sent"] > 0
+    for name in ("config.toml", "accuracy.png", "topology.png", "partition.json", "model.pt"):
+        assert (out / name).exists(), name
+    assert f"model {model}:" in (out / "config.toml").read_text()
+
+
+def test_simple_cnn_dfedavg_under_mpi_equals_single_process(data_root, tmp_path):
+    args = ["--algo", "dfedavg", "--model", "simple-cnn", "--dataset", "mnist", "--data-dir", str(data_root),
+            "--peers", "5", "--kappa", "2", "--rounds", "2", "--samples-per-peer", "10", "--batch-size", "4",
+            "--local-epochs", "1", "--partition", "dirichlet", "--alpha", "0.5", "--no-progress"]
+    single = run_cli(*args, "--out", str(tmp_path / "single"))
+    assert single.returncode == 0, single.stderr
+    multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=3)
+    assert multi.returncode == 0, multi.stderr
+    assert metric_lines(tmp_path / "single") == metric_lines(tmp_path / "multi")
+
+
+@pytest.mark.skipif(not FMNIST.exists(), reason="Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed")
+def test_ntk_dfl_with_a_cnn_on_fashion_mnist_within_the_memory_cap(tmp_path):
+    cap_gb = 2.0
+    result = run_cli("--algo", "ntk-dfl", "--model", "simple-cnn", "--dataset", "fashion-mnist", "--peers", "4",
+                     "--kappa", "2", "--rounds", "2", "--samples-per-peer", "10", "--test-samples", "500",
+                     "--ntk-taus", "100,200", "--ntk-memory-gb", str(cap_gb), "--no-progress",
+                     "--out", str(tmp_path / "r"))
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and rows[-1]["bytes_by_phase"]["jacobians"] > 0
+    assert rows[-1]["peak_rss_mb"] < 1024 * (cap_gb + 1.5)  # the Jacobians within the cap, plus torch and the data
+    refused = run_cli("--algo", "ntk-dfl", "--model", "simple-cnn", "--dataset", "fashion-mnist", "--peers", "4",
+                      "--kappa", "2", "--rounds", "1", "--samples-per-peer", "200", "--ntk-memory-gb", str(cap_gb),
+                      "--no-progress", "--out", str(tmp_path / "r2"))
+    assert refused.returncode == 2 and "above --ntk-memory-gb" in refused.stderr
