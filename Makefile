@@ -40,6 +40,7 @@ test: install
 bench: install
 	$(PY) bench/bench_dfedavg.py
 	$(PY) bench/bench_ntk.py
+	$(PY) bench/bench_cnn.py
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -123,6 +123,8 @@ def run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
     if size > 1:  # oversubscribed ranks share the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     ctx, algorithm = build(cfg, rank, size, local_rank)
+    if ctx.stack.convolutional and ctx.device.type == "cpu":
+        torch.set_num_threads(1)  # CPU conv kernels round differently with their thread count: one per rank
     run_dir = ctx.transport.bcast(make_run_dir(cfg) if rank == 0 else None)
     if rank == 0:
         write_run_header(ctx, run_dir)

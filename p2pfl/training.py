@@ -74,15 +74,17 @@ def gradients(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Te
 
 def _gradients(stack, flat, x, y, mask, noise):
     """Each parameter is its own leaf (a view of flat): differentiating through slices of one flat leaf
-    would make autograd build a zero-filled (L, D) tensor per parameter. Buffers are views too, so batch
-    norm's in-place running-statistics update lands in flat."""
+    would make autograd build a zero-filled (L, D) tensor per parameter. Batch norm updates its running
+    statistics in place, in copies that are written back to flat."""
     views = stack.layout.views(flat)
     names = list(views)[: stack.layout.n_params]
     leaves = {name: views[name].detach().requires_grad_(True) for name in names}
-    buffers = {name: views[name].detach() for name in list(views)[stack.layout.n_params:]}
+    buffers = {name: views[name].detach().clone() for name in list(views)[stack.layout.n_params:]}
     outputs = stack.forward_views({**leaves, **buffers}, x, train=True, noise=noise)
     losses = masked_loss(stack.task, outputs, y, mask)
     grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
+    for name, value in buffers.items():  # vmap updates a contiguous copy in place, not a strided view
+        views[name].copy_(value)
     return torch.cat([g.reshape(len(flat), -1) for g in grads], 1), losses.detach()
 
 

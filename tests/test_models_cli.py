@@ -52,7 +52,7 @@ def test_model_trains_two_rounds(data_root, tmp_path, model, dataset, extra, alg
 def test_simple_cnn_dfedavg_under_mpi_equals_single_process(data_root, tmp_path):
     args = ["--algo", "dfedavg", "--model", "simple-cnn", "--dataset", "mnist", "--data-dir", str(data_root),
             "--peers", "5", "--kappa", "2", "--rounds", "2", "--samples-per-peer", "10", "--batch-size", "4",
-            "--local-epochs", "1", "--partition", "dirichlet", "--alpha", "0.5", "--no-progress"]
+            "--local-epochs", "1", "--partition", "dirichlet", "--alpha", "0.5", "--lr", "0.01", "--no-progress"]
     single = run_cli(*args, "--out", str(tmp_path / "single"))
     assert single.returncode == 0, single.stderr
     multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=3)

@@ -49,6 +49,7 @@ def test_batched_training_equals_one_peer_at_a_time(name, shape):
     out = {}
     for batched in (True, False):
         stack = PeerStack(model, batched)
+        stack.batched = batched  # conv nets default to one peer at a time; the vmap path must agree too
         flat = initial_parameters(model, [0, 1, 2], 3, "different", torch.device("cpu"))
         train_epochs(stack, flat, shards, [0, 1, 2], x, y, opt, opt.lr, 5, 0)
         out[batched] = flat

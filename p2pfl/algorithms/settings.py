@@ -53,10 +53,14 @@ def kind_of(f: dataclasses.Field) -> str:
     raise TypeError(f"settings field {f.name} has an unsupported type {text}")
 
 
-def coerce(f: dataclasses.Field, value: Any) -> Any:
-    """A CLI string or a TOML value turned into the field's type, or one UserError line."""
+def coerce(f: dataclasses.Field, value: Any, strict: bool = True) -> Any:
+    """A value turned into the field's type, or one UserError line. strict (TOML values, parsed flags):
+    only a value of the right type, or an int for a float, is taken; not strict (a flag's text): strings
+    are parsed."""
     kind, where = kind_of(f), flag(f.name)
     try:
+        if strict and kind != "str" and isinstance(value, str):
+            raise ValueError
         if kind == "bool":
             if isinstance(value, bool):
                 return value
@@ -114,7 +118,7 @@ def defaults_of(cls: type, overrides: dict[str, Any] | None = None) -> dict[str,
 
 
 def add_flags(group: argparse._ArgumentGroup, cls: type, overrides: dict[str, Any] | None = None) -> None:
-    """One flag per field; values stay strings here and are coerced by build()."""
+    """One flag per field, its text parsed into the field's type."""
     for f in dataclasses.fields(cls):
         default = (overrides or {}).get(f.name, f.default)
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
@@ -122,4 +126,5 @@ def add_flags(group: argparse._ArgumentGroup, cls: type, overrides: dict[str, An
         if kind_of(f) == "bool":
             group.add_argument(flag(f.name), dest=f.name, action="store_true", help=text)
         else:
-            group.add_argument(flag(f.name), dest=f.name, help=text, metavar=f.name.upper().split("_")[-1])
+            group.add_argument(flag(f.name), dest=f.name, help=text, metavar=f.name.upper().split("_")[-1],
+                               type=lambda value, f=f: coerce(f, value, strict=False))

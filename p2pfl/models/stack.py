@@ -66,7 +66,11 @@ class PeerStack:
         self.model = model
         self.task = task  # what the outputs mean: the loss and metrics training and evaluation use
         self.layout = ParamLayout(model)
-        self.batched = batched
+        # vmap turns a convolution with per-peer weights into a grouped convolution: on CPU it was 5x
+        # slower than one peer at a time (bench/bench_cnn.py), and its rounding depends on the number of
+        # groups, i.e. on how many peers a rank holds. Conv nets therefore run one peer at a time.
+        self.convolutional = any(isinstance(m, nn.Conv2d) for m in model.modules())
+        self.batched = batched and not self.convolutional
         self.dropouts = {name: m for name, m in model.named_modules() if isinstance(m, PeerDropout)}
         # batch norm couples the samples of a batch: padded rows must not enter its statistics
         self.couples_samples = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
