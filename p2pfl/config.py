@@ -24,6 +24,7 @@ AGGREGATES = ("uniform", "sample-weighted")
 INITS = ("same", "different")
 NORMS = ("batch", "group")
 LABELS = ("fine", "coarse")
+TRAINING_FALLBACK = {"lr_decay": 0.0, "momentum": 0.0, "local_epochs": 1}  # where an algorithm names none
 
 
 @dataclass
@@ -323,10 +324,9 @@ def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
     cls = REGISTRY[cfg.algo]
     if cls.centralized:
         cfg.topology = "star"  # the server is the hub; --topology does not apply
-    fallback = {"lr_decay": 0.0, "momentum": 0.0, "local_epochs": 1}
     for name in ("lr", "lr_decay", "batch_size", "local_epochs", "momentum"):
         if getattr(cfg, name) is None:
-            setattr(cfg, name, cls.training.get(name, fallback.get(name)))
+            setattr(cfg, name, cls.training.get(name, TRAINING_FALLBACK.get(name)))
     return cfg
 
 

@@ -72,7 +72,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     device = pick_device(cfg.device, local_rank)
     cls = REGISTRY[cfg.algo]
     data = load_dataset(cfg.dataset, DataRequest(cfg.data_dir, cfg.labels, cfg.peers, cfg.samples_per_peer, cfg.seed))
-    cls.prepare_data(data, cfg.settings, cfg.seed)
+    cls.prepare_data(data, cfg)
     shards = partition(data.train_y.numpy(), data.n_classes, cfg.peers, cfg.partition, per_peer=cfg.samples_per_peer,
                        alpha=cfg.alpha, classes=cfg.classes_per_peer, style=cfg.dirichlet_style,
                        classes_style=cfg.classes_style, groups=data.groups, seed=cfg.seed)

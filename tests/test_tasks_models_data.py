@@ -206,3 +206,12 @@ def test_regression_run_writes_loss_metrics_and_plot(tmp_path):
     assert rows[-1]["test_loss"] < rows[0]["test_loss"]
     assert (tmp_path / "r" / "loss.png").stat().st_size > 0 and not (tmp_path / "r" / "accuracy.png").exists()
     assert "model linear-rep: 505 parameters" in (tmp_path / "r" / "config.toml").read_text()
+
+
+def test_readme_algorithm_tables_are_generated_from_the_declarations():
+    from pathlib import Path
+
+    from p2pfl.algorithms.docs import BEGIN, END, tables
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert readme.split(BEGIN, 1)[1].split(END, 1)[0].strip() == tables().strip()

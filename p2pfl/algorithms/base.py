@@ -70,7 +70,7 @@ class Algorithm:
         self.settings = ctx.cfg.settings
 
     @classmethod
-    def prepare_data(cls, data: Dataset, settings, seed: int) -> None:
+    def prepare_data(cls, data: Dataset, cfg: RunConfig) -> None:
         """Change the dataset before the model is built (NTK algorithms' input projection)."""
 
     def round(self, round_index: int) -> torch.Tensor | None:

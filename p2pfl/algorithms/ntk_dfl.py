@@ -61,8 +61,8 @@ class NTKDFL(Algorithm):
         check_memory(self.codec, self.settings, ctx.data.n_classes, touched)
 
     @classmethod
-    def prepare_data(cls, data, settings, seed):
-        project_inputs(data, settings, seed)
+    def prepare_data(cls, data, cfg):
+        project_inputs(data, cfg)
 
     def samples(self, round_index: int, peer: int) -> list[torch.Tensor]:
         """The peer's training indices used this round, split into the m1 Jacobian batches."""

@@ -71,8 +71,8 @@ class NTKFL(ServerAlgorithm):
         check_memory(self.codec, self.settings, ctx.data.n_classes, sum(math.ceil(self.beta * n) for n in largest))
 
     @classmethod
-    def prepare_data(cls, data, settings, seed):
-        project_inputs(data, settings, seed)
+    def prepare_data(cls, data, cfg):
+        project_inputs(data, cfg)
 
     def sampling_rate(self) -> float:
         """The fraction of its samples a client uses each round (CP-NTK-FL's beta)."""

@@ -67,8 +67,12 @@ def check_memory(codec: JacobianCodec, options: NTKOptions, n_classes: int, samp
                         "fewer --samples-per-peer or --peers per rank, --ntk-batches, --ntk-subsample, or a larger cap")
 
 
-def project_inputs(data, options: NTKOptions, seed: int) -> None:
-    if options.ntk_projection:
-        from p2pfl.ntk.compression import project_dataset
+def project_inputs(data, cfg) -> None:
+    """--ntk-projection: inputs become d1'-vectors, which only a model of flat inputs can take."""
+    from p2pfl.models import MODELS
+    from p2pfl.ntk.compression import project_dataset
 
-        project_dataset(data, options.ntk_projection, seed)
+    if cfg.settings.ntk_projection:
+        if MODELS[cfg.model].images:
+            raise UserError(f"--ntk-projection turns images into vectors; --model {cfg.model} needs images")
+        project_dataset(data, cfg.settings.ntk_projection, cfg.seed)
