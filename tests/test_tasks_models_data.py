@@ -215,3 +215,26 @@ def test_readme_algorithm_tables_are_generated_from_the_declarations():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert readme.split(BEGIN, 1)[1].split(END, 1)[0].strip() == tables().strip()
+
+
+def test_dense_jacobian_of_a_batch_norm_net_matches_autograd():
+    """Dense Jacobians (any model) are taken in evaluation mode over the trainable parameters: J^T R must
+    equal the gradient of sum(R * f) through the network, and leave the running statistics alone."""
+    from p2pfl.ntk import DenseJacobian
+
+    model = build_model("resnet8", (3, 8, 8), 4, Options)
+    stack = PeerStack(model)
+    flat = initial_parameters(model, [0], 1, "same", torch.device("cpu"))[0]
+    flat[stack.layout.trainable:] += torch.rand(stack.layout.size - stack.layout.trainable)  # non-trivial stats
+    x, R = torch.randn(3, 3, 8, 8), torch.randn(1, 3, 4)
+    jac, f = DenseJacobian.compute(model, stack.layout, flat, x, chunk=2)
+    assert jac.J.shape == (3, 4, stack.layout.trainable)
+    views = list(stack.layout.views(flat).items())
+    params = {k: v.detach().clone().requires_grad_(True) for k, v in views[: stack.layout.n_params]}
+    buffers = {k: v.detach() for k, v in views[stack.layout.n_params:]}
+    out = torch.func.functional_call(model.eval(), {**params, **buffers}, (x,))
+    assert torch.allclose(out, f, atol=1e-5)
+    grad = torch.cat([g.reshape(-1) for g in torch.autograd.grad((R[0] * out).sum(), list(params.values()))])
+    update = jac.transpose_apply(None, flat, R)[0]
+    assert torch.allclose(update[: stack.layout.trainable], grad, atol=1e-4, rtol=1e-4)
+    assert torch.all(update[stack.layout.trainable:] == 0)

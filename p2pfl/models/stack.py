@@ -66,7 +66,7 @@ class PeerStack:
         self.model = model
         self.task = task  # what the outputs mean: the loss and metrics training and evaluation use
         self.layout = ParamLayout(model)
-        # vmap turns a convolution with per-peer weights into a grouped convolution: on CPU it was 5x
+        # vmap turns a convolution with per-peer weights into a grouped convolution: on CPU it was 3.4x
         # slower than one peer at a time (bench/bench_cnn.py), and its rounding depends on the number of
         # groups, i.e. on how many peers a rank holds. Conv nets therefore run one peer at a time.
         self.convolutional = any(isinstance(m, nn.Conv2d) for m in model.modules())

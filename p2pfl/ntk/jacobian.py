@@ -147,10 +147,12 @@ class DenseJacobian:
         chunk samples at a time, in evaluation mode (batch norm on its running statistics, no dropout)."""
         model.eval()
         P = layout.trainable
-        state = flat[P:]
+        buffers = {k: v.detach() for k, v in list(layout.views(flat).items())[layout.n_params:]}
+        params = layout.slots[: layout.n_params]
 
         def f(w, xi):
-            return functional_call(model, layout.views(torch.cat([w, state])), (xi[None],))[0]
+            named = {s.name: w[s.offset:s.offset + s.numel].view(s.shape) for s in params}
+            return functional_call(model, {**named, **buffers}, (xi[None],))[0]
 
         jac = vmap(jacrev(f), in_dims=(None, 0))
         out = vmap(f, in_dims=(None, 0))
