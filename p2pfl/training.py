@@ -85,7 +85,10 @@ def _gradients(stack, flat, x, y, mask, noise):
     grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
     for name, value in buffers.items():  # vmap updates a contiguous copy in place, not a strided view
         views[name].copy_(value)
-    return torch.cat([g.reshape(len(flat), -1) for g in grads], 1), losses.detach()
+    out = torch.empty(len(flat), stack.layout.trainable, dtype=flat.dtype, device=flat.device)
+    for slot, g in zip(stack.layout.slots, grads):  # one copy each (grads may be strided)
+        out[:, slot.offset:slot.offset + slot.numel].view(g.shape).copy_(g)
+    return out, losses.detach()
 
 
 def epoch_batches(shards: list[torch.Tensor], batch: int, seed: int, round_index: int, peers: list[int],
