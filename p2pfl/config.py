@@ -206,7 +206,7 @@ def make_config(values: dict[str, Any]) -> RunConfig:
         raise UserError(f"unknown algorithm {algo!r}; choose one of: {', '.join(REGISTRY)}")
     mine = set(setting_names(algo))
     for name in values:
-        problem = _not_this_algorithm(name, algo) if name not in mine else None
+        problem = _not_this_algorithm(name, algo)
         if problem:
             raise problem
     unknown = sorted(set(values) - set(FIELDS) - mine)
@@ -229,6 +229,7 @@ def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:
 
 def validate(cfg: RunConfig) -> None:
     """Checks that need no data and no MPI; resolve() does the rest once peers are known."""
+    from p2pfl.algorithms import REGISTRY
     from p2pfl.data import DATASETS, canonical_dataset
     from p2pfl.models import MODELS
 
@@ -254,8 +255,6 @@ def validate(cfg: RunConfig) -> None:
     model = MODELS[cfg.model]
     if model.task != spec.task:
         raise UserError(f"--model {cfg.model} is for {model.task}, but --dataset {canonical} is a {spec.task} task")
-    from p2pfl.algorithms import REGISTRY
-
     if spec.task not in REGISTRY[cfg.algo].tasks:
         raise UserError(f"--algo {cfg.algo} learns {' or '.join(REGISTRY[cfg.algo].tasks)} only, not the "
                         f"{spec.task} task of --dataset {canonical}")

@@ -102,8 +102,8 @@ def check(f: dataclasses.Field, value: Any) -> None:
 
 
 def build(cls: type, values: dict[str, Any], defaults: dict[str, Any] | None = None):
-    """An instance of settings class cls from raw values (CLI strings or TOML), each coerced and checked;
-    defaults are the algorithm's own overrides of the class defaults."""
+    """An instance of settings class cls from values (TOML, or flags already parsed by add_flags), each
+    type-checked and range-checked; defaults are the algorithm's own overrides of the class defaults."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     merged = {**(defaults or {}), **values}
     out = {}
