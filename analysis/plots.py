@@ -42,9 +42,19 @@ def plot_metric(rows: list[dict], task, run_dir: Path, title: str = "") -> Path:
                         label="client min-max")
     if not task.higher_is_better:
         ax.set_yscale("log")
+    mark_switches(ax, rows)
     path = run_dir / PLOT_FILES.get(key, f"{key}.png")
     _finish(fig, ax, path, "round", "test accuracy (%)" if key == "acc" else f"test {key}", title)
     return path
+
+
+def mark_switches(ax, rows: list[dict], key: str = "stage") -> None:
+    """A dashed line, labelled, where a run moves to its next stage (TCT's convexified stage 2)."""
+    for before, after in zip(rows, rows[1:]):
+        if before.get(key) != after.get(key):
+            x = (before["round"] + after["round"]) / 2
+            ax.axvline(x, color="grey", ls="--", lw=1)
+            ax.annotate(f" {key} {after[key]}", (x, 0.02), xycoords=("data", "axes fraction"), color="grey")
 
 
 def plot_partition(summary: list[dict], path: Path) -> None:

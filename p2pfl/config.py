@@ -24,14 +24,15 @@ AGGREGATES = ("uniform", "sample-weighted")
 INITS = ("same", "different")
 NORMS = ("batch", "group")
 LABELS = ("fine", "coarse")
-TRAINING_FALLBACK = {"lr_decay": 0.0, "momentum": 0.0, "local_epochs": 1}  # where an algorithm names none
+TRAINING_FALLBACK = {"lr_decay": 0.0, "momentum": 0.0, "local_epochs": 1, "weight_decay": 0.0}  # where an algorithm names none
+DEFAULT_ROUNDS = 20
 
 
 @dataclass
 class RunConfig:
     algo: str = "dfedavg"
     peers: int | None = None  # None: MPI world size, or 10 without MPI
-    rounds: int = 20
+    rounds: int | None = None  # None: 20, or what the algorithm's own round counts add up to
     topology: str = "regular"
     kappa: float = 5
     static: bool = False
@@ -45,6 +46,7 @@ class RunConfig:
     alpha: float = 0.1
     classes_per_peer: int = 2
     samples_per_peer: int = 200
+    train_samples: int | None = None  # None: the whole training set
     test_samples: int | None = None  # None: the whole test set
     seed: int = 0
     out: str | None = None
@@ -60,7 +62,7 @@ class RunConfig:
     batch_size: int | None = None
     local_epochs: int | None = None
     momentum: float | None = None
-    weight_decay: float = 0.0
+    weight_decay: float | None = None
     aggregate: str = "uniform"
     eval_every: int = 1
     save_edges: bool = False
@@ -122,6 +124,8 @@ def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=float, help="Dirichlet concentration (default 0.1)")
     p.add_argument("--classes-per-peer", type=int, help="classes per peer for --partition classes (default 2)")
     p.add_argument("--samples-per-peer", type=int, help="training samples per peer (default 200)")
+    p.add_argument("--train-samples", type=int, help="partition a seeded random subset of N training samples "
+                   "(default all; for partitions that use the whole set, such as niid-bench classes)")
     p.add_argument("--test-samples", type=int, help="evaluate on the first N test samples (default all)")
     p.add_argument("--seed", type=int, help="seed of every random choice (default 0)")
     p.add_argument("--out", help="run folder (default runs/<algo>-<time>)")
@@ -136,7 +140,7 @@ def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, help="local minibatch size (default: the algorithm's)")
     p.add_argument("--local-epochs", type=int, help="local epochs per round (default: the algorithm's)")
     p.add_argument("--momentum", type=float, help="SGD momentum (default: the algorithm's)")
-    p.add_argument("--weight-decay", type=float, help="SGD weight decay (default 0)")
+    p.add_argument("--weight-decay", type=float, help="SGD weight decay (default: the algorithm's)")
     p.add_argument("--aggregate", help="aggregated model: uniform or sample-weighted average of all peers")
     p.add_argument("--eval-every", type=int, help="evaluate every N rounds (default 1; the last round always)")
     p.add_argument("--save-edges", action="store_true", help="write each round's edge list to edges.jsonl")
@@ -262,6 +266,11 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"--model {cfg.model} needs images (C, H, W); --dataset {canonical} has flat features")
     if cfg.partition == "writers" and not spec.natural_split:
         raise UserError(f"--partition writers needs a dataset with a natural split; {canonical} has none")
+    fixed = REGISTRY[cfg.algo].fixed_rounds(cfg.settings)
+    if fixed is not None and cfg.rounds is not None and cfg.rounds != fixed:
+        raise UserError(f"--algo {cfg.algo} runs {fixed} rounds, set by its own round counts "
+                        f"({', '.join(flag for flag in REGISTRY[cfg.algo].round_flags)}); --rounds {cfg.rounds} disagrees")
+    cfg.rounds = fixed or (DEFAULT_ROUNDS if cfg.rounds is None else cfg.rounds)
     if cfg.rounds < 1:
         raise UserError(f"--rounds must be at least 1, got {cfg.rounds}")
     if not (cfg.alpha > 0 and math.isfinite(cfg.alpha)):
@@ -272,6 +281,8 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"--classes-per-peer must be at least 1, got {cfg.classes_per_peer}")
     if cfg.rep_dim < 1:
         raise UserError(f"--rep-dim must be at least 1, got {cfg.rep_dim}")
+    if cfg.train_samples is not None and cfg.train_samples < 1:
+        raise UserError(f"--train-samples must be at least 1, got {cfg.train_samples}")
     if cfg.test_samples is not None and cfg.test_samples < 1:
         raise UserError(f"--test-samples must be at least 1, got {cfg.test_samples}")
     if cfg.eval_every < 1:
@@ -284,7 +295,7 @@ def validate(cfg: RunConfig) -> None:
             raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if cfg.momentum is not None and not 0 <= cfg.momentum < 1:
         raise UserError(f"--momentum must be in [0, 1), got {cfg.momentum}")
-    if cfg.weight_decay < 0:
+    if cfg.weight_decay is not None and cfg.weight_decay < 0:
         raise UserError(f"--weight-decay must be non-negative, got {cfg.weight_decay}")
     if cfg.lr_decay is not None and cfg.lr_decay < 0:
         raise UserError(f"--lr-decay must be non-negative, got {cfg.lr_decay}")
@@ -305,7 +316,7 @@ def check_peers(cfg: RunConfig, peers: int) -> None:
     if peers < 1:
         raise UserError(f"--peers must be at least 1, got {peers}")
     if REGISTRY[cfg.algo].centralized:  # a star of the clients around the server always exists
-        if cfg.settings.clients_per_round > peers:
+        if getattr(cfg.settings, "clients_per_round", 0) > peers:
             raise UserError(f"--clients-per-round {cfg.settings.clients_per_round} exceeds the {peers} clients")
         return
     check_graph(cfg.topology, peers, cfg.kappa)
@@ -323,7 +334,7 @@ def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
     cls = REGISTRY[cfg.algo]
     if cls.centralized:
         cfg.topology = "star"  # the server is the hub; --topology does not apply
-    for name in ("lr", "lr_decay", "batch_size", "local_epochs", "momentum"):
+    for name in ("lr", "lr_decay", "batch_size", "local_epochs", "momentum", "weight_decay"):
         if getattr(cfg, name) is None:
             setattr(cfg, name, cls.training.get(name, TRAINING_FALLBACK.get(name)))
     return cfg

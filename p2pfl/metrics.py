@@ -49,8 +49,9 @@ def check_finite(ctx, round_index: int) -> None:
 
 
 class MetricsLog:
-    def __init__(self, ctx, run_dir: Path | None):
+    def __init__(self, ctx, run_dir: Path | None, algorithm=None):
         self.ctx = ctx
+        self.algorithm = algorithm  # its row_fields and test_scores hooks, where it has them
         self.path = run_dir / "metrics.jsonl" if run_dir is not None else None
         test_n = ctx.cfg.test_samples or len(ctx.data.test_y)
         self.test_x, self.test_y = ctx.data.test_x[:test_n], ctx.data.test_y[:test_n]
@@ -76,7 +77,8 @@ class MetricsLog:
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
         gathered = ctx.transport.gather((sent, dense, rss))
         train = ctx.transport.gather_rows(train_losses[:, None].double()) if train_losses is not None else None
-        weights, clients = self.evaluate_all() if evaluate_now else (None, None)
+        custom = self.algorithm.test_scores(self.test_x, self.test_y) if evaluate_now and self.algorithm else None
+        weights, clients = self.evaluate_all() if evaluate_now and custom is None else (None, None)
         if ctx.transport.rank != 0:
             return None
         phases: dict[str, int] = {}
@@ -85,15 +87,19 @@ class MetricsLog:
             for k, v in s.items():
                 phases[k] = phases.get(k, 0) + v
             dense_total += sum(d.values())
-        row: dict = {"round": round_index + 1}
-        if weights is not None:
+        row: dict = {"round": round_index + 1, **(self.algorithm.row_fields(round_index) if self.algorithm else {})}
+        aggregated: dict = {}
+        if custom is not None:
+            aggregated, clients = custom
+        elif weights is not None:
             self.last_weights = weights
-            model = run_model(ctx, weights)
-            aggregated = evaluate(ctx.stack, model[None], self.test_x, self.test_y)
-            row.update({f"test_{m}": float(v[0]) for m, v in aggregated.items()})
-            for m, v in clients.items():
-                row.update({f"client_{m}_mean": float(v.mean()), f"client_{m}_min": float(v.min()),
-                            f"client_{m}_max": float(v.max())})
+            aggregated = {m: float(v[0]) for m, v in
+                          evaluate(ctx.stack, run_model(ctx, weights)[None], self.test_x, self.test_y).items()}
+        row.update({f"test_{m}": float(v) for m, v in aggregated.items()})
+        for m, v in (clients or {}).items():
+            row.update({f"client_{m}_mean": float(v.mean()), f"client_{m}_min": float(v.min()),
+                        f"client_{m}_max": float(v.max())})
+        if weights is not None:
             row["variance"] = inter_model_variance(weights)
         if train is not None:
             row["train_loss"] = float(train.mean())

@@ -72,6 +72,8 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     device = pick_device(cfg.device, local_rank)
     cls = REGISTRY[cfg.algo]
     data = load_dataset(cfg.dataset, DataRequest(cfg.data_dir, cfg.labels, cfg.peers, cfg.samples_per_peer, cfg.seed))
+    if cfg.train_samples:
+        data.keep_training_samples(cfg.train_samples, cfg.seed)
     cls.prepare_data(data, cfg)
     shards = partition(data.train_y.numpy(), data.n_classes, cfg.peers, cfg.partition, per_peer=cfg.samples_per_peer,
                        alpha=cfg.alpha, classes=cfg.classes_per_peer, style=cfg.dirichlet_style,
@@ -90,7 +92,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     return ctx, cls(ctx)
 
 
-def write_run_header(ctx, run_dir: Path) -> None:
+def write_run_header(ctx, run_dir: Path, notes: list[str]) -> None:
     from analysis.plots import plot_partition
     from p2pfl.algorithms import REGISTRY
     from p2pfl.data import summary
@@ -100,14 +102,14 @@ def write_run_header(ctx, run_dir: Path) -> None:
     cfg = ctx.cfg
     write_toml(resolved_dict(cfg), run_dir / "config.toml",
                (f"model {cfg.model}: {count_parameters(ctx.stack.model):,} parameters, "
-                f"{ctx.stack.layout.size - ctx.stack.layout.trainable:,} state values (batch norm statistics)",))
+                f"{ctx.stack.layout.size - ctx.stack.layout.trainable:,} state values (batch norm statistics)", *notes))
     parts = summary([s.numpy() for s in ctx.shards], ctx.data.train_y.cpu().numpy(), ctx.data.n_classes)
     (run_dir / "partition.json").write_text(json.dumps(parts))
     if "classes" in parts[0]:
         plot_partition(parts, run_dir / "partition.png")
     if REGISTRY[cfg.algo].centralized:
-        title = (f"star: the server (node {cfg.peers}) and {cfg.peers} clients, "
-                 f"{cfg.settings.clients_per_round} sampled each round")
+        sampled = getattr(cfg.settings, "clients_per_round", cfg.peers)
+        title = f"star: the server (node {cfg.peers}) and {cfg.peers} clients, {sampled} sampled each round"
     else:
         title = (f"{cfg.topology} ({'static' if cfg.static else 'round 1 of a new graph each round'}), "
                  f"{cfg.peers} peers")
@@ -126,9 +128,12 @@ def run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
     if ctx.stack.convolutional and ctx.device.type == "cpu":
         torch.set_num_threads(1)  # CPU conv kernels round differently with their thread count: one per rank
     run_dir = ctx.transport.bcast(make_run_dir(cfg) if rank == 0 else None)
+    notes = algorithm.notes()
     if rank == 0:
-        write_run_header(ctx, run_dir)
-    log = MetricsLog(ctx, run_dir if rank == 0 else None)
+        write_run_header(ctx, run_dir, notes)
+        for note in notes:
+            print(f"p2pfl: {note}", file=sys.stderr)
+    log = MetricsLog(ctx, run_dir if rank == 0 else None, algorithm)
     bar = tqdm(range(cfg.rounds), desc=f"{cfg.algo} {cfg.peers} peers", disable=rank != 0 or not cfg.progress,
                unit="round", file=sys.stderr)
     try:

@@ -10,9 +10,10 @@ from p2pfl.algorithms.dpsgd import DPSGD
 from p2pfl.algorithms.fedavg import Centralized, DataShare, FedAvg, FedNova, FedProx, Scaffold
 from p2pfl.algorithms.ntk_dfl import NTKDFL
 from p2pfl.algorithms.ntk_fl import CPNTKFL, NTKFL
+from p2pfl.algorithms.tct import TCT
 
 REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in [
-    DPSGD, DFedAvg, DFedAvgM, NTKDFL, FedAvg, FedProx, Scaffold, FedNova, Centralized, DataShare, NTKFL, CPNTKFL]}
+    DPSGD, DFedAvg, DFedAvgM, NTKDFL, FedAvg, FedProx, Scaffold, FedNova, Centralized, DataShare, NTKFL, CPNTKFL, TCT]}
 
 
 def setting_names(algo: str) -> list[str]:

@@ -64,6 +64,7 @@ class Algorithm:
     training: dict = {}  # defaults of lr, lr_decay, batch_size, local_epochs, momentum
     centralized = False
     tasks = ("classification", "regression")  # what it can learn
+    round_flags: tuple[str, ...] = ()  # flags whose values fix --rounds (see fixed_rounds)
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
@@ -73,8 +74,27 @@ class Algorithm:
     def prepare_data(cls, data: Dataset, cfg: RunConfig) -> None:
         """Change the dataset before the model is built (NTK algorithms' input projection)."""
 
+    @classmethod
+    def fixed_rounds(cls, settings) -> int | None:
+        """The run's number of rounds where the algorithm's own settings fix it (stages), else None."""
+        return None
+
+    def notes(self) -> list[str]:
+        """Facts of this run worth a line in the run header (config.toml comments and stderr)."""
+        return []
+
     def round(self, round_index: int) -> torch.Tensor | None:
         raise NotImplementedError
+
+    def row_fields(self, round_index: int) -> dict:
+        """Extra fields of this round's metrics row, such as a stage (rank 0)."""
+        return {}
+
+    def test_scores(self, x: torch.Tensor, y: torch.Tensor) -> tuple[dict, dict] | None:
+        """Called on every rank at an evaluation: None to evaluate the networks as usual, or, on rank 0,
+        (aggregated {metric: float}, clients {metric: (peers,)}) when the algorithm's model is another
+        (TCT's linear model in stage 2); other ranks return ({}, {})."""
+        return None
 
     def finish(self, run_dir: Path | None) -> dict | None:
         """After the last round: extra results for the run folder (rank 0 writes them)."""

@@ -31,7 +31,7 @@ class ServerAlgorithm(Algorithm):
         super().__init__(ctx)
         self.server = ctx.cfg.peers
         self.is_server = self.server in ctx.transport.local_nodes
-        self.per_round = self.settings.clients_per_round
+        self.per_round = getattr(self.settings, "clients_per_round", ctx.cfg.peers)  # absent: all clients
         self.row = {p: i for i, p in enumerate(ctx.peers)}
         if self.is_server:
             ctx.global_weights = initial_parameters(ctx.stack.model, [self.server], ctx.cfg.seed, "same",
@@ -43,19 +43,29 @@ class ServerAlgorithm(Algorithm):
 
     def round(self, round_index: int) -> torch.Tensor:
         ctx, clients = self.ctx, self.sample(round_index)
-        mine = [c for c in clients if c in self.row]
-        down = [Message(self.server, c, self.download(round_index, c)) for c in clients] if self.is_server else []
-        inbox = ctx.transport.exchange("download", round_index, down, [(self.server, c) for c in mine], self.Download)
-        received = {c: inbox[c][self.server].to(ctx.device) for c in mine}
         losses = torch.zeros(len(ctx.peers), device=ctx.device)
-        uploads = self.client_work(round_index, mine, received, losses) if mine else {}
-        up = [Message(c, self.server, payload, dense) for c, (payload, dense) in uploads.items()]
-        expect = [(c, self.server) for c in clients] if self.is_server else []
-        inbox = ctx.transport.exchange("upload", round_index, up, expect, self.Upload)
+        got = self.star_round(round_index, clients, lambda c: self.download(round_index, c),
+                              lambda mine, received: self.client_work(round_index, mine, received, losses),
+                              self.Download, self.Upload)
         if self.is_server:
-            got = {c: inbox[self.server][c].to(ctx.device) for c in clients}
             ctx.global_weights = self.server_update(round_index, clients, got)
         return losses if self.trains_locally else None
+
+    def star_round(self, round_index, clients, download, work, Download, Upload,
+                   phases=("download", "upload")) -> dict:
+        """Server -> clients -> server: download(client) is what the server sends each client;
+        work(this rank's clients, {client: received}) returns {client: (upload, dense bytes or None)}.
+        Returns {client: upload} on the server, {} elsewhere."""
+        ctx = self.ctx
+        mine = [c for c in clients if c in self.row]
+        down = [Message(self.server, c, download(c)) for c in clients] if self.is_server else []
+        inbox = ctx.transport.exchange(phases[0], round_index, down, [(self.server, c) for c in mine], Download)
+        received = {c: inbox[c][self.server].to(ctx.device) for c in mine}
+        uploads = work(mine, received) if mine else {}
+        up = [Message(c, self.server, payload, dense) for c, (payload, dense) in uploads.items()]
+        expect = [(c, self.server) for c in clients] if self.is_server else []
+        inbox = ctx.transport.exchange(phases[1], round_index, up, expect, Upload)
+        return {c: inbox[self.server][c].to(ctx.device) for c in clients} if self.is_server else {}
 
     def download(self, round_index: int, client: int) -> Payload:
         return Weights(self.ctx.global_weights)

@@ -49,6 +49,17 @@ class Dataset:
     def is_image(self) -> bool:
         return len(self.input_shape) == 3
 
+    def keep_training_samples(self, count: int, seed: int) -> None:
+        """A seeded random subset of `count` training samples, in their original order."""
+        from p2pfl.seeding import numpy_rng
+
+        if count > len(self.train_y):
+            raise UserError(f"--train-samples {count} exceeds the {len(self.train_y)} training samples of {self.name}")
+        keep = np.sort(numpy_rng(seed, "train-samples").choice(len(self.train_y), count, replace=False))
+        self.train_x, self.train_y = self.train_x[keep], self.train_y[keep]
+        if self.groups is not None:
+            self.groups = self.groups[keep]
+
 
 @dataclass(frozen=True)
 class DataRequest:

@@ -1,0 +1,133 @@
+"""A paper's result table from one experiment preset: every method on every column (data split).
+
+    python -m launch.table launch/presets/tct-fmnist-reduced.toml [--jobs 2] [--columns "#C=1"] [--out DIR]
+
+The preset (TOML) has a [common] table of p2pfl settings for every run, one table per method (its
+settings; `lrs = [...]` makes a grid whose best final test accuracy is reported, as papers that tune
+the baselines' learning rate do) and a [columns] table naming each column's settings. Every run gets
+its own run folder under OUT/<column>/<method>[-lr<lr>]; a run whose metrics.jsonl already reaches its
+last round is not run again. Prints and writes OUT/table.md and OUT/results.json (best and every lr),
+and OUT/<column>/comparison.png (test accuracy per round, one curve per method's best run).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from analysis.plots import plot_comparison  # noqa: E402
+from p2pfl.metrics import read_metrics  # noqa: E402
+
+
+def flags(settings: dict) -> list[str]:
+    out = []
+    for key, value in settings.items():
+        if isinstance(value, bool):
+            out += [f"--{key}"] if value else []
+        elif isinstance(value, list):
+            out += [f"--{key}", ",".join(str(v) for v in value)]
+        else:
+            out += [f"--{key}", str(value)]
+    return out
+
+
+def runs_of(preset: dict, columns: list[str], out: Path) -> list[dict]:
+    """Every (column, method, lr) run: its folder and its command line."""
+    common = preset.get("common", {})
+    methods = {k: v for k, v in preset.items() if k not in ("common", "columns", "title")}
+    runs = []
+    for column in columns:
+        for method, settings in methods.items():
+            settings = dict(settings)
+            lrs = settings.pop("lrs", [settings.get("lr", common.get("lr"))])
+            for lr in lrs:
+                name = method if len(lrs) == 1 else f"{method}-lr{lr:g}"
+                merged = {**common, **preset["columns"][column], **settings}
+                if lr is not None:
+                    merged["lr"] = lr
+                folder = out / column / name
+                runs.append({"column": column, "method": method, "lr": lr, "folder": folder,
+                             "argv": [sys.executable, "-m", "p2pfl.run", *flags(merged), "--out", str(folder),
+                                      "--no-progress"]})
+    return runs
+
+
+def complete(folder: Path) -> bool:
+    """The run finished: its metrics reach the round count its config.toml names."""
+    try:
+        config = tomllib.loads((folder / "config.toml").read_text())
+        rows = read_metrics(folder / "metrics.jsonl")
+    except (OSError, ValueError):
+        return False
+    return bool(rows) and rows[-1]["round"] == config["rounds"] and (folder / "model.pt").exists()
+
+
+def execute(run: dict) -> int:
+    if complete(run["folder"]):
+        return 0
+    run["folder"].parent.mkdir(parents=True, exist_ok=True)
+    log = run["folder"].parent / f"{run['folder'].name}.log"
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    with log.open("w") as fh:
+        code = subprocess.run(run["argv"], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+    print(f"{'done' if code == 0 else f'FAILED ({code}), see ' + str(log)}: {run['folder']}", flush=True)
+    return code
+
+
+def final_accuracy(folder: Path) -> float | None:
+    rows = [r for r in read_metrics(folder / "metrics.jsonl") if "test_acc" in r] if (folder / "metrics.jsonl").exists() else []
+    return rows[-1]["test_acc"] if rows else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("preset", help="experiment preset (TOML)")
+    p.add_argument("--columns", help="comma-separated subset of the preset's columns (default all)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+    p.add_argument("--out", help="output folder (default runs/<preset name>)")
+    args = p.parse_args(argv)
+    preset = tomllib.loads(Path(args.preset).read_text())
+    columns = args.columns.split(",") if args.columns else list(preset["columns"])
+    unknown = [c for c in columns if c not in preset["columns"]]
+    if unknown:
+        p.error(f"unknown column(s) {unknown}; the preset has {list(preset['columns'])}")
+    out = Path(args.out or Path("runs") / Path(args.preset).stem)
+    runs = runs_of(preset, columns, out)
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        codes = list(pool.map(execute, runs))
+    results: dict = {}
+    for run, code in zip(runs, codes):
+        entry = results.setdefault(run["column"], {}).setdefault(run["method"], {"by_lr": {}})
+        acc = final_accuracy(run["folder"]) if code == 0 else None
+        entry["by_lr"][str(run["lr"])] = acc
+        if acc is not None and acc >= entry.get("test_acc", -1):
+            entry.update(test_acc=acc, lr=run["lr"], folder=str(run["folder"]))
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    lines = [f"| method | {' | '.join(columns)} |", "|---" * (len(columns) + 1) + "|"]
+    for method in methods:
+        cells = []
+        for column in columns:
+            acc = results[column][method].get("test_acc")
+            cells.append("failed" if acc is None else f"{100 * acc:.2f}%")
+        lines.append(f"| {method} | {' | '.join(cells)} |")
+    table = "\n".join(lines)
+    title = preset.get("title", Path(args.preset).stem)
+    (out / "table.md").write_text(f"{title}\n\nfinal test accuracy (best lr of each grid)\n\n{table}\n")
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    for column in columns:
+        best = {m: read_metrics(Path(e["folder"]) / "metrics.jsonl") for m, e in results[column].items() if "folder" in e}
+        plot_comparison(best, out / column / "comparison.png", title=f"{title}: {column}")
+    print(f"{title}\n\n{table}\n\n{out / 'table.md'}")
+    return 0 if all(c == 0 for c in codes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
