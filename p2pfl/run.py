@@ -75,7 +75,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     if cfg.train_samples:
         data.keep_training_samples(cfg.train_samples, cfg.seed)
     cls.prepare_data(data, cfg)
-    shards = partition(data.train_y.numpy(), data.n_classes, cfg.peers, cfg.partition, per_peer=cfg.samples_per_peer,
+    shards = partition(data.train_y.numpy(), data.train_classes, cfg.peers, cfg.partition, per_peer=cfg.samples_per_peer,
                        alpha=cfg.alpha, classes=cfg.classes_per_peer, style=cfg.dirichlet_style,
                        classes_style=cfg.classes_style, groups=data.groups, seed=cfg.seed)
     transport = make_transport(cfg.peers, 1 if cls.centralized else 0, cfg.comm_timeout)
@@ -108,7 +108,7 @@ def write_run_header(ctx, run_dir: Path, notes: list[str]) -> None:
     if "classes" in parts[0]:
         plot_partition(parts, run_dir / "partition.png")
     if REGISTRY[cfg.algo].centralized:
-        sampled = getattr(cfg.settings, "clients_per_round", cfg.peers)
+        sampled = getattr(cfg.settings, "clients_per_round", 0) or cfg.peers
         title = f"star: the server (node {cfg.peers}) and {cfg.peers} clients, {sampled} sampled each round"
     else:
         title = (f"{cfg.topology} ({'static' if cfg.static else 'round 1 of a new graph each round'}), "

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from p2pfl.algorithms.base import Algorithm, RunContext
-from p2pfl.algorithms.settings import option, positive
+from p2pfl.algorithms.settings import non_negative, option
 from p2pfl.comm import Message, Payload, Weights
 from p2pfl.models import initial_parameters
 from p2pfl.seeding import numpy_rng
@@ -18,7 +18,8 @@ from p2pfl.seeding import numpy_rng
 
 @dataclass(frozen=True)
 class ServerOptions:
-    clients_per_round: int = option(20, "clients the server samples each round (at most --peers)", positive)
+    clients_per_round: int = option(20, "clients the server samples each round (at most --peers; 0: all)",
+                                    non_negative)
 
 
 class ServerAlgorithm(Algorithm):
@@ -31,7 +32,7 @@ class ServerAlgorithm(Algorithm):
         super().__init__(ctx)
         self.server = ctx.cfg.peers
         self.is_server = self.server in ctx.transport.local_nodes
-        self.per_round = getattr(self.settings, "clients_per_round", ctx.cfg.peers)  # absent: all clients
+        self.per_round = getattr(self.settings, "clients_per_round", 0) or ctx.cfg.peers  # 0 or absent: all
         self.row = {p: i for i, p in enumerate(ctx.peers)}
         if self.is_server:
             ctx.global_weights = initial_parameters(ctx.stack.model, [self.server], ctx.cfg.seed, "same",

@@ -40,10 +40,17 @@ class Dataset:
     n_classes: int  # outputs of the model: classes, or 1 for regression
     task: str = "classification"
     groups: np.ndarray | None = None  # each training sample's natural owner (writer, client), if any
+    truth: dict | None = None  # a generated task's ground truth (linear-rep: B* and each client's w*)
+    held_out: dict | None = None  # classes kept out of training for new clients (FedAvg-FT): x, y, test_x, test_y
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.train_x.shape[1:])
+
+    @property
+    def train_classes(self) -> int:
+        """Classes the training set may hold: all but those held out for new clients (the last ones)."""
+        return self.n_classes - (len(self.held_out["classes"]) if self.held_out else 0)
 
     @property
     def is_image(self) -> bool:
@@ -211,7 +218,8 @@ def linear_rep_dataset(name: str, req: DataRequest) -> Dataset:
 
     train_x, train_y, groups = draw(req.samples_per_peer)
     test_x, test_y, _ = draw(LINEAR_REP_TEST)
-    return Dataset(name, train_x, train_y, test_x, test_y, 1, task="regression", groups=groups)
+    return Dataset(name, train_x, train_y, test_x, test_y, 1, task="regression", groups=groups,
+                   truth={"B": b_star, "w": w_star, "noise": LINEAR_REP_NOISE})
 
 
 @dataclass(frozen=True)
