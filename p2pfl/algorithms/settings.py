@@ -123,8 +123,8 @@ def add_flags(group: argparse._ArgumentGroup, cls: type, overrides: dict[str, An
         default = (overrides or {}).get(f.name, f.default)
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
         text = f"{f.metadata['help']} (default {shown})"
-        if kind_of(f) == "bool":
-            group.add_argument(flag(f.name), dest=f.name, action="store_true", help=text)
+        if kind_of(f) == "bool":  # --x turns it on, --no-x off (where it is on by default)
+            group.add_argument(flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, help=text)
         else:
             group.add_argument(flag(f.name), dest=f.name, help=text, metavar=f.name.upper().split("_")[-1],
                                type=lambda value, f=f: coerce(f, value, strict=False))
