@@ -63,16 +63,23 @@ def main(argv: list[str] | None = None) -> int:
                   "fine-tuning error of FedAvg below the baseline's at every n":
                   all(fa[n]["mean"] < base[n]["mean"] for n in fa)}
     else:
-        plot_fine_tuning({labels[m]: finals[m]["fine_tuning"] for m in methods}, out / "fine_tuning.png", "accuracy")
         for m in methods:
             plot_similarity(np.array(finals[m]["feature_similarity"]), out / f"feature_similarity_{m}.png",
                             f"{labels[m]}: feature cosine similarity by class")
+        if fa:
+            plot_fine_tuning({labels[m]: finals[m]["fine_tuning"] for m in methods}, out / "fine_tuning.png",
+                             "accuracy")
         lines += ["| n | " + " | ".join(f"{labels[m]} accuracy (mean ± std)" for m in methods) + " |", "|---|---|---|"]
         lines += [f"| {n} | " + " | ".join(f"{100 * finals[m]['fine_tuning'][n]['mean']:.2f}% ± "
                                            f"{100 * finals[m]['fine_tuning'][n]['std']:.2f}" for m in methods) + " |"
                   for n in fa]
         checks = {"fine-tuned accuracy of FedAvg above the baseline's at every n":
-                  all(fa[n]["mean"] > base[n]["mean"] for n in fa)}
+                  all(fa[n]["mean"] > base[n]["mean"] for n in fa)} if fa else {}
+        for m in methods:
+            sim = np.array(finals[m]["feature_similarity"])
+            off = sim[~np.eye(len(sim), dtype=bool)]
+            lines.append(f"{labels[m]}: feature similarity within a class {np.nanmean(np.diag(sim)):.3f}, "
+                         f"between classes {np.nanmean(off):.3f}")
     lines += ["", *[f"{'PASS' if ok else 'FAIL'}: {text}" for text, ok in checks.items()]]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -41,6 +41,19 @@ def tiny_mnist(tmp_path) -> Path:
     return tmp_path
 
 
+def write_stripes(root: Path, classes: int, n_train: int, n_test: int) -> Path:
+    """MNIST-format IDX files of `classes` learnable classes (a bright band per class), labels cycling."""
+    rng = np.random.default_rng(0)
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        labels = (np.arange(n) % classes).astype(np.uint8)
+        images = rng.integers(0, 60, (n, 28, 28)).astype(np.uint8)
+        for c in range(classes):
+            images[labels == c, 5 * c:5 * c + 3, :] = 250
+        write_idx(root / f"{split}-images-idx3-ubyte", images)
+        write_idx(root / f"{split}-labels-idx1-ubyte", labels)
+    return root
+
+
 def mpirun() -> str | None:
     exe = Path(sys.executable).parent / "mpirun"
     return str(exe) if exe.exists() else None

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from p2pfl.algorithms.fedavg_ft import linear_gd, principal_angle_distance
-from tests.conftest import run_cli, write_idx
+from tests.conftest import run_cli, write_stripes
 from tests.helpers import metric_lines
 
 
@@ -72,16 +72,7 @@ def test_linear_track_under_mpi_equals_one_process(tmp_path):
 
 @pytest.fixture(scope="module")
 def stripes(tmp_path_factory):
-    root = tmp_path_factory.mktemp("stripes")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 200), ("t10k", 100)):
-        labels = (np.arange(n) % 5).astype(np.uint8)
-        images = rng.integers(0, 60, (n, 28, 28)).astype(np.uint8)
-        for c in range(5):
-            images[labels == c, 5 * c:5 * c + 3, :] = 250
-        write_idx(root / f"{split}-images-idx3-ubyte", images)
-        write_idx(root / f"{split}-labels-idx1-ubyte", labels)
-    return root
+    return write_stripes(tmp_path_factory.mktemp("stripes"), 5, 200, 100)
 
 
 def test_network_track_fine_tunes_new_clients_on_held_out_classes(stripes, tmp_path):
@@ -107,3 +98,14 @@ def test_held_out_classes_must_leave_training_classes(stripes, tmp_path):
     result = run_cli("--algo", "fedavg-ft", "--dataset", "mnist", "--data-dir", str(stripes), "--peers", "4",
                      "--ft-held-out-classes", "10", "--out", str(tmp_path / "x"), "--no-progress")
     assert result.returncode == 2 and "--ft-held-out-classes 10" in result.stderr
+
+
+def test_network_track_without_held_out_classes_draws_the_similarity_only(stripes, tmp_path):
+    out = tmp_path / "fig4"
+    result = run_cli("--algo", "fedavg-ft", "--dataset", "mnist", "--data-dir", str(stripes), "--peers", "4",
+                     "--partition", "iid", "--samples-per-peer", "30", "--rounds", "1", "--local-steps", "3",
+                     "--ft-held-out-classes", "0", "--no-progress", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    final = json.loads((out / "final.json").read_text())
+    assert final["fine_tuning"] == {} and len(final["feature_similarity"]) == 10
+    assert (out / "feature_similarity.png").exists() and not (out / "fine_tuning.png").exists()

@@ -3,14 +3,13 @@ and the whole algorithm from the CLI (one process and mpirun -n 3)."""
 import json
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
 from p2pfl.algorithms.tct import StandardFeatures, centred_one_hot, client_round, local_steps_n_space, local_steps_p_space
 from p2pfl.models import ParamLayout, build_model, initial_parameters
 from p2pfl.ntk.entk import entk_features, one_logit_network, subsample_index
-from tests.conftest import run_cli, write_idx
+from tests.conftest import run_cli, write_stripes
 from tests.helpers import metric_lines
 
 OPTIONS = SimpleNamespace(hidden=[16], norm="batch", rep_dim=5)
@@ -100,16 +99,7 @@ def test_subsample_index_is_the_first_p_of_a_seeded_permutation():
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
-    root = tmp_path_factory.mktemp("digits")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 120), ("t10k", 40)):
-        labels = (np.arange(n) % 4).astype(np.uint8)
-        images = rng.integers(0, 60, (n, 28, 28)).astype(np.uint8)
-        for c in range(4):
-            images[labels == c, 6 * c:6 * c + 4, :] = 250
-        write_idx(root / f"{split}-images-idx3-ubyte", images)
-        write_idx(root / f"{split}-labels-idx1-ubyte", labels)
-    return root
+    return write_stripes(tmp_path_factory.mktemp("digits"), 4, 120, 40)
 
 
 TCT_ARGS = ["--algo", "tct", "--dataset", "mnist", "--model", "simple-cnn", "--peers", "4", "--partition", "classes",

@@ -167,13 +167,13 @@ class FedAvgFT(FedAvg):
             plot_linear_run({self.label(): (self.history, result)}, run_dir)
             return {"fine_tuning": result, "final_rep_dist": self.history[-1]["rep_dist"],
                     "final_grad_norm": self.history[-1]["grad_norm"]}
-        result = {"fine_tuning": self.fine_tune_network()}
-        if self.ctx.data.held_out is not None:
-            from analysis.representation import plot_fine_tuning, plot_similarity
+        from analysis.representation import plot_fine_tuning, plot_similarity
 
-            result["feature_similarity"] = self.feature_similarity().tolist()
-            plot_similarity(np.array(result["feature_similarity"]), run_dir / "feature_similarity.png",
-                            f"{self.label()}: cosine similarity of penultimate features by class")
+        result = {"fine_tuning": self.fine_tune_network(),
+                  "feature_similarity": self.feature_similarity().tolist()}
+        plot_similarity(np.array(result["feature_similarity"]), run_dir / "feature_similarity.png",
+                        f"{self.label()}: cosine similarity of penultimate features by class")
+        if result["fine_tuning"]:
             plot_fine_tuning({self.label(): result["fine_tuning"]}, run_dir / "fine_tuning.png", "accuracy")
         return result
 
@@ -211,7 +211,8 @@ class FedAvgFT(FedAvg):
 
     def fine_tune_network(self) -> dict:
         """Per n: mean and std over trials x new clients of the test accuracy on the held-out classes
-        after --ft-epochs epochs of SGD on n samples of those classes, from the trained network."""
+        after --ft-epochs epochs of SGD on n samples of those classes, from the trained network ({}
+        when no class is held out)."""
         ctx, s, held = self.ctx, self.settings, self.ctx.data.held_out
         if held is None:
             return {}
@@ -231,7 +232,7 @@ class FedAvgFT(FedAvg):
         """(C, C): the mean cosine similarity between the trained network's penultimate features (the
         last Linear layer's input) of test images of classes i and j, self-pairs left out."""
         ctx, held = self.ctx, self.ctx.data.held_out
-        x, y = held["all_test_x"], held["all_test_y"]
+        x, y = (held["all_test_x"], held["all_test_y"]) if held else (ctx.data.test_x, ctx.data.test_y)
         C = ctx.data.n_classes
         pick = torch.cat([torch.nonzero(y == c).flatten()[:per_class] for c in range(C)])
         model = ctx.stack.model
