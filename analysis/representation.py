@@ -34,12 +34,13 @@ def plot_per_round(runs: dict[str, list[dict]], key: str, path: Path, ylabel: st
 
 
 def plot_fine_tuning(runs: dict[str, dict], path: Path, metric: str) -> None:
-    """Mean and std band against n, one curve per labelled run ({n: {mean, std}})."""
+    """Mean and std band against n, one curve per labelled run ({n: {mean, std}}; a None mean, all
+    diverged, leaves a gap)."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for label, table in runs.items():
         n = np.array([int(k) for k in table])
-        mean = np.array([v["mean"] for v in table.values()])
-        std = np.array([v["std"] for v in table.values()])
+        mean = np.array([np.nan if v["mean"] is None else v["mean"] for v in table.values()], dtype=float)
+        std = np.array([np.nan if v["std"] is None else v["std"] for v in table.values()], dtype=float)
         scale = 100 if metric == "accuracy" else 1
         ax.plot(n, scale * mean, "o-", label=label)
         ax.fill_between(n, scale * (mean - std), scale * (mean + std), alpha=0.2)

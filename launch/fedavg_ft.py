@@ -25,6 +25,18 @@ sys.path.insert(0, str(ROOT))
 
 from analysis.representation import plot_fine_tuning, plot_linear_run, plot_similarity  # noqa: E402
 from launch.table import execute, flags  # noqa: E402
+
+
+def cell(entry: dict, scale: float = 1, fmt: str = ".4g") -> str:
+    if entry["mean"] is None:
+        return "diverged"
+    text = f"{scale * entry['mean']:{fmt}} ± {scale * entry['std']:.2g}"
+    return text + (f" ({entry['diverged']} diverged)" if entry.get("diverged") else "")
+
+
+def below(a: dict, b: dict) -> bool:
+    """a's mean beats (is below) b's, a diverged run counting as the worst."""
+    return a["mean"] is not None and (b["mean"] is None or a["mean"] < b["mean"])
 from p2pfl.metrics import read_metrics  # noqa: E402
 
 
@@ -53,15 +65,13 @@ def main(argv: list[str] | None = None) -> int:
         rows = {m: [r for r in read_metrics(out / m / "metrics.jsonl")] for m in methods}
         plot_linear_run({labels[m]: (rows[m], finals[m]["fine_tuning"]) for m in methods}, out)
         lines += ["| n | " + " | ".join(f"{labels[m]} error (mean ± std)" for m in methods) + " |", "|---|---|---|"]
-        lines += [f"| {n} | " + " | ".join(f"{finals[m]['fine_tuning'][n]['mean']:.4g} ± "
-                                           f"{finals[m]['fine_tuning'][n]['std']:.2g}" for m in methods) + " |"
-                  for n in fa]
+        lines += [f"| {n} | " + " | ".join(cell(finals[m]["fine_tuning"][n]) for m in methods) + " |" for n in fa]
         checks = {f"{labels['fedavg']} dist(B_T, B*) = {finals['fedavg']['final_rep_dist']:.3g} < 1e-3":
                   finals["fedavg"]["final_rep_dist"] < 1e-3,
                   f"{labels['baseline']} dist(B_T, B*) = {finals['baseline']['final_rep_dist']:.3g} > 0.9":
                   finals["baseline"]["final_rep_dist"] > 0.9,
                   "fine-tuning error of FedAvg below the baseline's at every n":
-                  all(fa[n]["mean"] < base[n]["mean"] for n in fa)}
+                  all(below(fa[n], base[n]) for n in fa)}
     else:
         for m in methods:
             plot_similarity(np.array(finals[m]["feature_similarity"]), out / f"feature_similarity_{m}.png",
@@ -70,11 +80,11 @@ def main(argv: list[str] | None = None) -> int:
             plot_fine_tuning({labels[m]: finals[m]["fine_tuning"] for m in methods}, out / "fine_tuning.png",
                              "accuracy")
         lines += ["| n | " + " | ".join(f"{labels[m]} accuracy (mean ± std)" for m in methods) + " |", "|---|---|---|"]
-        lines += [f"| {n} | " + " | ".join(f"{100 * finals[m]['fine_tuning'][n]['mean']:.2f}% ± "
-                                           f"{100 * finals[m]['fine_tuning'][n]['std']:.2f}" for m in methods) + " |"
+        lines += [f"| {n} | " + " | ".join(cell(finals[m]["fine_tuning"][n], 100, ".2f") for m in methods) + " |"
                   for n in fa]
         checks = {"fine-tuned accuracy of FedAvg above the baseline's at every n":
-                  all(fa[n]["mean"] > base[n]["mean"] for n in fa)} if fa else {}
+                  all(fa[n]["mean"] is not None and (base[n]["mean"] is None or fa[n]["mean"] > base[n]["mean"])
+                      for n in fa)} if fa else {}
         for m in methods:
             sim = np.array(finals[m]["feature_similarity"])
             off = sim[~np.eye(len(sim), dtype=bool)]

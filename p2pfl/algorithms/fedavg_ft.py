@@ -34,6 +34,8 @@ class FedAvgFTSettings(FedAvgSettings):
                                "the client's samples (full batch)", choices=("population", "samples"))
     ft_new_samples: tuple[int, ...] = option((10, 20, 50, 100, 200), "n: a new client's fine-tuning samples "
                                              "(a comma-separated grid)", positive_ints)
+    ft_lr: float = option(0.0, "step size of the fine-tuning (0: the training --lr, as the paper's eq. 4)",
+                          non_negative)
     ft_steps: int = option(200, "linear-rep: full-batch GD steps of a new client's fine-tuning", positive)
     ft_epochs: int = option(10, "networks: SGD epochs of a new client's fine-tuning", positive)
     ft_trials: int = option(10, "fine-tuning trials (each draws new clients and their samples)", positive)
@@ -49,6 +51,17 @@ def principal_angle_distance(B: torch.Tensor, B_star: torch.Tensor) -> float:
     q_star, _ = torch.linalg.qr(B_star.double())
     value = float(torch.linalg.matrix_norm(q_star - q @ (q.T @ q_star), ord=2))
     return float(f"{value:.10g}")  # LAPACK's last bits depend on its thread count, i.e. on the launch
+
+
+def summarise(values: dict[int, list[float]]) -> dict[str, dict]:
+    """Per n: mean and std over the finite values, and how many diverged (NaN/inf: fine-tuning steps
+    too large for so few samples; lower --ft-lr)."""
+    out = {}
+    for n, v in values.items():
+        finite = [x for x in v if math.isfinite(x)]
+        out[str(n)] = {"mean": float(np.mean(finite)) if finite else None,
+                       "std": float(np.std(finite)) if finite else None, "diverged": len(v) - len(finite)}
+    return out
 
 
 def residuals(X: torch.Tensor, y: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
@@ -205,9 +218,9 @@ class FedAvgFT(FedAvg):
                 y = X @ beta + self.truth["noise"] * torch.randn(n, generator=gen, dtype=torch.float64)
                 B, w = linear_gd(views["B"].cpu()[None], views["w"].cpu()[None],
                                  lambda B, w: sample_gradient(X, y, torch.einsum("ldk,lk->ld", B, w)[0])[None],
-                                 ctx.cfg.lr, s.ft_steps)
+                                 s.ft_lr or ctx.cfg.lr, s.ft_steps)
                 errors[n].append(float(((B[0] @ w[0] - beta) ** 2).sum()))
-        return {str(n): {"mean": float(np.mean(v)), "std": float(np.std(v))} for n, v in errors.items()}
+        return summarise(errors)
 
     def fine_tune_network(self) -> dict:
         """Per n: mean and std over trials x new clients of the test accuracy on the held-out classes
@@ -216,7 +229,8 @@ class FedAvgFT(FedAvg):
         ctx, s, held = self.ctx, self.settings, self.ctx.data.held_out
         if held is None:
             return {}
-        opt = SGDSettings(ctx.cfg.lr, ctx.cfg.batch_size, s.ft_epochs, ctx.cfg.momentum, ctx.cfg.weight_decay)
+        lr = s.ft_lr or ctx.cfg.lr
+        opt = SGDSettings(lr, ctx.cfg.batch_size, s.ft_epochs, ctx.cfg.momentum, ctx.cfg.weight_decay)
         scores: dict[int, list[float]] = {n: [] for n in s.ft_new_samples}
         for trial, j in self.new_clients():
             rng = numpy_rng(ctx.cfg.seed, "fine-tune", trial, j)
@@ -224,9 +238,9 @@ class FedAvgFT(FedAvg):
                 chosen = torch.from_numpy(np.sort(rng.choice(len(held["y"]), min(n, len(held["y"])), replace=False)))
                 flat = ctx.global_weights[None].clone()
                 train_epochs(ctx.stack, flat, [chosen], [ctx.cfg.peers + 1 + j], held["x"], held["y"], opt,
-                             ctx.cfg.lr, ctx.cfg.seed, 1_000_000 + trial)
+                             lr, ctx.cfg.seed, 1_000_000 + trial)
                 scores[n].append(float(evaluate(ctx.stack, flat, held["test_x"], held["test_y"])["acc"][0]))
-        return {str(n): {"mean": float(np.mean(v)), "std": float(np.std(v))} for n, v in scores.items()}
+        return summarise(scores)
 
     def feature_similarity(self, per_class: int = 100) -> torch.Tensor:
         """(C, C): the mean cosine similarity between the trained network's penultimate features (the
