@@ -1,7 +1,7 @@
 """FedAvg with fine-tuning against its D-GD / D-SGD baseline, side by side (Collins et al. 2022).
 
-    python -m launch.fedavg_ft launch/presets/fedavg-ft-linear.toml [--out DIR] [--jobs 2]
-    python -m launch.fedavg_ft launch/presets/fedavg-ft-fmnist-reduced.toml
+    python -m launch.fedavg_ft launch/experiments/fedavg-ft-linear.toml [--out DIR] [--jobs 2]
+    python -m launch.fedavg_ft launch/experiments/fedavg-ft-fmnist-reduced.toml
 
 The preset (TOML) has [common] settings and one table per method ([fedavg] and [baseline]). Both runs
 go to OUT/<method>/; OUT gets the paper's figures with both curves (linear-rep: rep_dist.png = fig. 1,
@@ -40,6 +40,15 @@ def below(a: dict, b: dict) -> bool:
 from p2pfl.metrics import read_metrics  # noqa: E402
 
 
+def runs_of(preset: dict, out: Path) -> list[dict]:
+    """The two runs (FedAvg and its baseline): their folders and command lines."""
+    return [{"column": "", "method": m, "lr": None, "folder": out / m,
+             "argv": [sys.executable, "-m", "p2pfl.run", "--algo", "fedavg-ft",
+                      *flags({**preset.get("common", {}), **{k: v for k, v in preset[m].items() if k != "label"}}),
+                      "--out", str(out / m), "--no-progress"]}
+            for m in ("fedavg", "baseline")]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("preset")
@@ -49,10 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     preset = tomllib.loads(Path(args.preset).read_text())
     out = Path(args.out or Path("runs") / Path(args.preset).stem)
     methods = ("fedavg", "baseline")
-    runs = [{"column": "", "method": m, "lr": None, "folder": out / m,
-             "argv": [sys.executable, "-m", "p2pfl.run", "--algo", "fedavg-ft",
-                      *flags({**preset.get("common", {}), **{k: v for k, v in preset[m].items() if k != "label"}}), "--out", str(out / m), "--no-progress"]}
-            for m in methods]
+    runs = runs_of(preset, out)
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         if any(list(pool.map(execute, runs))):
             return 1

@@ -93,6 +93,27 @@ def test_every_preset_is_a_valid_config():
         make_config(load_toml(str(path)))
 
 
+def test_every_run_of_every_experiment_parses(tmp_path):
+    """launch/experiments/*.toml feed launch.table (TCT) or launch.fedavg_ft: every run they would start
+    must be a valid command line (data files are not needed to parse)."""
+    import tomllib
+    from pathlib import Path
+
+    from launch import fedavg_ft, table
+    from p2pfl.config import parse_config
+
+    experiments = sorted(Path(__file__).resolve().parents[1].glob("launch/experiments/*.toml"))
+    assert len(experiments) >= 7
+    for path in experiments:
+        preset = tomllib.loads(path.read_text())
+        runs = (fedavg_ft.runs_of(preset, tmp_path) if "baseline" in preset
+                else table.runs_of(preset, list(preset["columns"]), tmp_path))
+        assert len(runs) >= 2, path
+        for run in runs:
+            cfg = parse_config(run["argv"][3:])
+            assert cfg.algo in ("tct", "fedavg", "fedprox", "scaffold", "fedavg-ft"), path
+
+
 def test_ntk_dfl_run_folder_and_phases(tmp_path):
     import json
 
