@@ -30,7 +30,7 @@ def plot_metric(rows: list[dict], task, run_dir: Path, title: str = "") -> Path:
     """The task's headline metric per round: aggregated model solid, mean client dotted, client min-max
     shaded; accuracy.png for classification, loss.png (log scale) for regression."""
     key = task.headline
-    rows = [r for r in rows if f"test_{key}" in r]
+    every, rows = rows, [r for r in rows if f"test_{key}" in r]
     scale = 100 if key == "acc" else 1
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if rows:
@@ -42,7 +42,7 @@ def plot_metric(rows: list[dict], task, run_dir: Path, title: str = "") -> Path:
                         label="client min-max")
     if not task.higher_is_better:
         ax.set_yscale("log")
-    mark_switches(ax, rows)
+    mark_switches(ax, every)
     path = run_dir / PLOT_FILES.get(key, f"{key}.png")
     _finish(fig, ax, path, "round", "test accuracy (%)" if key == "acc" else f"test {key}", title)
     return path

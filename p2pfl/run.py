@@ -155,9 +155,9 @@ def run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
     finally:
         bar.close()
         if rank == 0 and log.rows:
-            plot_metric(log.rows, ctx.stack.task, run_dir, f"{cfg.algo}: {cfg.peers} peers, {cfg.topology} "
-                        f"kappa={cfg.kappa:g}, {cfg.model} on {cfg.dataset} {cfg.partition}"
-                        + (f" alpha={cfg.alpha:g}" if cfg.partition == "dirichlet" else ""))
+            graph = "star" if cfg.topology == "star" else f"{cfg.topology} kappa={cfg.kappa:g}"
+            plot_metric(log.rows, ctx.stack.task, run_dir, f"{cfg.algo}: {cfg.peers} peers, {graph}, {cfg.model} "
+                        f"on {cfg.dataset} {cfg.partition}" + (f" alpha={cfg.alpha:g}" if cfg.partition == "dirichlet" else ""))
     if rank == 0:
         print(summary_line(log.rows, ctx.stack.task, run_dir), file=sys.stderr)
     return 0

@@ -159,14 +159,14 @@ class TCT(FedAvg):
 
     def notes(self):
         s, cfg = self.settings, self.ctx.cfg
-        head = self.ctx.stack.layout.trainable
+        network = self.ctx.stack.layout.trainable
         _, layout, _ = self.convexified(torch.zeros(self.ctx.stack.layout.size))
         total = layout.trainable
         if s.tct_features >= total:
             return [f"tct: the convexified {cfg.model} has {total:,} parameters (head of 1 logit), not more than "
                     f"--tct-features {s.tct_features:,}: all of them are kept, no subsampling"]
         return [f"tct: eNTK features: {s.tct_features:,} of the convexified {cfg.model}'s {total:,} parameters "
-                f"(the network has {head:,})"]
+                f"(the network has {network:,})"]
 
     def convexified(self, network: torch.Tensor):
         cfg = self.ctx.cfg
