@@ -24,6 +24,7 @@ from torch.func import functional_call
 
 from p2pfl.algorithms.fedavg import FedAvg, FedAvgSettings
 from p2pfl.algorithms.settings import non_negative, option, positive, positive_ints
+from p2pfl.errors import UserError
 from p2pfl.seeding import numpy_rng, torch_generator
 from p2pfl.training import SGDSettings, evaluate, train_epochs
 
@@ -97,8 +98,6 @@ class FedAvgFT(FedAvg):
         if data.task != "classification" or not held:
             return
         if held >= data.n_classes:
-            from p2pfl.errors import UserError
-
             raise UserError(f"--ft-held-out-classes {held} leaves no class of {data.name}'s {data.n_classes} to train on")
         first_new = data.n_classes - held
         train, test = data.train_y >= first_new, data.test_y >= first_new

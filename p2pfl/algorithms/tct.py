@@ -109,12 +109,14 @@ def local_steps_p_space(Z: StandardFeatures, Y, theta, h, lr: float, steps: int)
     return W
 
 
-def local_steps_n_space(Z: StandardFeatures, gram: torch.Tensor, Y, theta, h, lr: float, steps: int) -> torch.Tensor:
+def local_steps_n_space(Z: StandardFeatures, gram: torch.Tensor, Y, theta, h, lr: float, steps: int,
+                        u: torch.Tensor | None = None) -> torch.Tensor:
     """The same M steps, exactly, with the iterate written W_m = theta + m lr h + Z~^T A_m: then
-    A_{m+1} = A_m - (lr/n) (u + m lr v + G A_m) with u = Z~ theta - Y, v = Z~ h and G = Z~ Z~^T, so a
-    step costs O(n^2 C) instead of O(n p C)."""
+    A_{m+1} = A_m - (lr/n) (u + m lr v + G A_m) with u = Z~ theta - Y (pass it if already computed),
+    v = Z~ h and G = Z~ Z~^T, so a step costs O(n^2 C) instead of O(n p C)."""
     n = len(Y)
-    u, v = Z.matmul(theta) - Y, Z.matmul(h)
+    u = Z.matmul(theta) - Y if u is None else u
+    v = Z.matmul(h)
     A = torch.zeros_like(u)
     for m in range(steps):
         A -= (lr / n) * (u + (m * lr) * v + gram @ A)
@@ -122,14 +124,15 @@ def local_steps_n_space(Z: StandardFeatures, gram: torch.Tensor, Y, theta, h, lr
 
 
 def client_round(Z: StandardFeatures, gram: torch.Tensor | None, Y, theta, h, previous, lr: float, steps: int,
-                 scaffold: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                 scaffold: bool = True, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One client's stage-2 round (the paper's Alg. 1): eq. (2) h_k += (theta - previous) / (M lr), where
     previous is its last local model (none in its first round: h stays 0), then eq. (3), M full-batch
-    steps corrected by h_k; in n-space when its Gram matrix is given. Returns (new local model, h_k)."""
+    steps corrected by h_k; in n-space when its Gram matrix is given (reusing residual = Z~ theta - Y
+    if the caller has it). Returns (new local model, h_k)."""
     if scaffold and previous is not None:
         h = h + (theta - previous) / (steps * lr)
     if gram is not None:
-        return local_steps_n_space(Z, gram, Y, theta, h, lr, steps), h
+        return local_steps_n_space(Z, gram, Y, theta, h, lr, steps, residual), h
     return local_steps_p_space(Z, Y, theta, h, lr, steps), h
 
 
@@ -256,10 +259,11 @@ class TCT(FedAvg):
             for c in mine:
                 Z, Y = self.features[c], self.targets[c]
                 theta = received[c].weights.view(Z.raw.shape[1] + 1, self.C)
-                losses[self.row[c]] = 0.5 * ((Z.matmul(theta) - Y) ** 2).sum(1).mean()
+                residual = Z.matmul(theta) - Y
+                losses[self.row[c]] = 0.5 * (residual**2).sum(1).mean()
                 W, self.h[c] = client_round(Z, self.grams.get(c), Y, theta, self.h.get(c, torch.zeros_like(theta)),
                                             self.previous.get(c), s.tct_lr, s.tct_local_steps,
-                                            s.tct_stage2 == "scaffold")
+                                            s.tct_stage2 == "scaffold", residual)
                 self.previous[c] = W
                 out[c] = (Weights(W.reshape(-1)), None)
             return out
