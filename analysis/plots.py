@@ -40,16 +40,22 @@ def plot_metric(rows: list[dict], task, run_dir: Path, title: str = "") -> Path:
         ax.fill_between(x, [scale * r[f"client_{key}_min"] for r in rows],
                         [scale * r[f"client_{key}_max"] for r in rows], color="tab:orange", alpha=0.15,
                         label="client min-max")
+        personal = [r for r in rows if "client_personal_acc_mean" in r] if key == "acc" else []
+        if personal:
+            ax.plot([r["round"] for r in personal], [scale * r["client_personal_acc_mean"] for r in personal], "--",
+                    color="tab:green", label="mean client, own label mix")
     if not task.higher_is_better:
         ax.set_yscale("log")
-    mark_switches(ax, every)
+    for switch in ("stage", "phase"):
+        mark_switches(ax, every, switch)
     path = run_dir / PLOT_FILES.get(key, f"{key}.png")
     _finish(fig, ax, path, "round", "test accuracy (%)" if key == "acc" else f"test {key}", title)
     return path
 
 
 def mark_switches(ax, rows: list[dict], key: str = "stage") -> None:
-    """A dashed line, labelled, where a run moves to its next stage (TCT's convexified stage 2)."""
+    """A dashed line, labelled, where a run moves to its next stage or phase (TCT's convexified stage 2,
+    CyclicFL's FL phase)."""
     for before, after in zip(rows, rows[1:]):
         if before.get(key) != after.get(key):
             x = (before["round"] + after["round"]) / 2

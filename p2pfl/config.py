@@ -25,14 +25,13 @@ INITS = ("same", "different")
 NORMS = ("batch", "group")
 LABELS = ("fine", "coarse")
 TRAINING_FALLBACK = {"lr_decay": 0.0, "momentum": 0.0, "local_epochs": 1, "weight_decay": 0.0}  # where an algorithm names none
-DEFAULT_ROUNDS = 20
 
 
 @dataclass
 class RunConfig:
     algo: str = "dfedavg"
     peers: int | None = None  # None: MPI world size, or 10 without MPI
-    rounds: int | None = None  # None: 20, or what the algorithm's own round counts add up to
+    rounds: int | None = None  # None: the algorithm's default (20 for most), or what its stages add up to
     topology: str = "regular"
     kappa: float = 5
     static: bool = False
@@ -270,9 +269,10 @@ def validate(cfg: RunConfig) -> None:
     if fixed is not None and cfg.rounds is not None and cfg.rounds != fixed:
         raise UserError(f"--algo {cfg.algo} runs {fixed} rounds, set by its own round counts "
                         f"({', '.join(flag for flag in REGISTRY[cfg.algo].round_flags)}); --rounds {cfg.rounds} disagrees")
-    cfg.rounds = fixed or (DEFAULT_ROUNDS if cfg.rounds is None else cfg.rounds)
+    cfg.rounds = fixed or (REGISTRY[cfg.algo].default_rounds(cfg.settings) if cfg.rounds is None else cfg.rounds)
     if cfg.rounds < 1:
         raise UserError(f"--rounds must be at least 1, got {cfg.rounds}")
+    REGISTRY[cfg.algo].check(cfg)
     if not (cfg.alpha > 0 and math.isfinite(cfg.alpha)):
         raise UserError(f"--alpha must be a positive number, got {cfg.alpha}")
     if cfg.samples_per_peer < 1:

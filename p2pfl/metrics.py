@@ -10,9 +10,11 @@ import math
 import resource
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from p2pfl.errors import DivergenceError
+from p2pfl.seeding import numpy_rng
 from p2pfl.training import evaluate
 
 
@@ -38,6 +40,27 @@ def run_model(ctx, weights: torch.Tensor) -> torch.Tensor:
     return aggregate(weights.to(ctx.device), ctx.sample_counts, ctx.cfg.aggregate)
 
 
+def personal_test_sets(ctx) -> list[torch.Tensor]:
+    """Each of this rank's peers' personal test set (DisPFL's): ceil(test size / peers) test samples
+    drawn, seeded per peer, with the label proportions of the peer's training shard (largest
+    remainder rounding; a class short of test samples is drawn with replacement)."""
+    labels = ctx.data.test_y.cpu().numpy()
+    by_class = {c: np.flatnonzero(labels == c) for c in range(ctx.data.n_classes)}
+    size = math.ceil(len(labels) / ctx.cfg.peers)
+    out = []
+    for p in ctx.peers:
+        counts = np.bincount(ctx.data.train_y[ctx.shards[p].to(ctx.device)].cpu().numpy(),
+                             minlength=ctx.data.n_classes)[: ctx.data.n_classes].astype(float)
+        share = size * counts / max(1.0, counts.sum())
+        quota = np.floor(share).astype(int)
+        quota[np.argsort(-(share - quota), kind="stable")[: size - quota.sum()]] += 1
+        rng = numpy_rng(ctx.cfg.seed, "personal-test", p)
+        picks = [rng.choice(by_class[c], q, replace=q > len(by_class[c]))
+                 for c, q in enumerate(quota) if q and len(by_class[c])]
+        out.append(torch.from_numpy(np.sort(np.concatenate(picks))) if picks else torch.zeros(0, dtype=torch.long))
+    return out
+
+
 def check_finite(ctx, round_index: int) -> None:
     """Stop every rank together, naming the peers, when a model holds NaN or inf."""
     bad = [p for p, row in zip(ctx.peers, ctx.flat) if not torch.isfinite(row).all()]
@@ -57,6 +80,7 @@ class MetricsLog:
         self.test_x, self.test_y = ctx.data.test_x[:test_n], ctx.data.test_y[:test_n]
         self.rows: list[dict] = []
         self.last_weights: torch.Tensor | None = None  # every peer's weights at the last evaluation (rank 0)
+        self.personal = personal_test_sets(ctx) if ctx.stack.task.name == "classification" else None
         if self.path is not None:
             self.path.write_text("")
 
@@ -64,11 +88,22 @@ class MetricsLog:
         """Gathered weights (P, D) and each peer's test metrics {metric: (P,)}, on rank 0."""
         ctx = self.ctx
         scores = evaluate(ctx.stack, ctx.flat, self.test_x, self.test_y)
+        if self.personal is not None:
+            scores["personal_acc"] = self.personal_accuracy()
         weights = ctx.transport.gather_rows(ctx.flat.float())
         gathered = {m: ctx.transport.gather_rows(v[:, None].double()) for m, v in scores.items()}
         if weights is None:
             return None, None
         return weights, {m: v[:, 0] for m, v in gathered.items()}
+
+    def personal_accuracy(self) -> torch.Tensor:
+        """(peers,): each of this rank's peers' own model on its personal test set."""
+        ctx, acc = self.ctx, torch.zeros(len(self.ctx.peers), device=self.ctx.device)
+        for i, index in enumerate(self.personal):
+            if len(index):
+                index = index.to(ctx.device)
+                acc[i] = evaluate(ctx.stack, ctx.flat[i:i + 1], ctx.data.test_x[index], ctx.data.test_y[index])["acc"][0]
+        return acc
 
     def record(self, round_index: int, train_losses: torch.Tensor | None, wall_s: float, evaluate_now: bool) -> dict | None:
         ctx = self.ctx
@@ -101,8 +136,8 @@ class MetricsLog:
                         f"client_{m}_max": float(v.max())})
         if weights is not None:
             row["variance"] = inter_model_variance(weights)
-        if train is not None:
-            row["train_loss"] = float(train.mean())
+        if train is not None and not bool(train.isnan().all()):
+            row["train_loss"] = float(train.nanmean())  # the peers that trained this round
         row.update(bytes_sent=int(sum(phases.values())), bytes_dense=int(dense_total),
                    bytes_by_phase=phases, wall_s=round(wall_s, 4),
                    peak_rss_mb=round(sum(r for _, _, r in gathered) / 1024))

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
 from p2pfl.models.stack import PeerStack
 from p2pfl.seeding import torch_generator
 from p2pfl.tasks import Task
@@ -24,19 +26,49 @@ class SGDSettings:
     weight_decay: float = 0.0
     steps: int | None = None  # a fixed number of local steps instead of epochs
     prox_mu: float = 0.0  # FedProx: gradient of (mu/2)||w - anchor||^2 added to each step
+    clip: float = 0.0  # the largest 2-norm of a peer's loss gradient (torch's clip_grad_norm_); 0: off
+
+
+@dataclass
+class Contrast:
+    """MOON's model-contrastive term: mu times the cross-entropy of telling, with cosine similarities
+    over a temperature, the global model's representation of a sample (the positive) from the
+    client's previous model's (the negative), each row (L, D) the weights of those two models."""
+
+    global_weights: torch.Tensor
+    previous: torch.Tensor
+    mu: float
+    temperature: float
+
+    def rows(self, index) -> "Contrast":
+        return Contrast(self.global_weights[index], self.previous[index], self.mu, self.temperature)
+
+    def losses(self, stack: PeerStack, features: torch.Tensor, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(L,): mu times the masked mean contrastive loss of the local features (L, B, E)."""
+        with torch.no_grad():
+            positive = stack.forward(self.global_weights, x, features=True)[1]
+            negative = stack.forward(self.previous, x, features=True)[1]
+        logits = torch.stack([F.cosine_similarity(features, positive, dim=-1),
+                              F.cosine_similarity(features, negative, dim=-1)], -1) / self.temperature
+        per_sample = torch.logsumexp(logits, -1) - logits[..., 0]
+        return self.mu * (per_sample * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
 @dataclass
 class StepTerms:
-    """What centralized algorithms add to each local gradient, per row: FedProx's anchor, SCAFFOLD's
-    control-variate correction (c - c_i)."""
+    """What an algorithm adds to each peer's local steps, per row: FedProx's anchor, SCAFFOLD's
+    control-variate correction (c - c_i), MOON's contrastive loss, DisPFL's sparsity mask (the
+    weights are multiplied by it after every step, so only kept coordinates train)."""
 
     anchor: torch.Tensor | None = None
     offset: torch.Tensor | None = None
+    contrast: Contrast | None = None
+    mask: torch.Tensor | None = None
 
     def rows(self, index) -> "StepTerms":
         pick = lambda t: None if t is None else t[index]  # noqa: E731
-        return StepTerms(pick(self.anchor), pick(self.offset))
+        return StepTerms(pick(self.anchor), pick(self.offset), self.contrast.rows(index) if self.contrast else None,
+                         pick(self.mask))
 
     def add_to(self, grad: torch.Tensor, flat: torch.Tensor, opt: SGDSettings) -> None:
         width = grad.shape[-1]  # the trainable part
@@ -52,14 +84,15 @@ def masked_loss(task: Task, outputs: torch.Tensor, y: torch.Tensor, mask: torch.
 
 
 def gradients(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
-              noise: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              noise: dict[str, torch.Tensor] | None = None,
+              contrast: Contrast | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-peer gradients of the masked mean loss with respect to the trainable part of each row:
     (L, trainable), and the losses (L,). Batch norm's running statistics in flat are updated in place.
 
     With batch norm, padded rows would enter the batch statistics, so peers are forwarded in groups of
     equal batch length, each with its real rows only; rows without a batch are not forwarded at all."""
     if not stack.couples_samples:
-        return _gradients(stack, flat, x, y, mask, noise)
+        return _gradients(stack, flat, x, y, mask, noise, contrast)
     grad = torch.zeros(len(flat), stack.layout.trainable, device=flat.device, dtype=flat.dtype)
     losses = torch.zeros(len(flat), device=flat.device, dtype=flat.dtype)
     sizes = mask.sum(1).long()
@@ -67,12 +100,13 @@ def gradients(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Te
         rows = (sizes == b).nonzero()[:, 0]
         sub = flat[rows]
         part_noise = {k: v[rows, : v.shape[1] // x.shape[1] * b] for k, v in (noise or {}).items()}
-        grad[rows], losses[rows] = _gradients(stack, sub, x[rows, :b], y[rows, :b], mask[rows, :b], part_noise)
+        grad[rows], losses[rows] = _gradients(stack, sub, x[rows, :b], y[rows, :b], mask[rows, :b], part_noise,
+                                              contrast.rows(rows) if contrast else None)
         flat[rows, stack.layout.trainable:] = sub[:, stack.layout.trainable:]  # the updated running statistics
     return grad, losses
 
 
-def _gradients(stack, flat, x, y, mask, noise):
+def _gradients(stack, flat, x, y, mask, noise, contrast=None):
     """Each parameter is its own leaf (a view of flat): differentiating through slices of one flat leaf
     would make autograd build a zero-filled (L, D) tensor per parameter. Batch norm updates its running
     statistics in place, in copies that are written back to flat."""
@@ -80,8 +114,12 @@ def _gradients(stack, flat, x, y, mask, noise):
     names = list(views)[: stack.layout.n_params]
     leaves = {name: views[name].detach().requires_grad_(True) for name in names}
     buffers = {name: views[name].detach().clone() for name in list(views)[stack.layout.n_params:]}
-    outputs = stack.forward_views({**leaves, **buffers}, x, train=True, noise=noise)
+    outputs = stack.forward_views({**leaves, **buffers}, x, train=True, noise=noise, features=contrast is not None)
+    if contrast is not None:
+        outputs, features = outputs
     losses = masked_loss(stack.task, outputs, y, mask)
+    if contrast is not None:
+        losses = losses + contrast.losses(stack, features, x, mask)
     grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
     for name, value in buffers.items():  # vmap updates a contiguous copy in place, not a strided view
         views[name].copy_(value)
@@ -122,6 +160,9 @@ def apply_step(flat: torch.Tensor, grad: torch.Tensor, active: torch.Tensor, opt
             velocity[rows] = sub_v
         return
     weights = flat[:, : grad.shape[1]]
+    if opt.clip:
+        norm = grad.norm(dim=1, keepdim=True)
+        grad.mul_((opt.clip / (norm + 1e-6)).clamp(max=1.0))
     if terms is not None:
         terms.add_to(grad, weights, opt)
     if opt.weight_decay:
@@ -129,6 +170,8 @@ def apply_step(flat: torch.Tensor, grad: torch.Tensor, active: torch.Tensor, opt
     if velocity is not None:
         grad = velocity.mul_(opt.momentum).add_(grad)
     weights.add_(grad, alpha=-lr)
+    if terms is not None and terms.mask is not None:
+        weights.mul_(terms.mask)
 
 
 def train_epochs(stack: PeerStack, flat: torch.Tensor, shards: list[torch.Tensor], peers: list[int],
@@ -163,7 +206,7 @@ def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, ro
                 continue
             noise = stack.dropout_noise(peers, opt.batch_size, seed, round_index, epoch, s) if stack.dropouts else None
             grad, losses = gradients(stack, flat, train_x[index[s]], train_y[index[s]], mask[s] * active[:, None],
-                                     noise)
+                                     noise, terms.contrast if terms else None)
             apply_step(flat, grad, active, opt, lr, velocity, terms)
             taken += active.long()
             last = torch.where(active, losses, last)

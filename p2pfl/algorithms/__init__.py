@@ -5,16 +5,18 @@ from __future__ import annotations
 import dataclasses
 
 from p2pfl.algorithms.base import Algorithm
+from p2pfl.algorithms.cyclic import Cyclic
 from p2pfl.algorithms.dfedavg import DFedAvg, DFedAvgM
 from p2pfl.algorithms.dpsgd import DPSGD
 from p2pfl.algorithms.fedavg import Centralized, DataShare, FedAvg, FedNova, FedProx, Scaffold
 from p2pfl.algorithms.fedavg_ft import FedAvgFT
+from p2pfl.algorithms.moon import Moon
 from p2pfl.algorithms.ntk_dfl import NTKDFL
 from p2pfl.algorithms.ntk_fl import CPNTKFL, NTKFL
 from p2pfl.algorithms.tct import TCT
 
 REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in [
-    DPSGD, DFedAvg, DFedAvgM, NTKDFL, FedAvg, FedProx, Scaffold, FedNova, Centralized, DataShare, NTKFL, CPNTKFL, TCT, FedAvgFT]}
+    DPSGD, DFedAvg, DFedAvgM, NTKDFL, FedAvg, FedProx, Scaffold, FedNova, Centralized, DataShare, Moon, Cyclic, NTKFL, CPNTKFL, TCT, FedAvgFT]}
 
 
 def setting_names(algo: str) -> list[str]:

@@ -79,6 +79,15 @@ class Algorithm:
         """The run's number of rounds where the algorithm's own settings fix it (stages), else None."""
         return None
 
+    @classmethod
+    def default_rounds(cls, settings) -> int:
+        """--rounds when none is given."""
+        return 20
+
+    @classmethod
+    def check(cls, cfg: RunConfig) -> None:
+        """Checks of the algorithm's settings against the rest of the run (UserError), before any work."""
+
     def notes(self) -> list[str]:
         """Facts of this run worth a line in the run header (config.toml comments and stderr)."""
         return []

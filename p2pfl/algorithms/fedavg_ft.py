@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from p2pfl.algorithms.fedavg import FedAvg, FedAvgSettings
 from p2pfl.algorithms.settings import non_negative, option, positive, positive_ints
@@ -248,15 +247,9 @@ class FedAvgFT(FedAvg):
         x, y = (held["all_test_x"], held["all_test_y"]) if held else (ctx.data.test_x, ctx.data.test_y)
         C = ctx.data.n_classes
         pick = torch.cat([torch.nonzero(y == c).flatten()[:per_class] for c in range(C)])
-        model = ctx.stack.model
-        last = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
-        captured = []
-        hook = last.register_forward_hook(lambda module, inputs, output: captured.append(inputs[0].detach()))
-        model.eval()
         with torch.no_grad():
-            functional_call(model, ctx.stack.layout.views(ctx.global_weights), (x[pick],))
-        hook.remove()
-        f = nn.functional.normalize(captured[0].flatten(1).double(), dim=1)
+            features = ctx.stack.forward(ctx.global_weights[None], x[pick], shared_input=True, features=True)[1][0]
+        f = nn.functional.normalize(features.flatten(1).double(), dim=1)
         sim, labels = f @ f.T, y[pick]
         out = torch.zeros(C, C, dtype=torch.float64)
         for i in range(C):

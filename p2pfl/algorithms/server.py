@@ -5,6 +5,7 @@ global model. Both directions go through the transport, so every byte is counted
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +45,7 @@ class ServerAlgorithm(Algorithm):
 
     def round(self, round_index: int) -> torch.Tensor:
         ctx, clients = self.ctx, self.sample(round_index)
-        losses = torch.zeros(len(ctx.peers), device=ctx.device)
+        losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)  # NaN: not sampled this round
         got = self.star_round(round_index, clients, lambda c: self.download(round_index, c),
                               lambda mine, received: self.client_work(round_index, mine, received, losses),
                               self.Download, self.Upload)

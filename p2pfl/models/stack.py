@@ -75,22 +75,39 @@ class PeerStack:
         # batch norm couples the samples of a batch: padded rows must not enter its statistics
         self.couples_samples = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
-    def forward(self, flat: torch.Tensor, x: torch.Tensor, shared_input: bool = False) -> torch.Tensor:
-        """Evaluation: flat (L, D); x (L, B, ...) or, with shared_input, (B, ...) -> (L, B, outputs)."""
-        return self.forward_views(self.layout.views(flat), x, shared_input)
+    def forward(self, flat: torch.Tensor, x: torch.Tensor, shared_input: bool = False,
+                features: bool = False) -> torch.Tensor:
+        """Evaluation: flat (L, D); x (L, B, ...) or, with shared_input, (B, ...) -> (L, B, outputs);
+        with features, also the representation (L, B, E)."""
+        return self.forward_views(self.layout.views(flat), x, shared_input, features=features)
 
     def forward_views(self, params: dict[str, torch.Tensor], x: torch.Tensor, shared_input: bool = False,
-                      train: bool = False, noise: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+                      train: bool = False, noise: dict[str, torch.Tensor] | None = None,
+                      features: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """As forward, from named (L, ...) tensors; train=True uses batch statistics (and updates the
-        running ones in place) and the given dropout noise."""
+        running ones in place) and the given dropout noise. features=True also returns the model's
+        representation: the input of its last Linear layer (the penultimate layer's output)."""
         self.model.train(train)
         params = {**params, **(noise or {})}
         call = lambda p, xb: functional_call(self.model, p, (xb,))  # noqa: E731
+        if features:
+            call = self._with_features
         if self.batched:
             return vmap(call, in_dims=(0, None if shared_input else 0))(params, x)
         rows = next(iter(params.values())).shape[0]
-        return torch.stack([call({k: v[i] for k, v in params.items()}, x if shared_input else x[i])
-                            for i in range(rows)])
+        out = [call({k: v[i] for k, v in params.items()}, x if shared_input else x[i]) for i in range(rows)]
+        return tuple(torch.stack(part) for part in zip(*out)) if features else torch.stack(out)
+
+    def _with_features(self, params, x):
+        """(outputs, the last Linear layer's input), taken by a hook inside the (vmapped) call."""
+        last = [m for m in self.model.modules() if isinstance(m, nn.Linear)][-1]
+        seen = []
+        hook = last.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
+        try:
+            outputs = functional_call(self.model, params, (x,))
+        finally:
+            hook.remove()
+        return outputs, seen[0]
 
     def dropout_noise(self, peers: list[int], batch: int, seed: int, *key: int) -> dict[str, torch.Tensor]:
         """Uniform draws (L, batch * features) for every dropout layer, from each peer's own generator

@@ -1,0 +1,106 @@
+"""CyclicFL (Zhang et al. 2023, arXiv v1): cyclic pre-training, then a standard FL algorithm.
+
+Phase 1, for --cyclic-rounds rounds: the server samples --cyclic-fraction of the clients uniformly
+without replacement, in a random order, and the one model travels server -> client 1 -> server ->
+client 2 ... (Algorithm 1; both hops of every visit are messages), each client taking --cyclic-steps
+SGD steps from what it received. Nothing is averaged; the last client's model starts the next round.
+Phase 2 runs --then (FedAvg, FedProx, SCAFFOLD or MOON) from that model for the remaining rounds, so
+phase 1's rounds count towards --rounds, as in the paper's tables.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from p2pfl.algorithms.fedavg import FedProxSettings
+from p2pfl.algorithms.moon import MoonSettings
+from p2pfl.algorithms.server import ServerAlgorithm
+from p2pfl.algorithms.settings import fraction, option, positive
+from p2pfl.comm import Weights
+from p2pfl.errors import UserError
+from p2pfl.seeding import numpy_rng
+from p2pfl.training import train_epochs
+
+THEN = ("fedavg", "fedprox", "scaffold", "moon")
+PAPER_FL_ROUNDS = 900  # the paper's 1,000 rounds in all, 100 of them cyclic
+
+
+@dataclass(frozen=True)
+class CyclicSettings(FedProxSettings, MoonSettings):  # the phase-2 algorithms' settings, too
+    then: str = option("fedavg", "phase 2's algorithm", choices=THEN)
+    cyclic_rounds: int = option(100, "phase 1's rounds of cyclic pre-training (they count towards --rounds)",
+                                positive)
+    cyclic_fraction: float = option(0.25, "fraction of the clients visited in each phase-1 round", fraction)
+    cyclic_steps: int = option(20, "SGD steps of a client on each phase-1 visit", positive)
+    cyclic_step_policy: str = option("exact", "exact: always --cyclic-steps steps (cycling through the data); "
+                                     "one-epoch: at most one epoch", choices=("exact", "one-epoch"))
+
+
+class Cyclic(ServerAlgorithm):
+    name = "cyclic"
+    summary = "CyclicFL: the model relayed through sampled clients, then --then from it"
+    Settings = CyclicSettings
+    setting_defaults = {"clients_per_round": 10}  # phase 2: the paper's 10% of 100 clients
+    training = {"lr": 0.01, "batch_size": 32, "local_epochs": 5, "momentum": 0.0}
+
+    def __init__(self, ctx):
+        from p2pfl.algorithms import REGISTRY
+
+        super().__init__(ctx)
+        self.then = REGISTRY[self.settings.then](ctx)  # phase 2 shares ctx, so it starts from the chain's model
+
+    @classmethod
+    def default_rounds(cls, settings) -> int:
+        return settings.cyclic_rounds + PAPER_FL_ROUNDS
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        if cfg.rounds <= cfg.settings.cyclic_rounds:
+            raise UserError(f"--rounds {cfg.rounds} leaves no phase 2 after --cyclic-rounds "
+                            f"{cfg.settings.cyclic_rounds}; give --rounds above it")
+
+    def visits(self) -> int:
+        return max(1, math.floor(self.settings.cyclic_fraction * self.ctx.cfg.peers))
+
+    def notes(self) -> list[str]:
+        s = self.settings
+        return [f"phase 1 (rounds 1-{s.cyclic_rounds}): {self.visits()} of {self.ctx.cfg.peers} clients in turn, "
+                f"{s.cyclic_steps} steps each ({s.cyclic_step_policy}); phase 2: {s.then}, "
+                f"{self.per_round} clients per round"]
+
+    def phase(self, round_index: int) -> str:
+        return "cyclic" if round_index < self.settings.cyclic_rounds else self.settings.then
+
+    def row_fields(self, round_index):
+        return {"phase": self.phase(round_index)}
+
+    def round(self, round_index):
+        if round_index >= self.settings.cyclic_rounds:
+            return self.then.round(round_index)
+        ctx = self.ctx
+        order = numpy_rng(ctx.cfg.seed, "cyclic", round_index).choice(ctx.cfg.peers, self.visits(), replace=False)
+        losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)
+        for client in order.tolist():
+            got = self.star_round(round_index, [client], lambda c: Weights(ctx.global_weights),
+                                  lambda mine, received: self.visit(round_index, mine, received, losses),
+                                  Weights, Weights, ("cyclic-down", "cyclic-up"))
+            if self.is_server:
+                ctx.global_weights = got[client].weights
+        return losses
+
+    def visit(self, round_index, clients, received, losses):
+        """One client's steps from the model it received; it keeps a copy as its own model."""
+        ctx, (client,) = self.ctx, clients
+        opt = ctx.sgd()
+        n = len(ctx.shards[client])
+        opt.steps = self.settings.cyclic_steps
+        if self.settings.cyclic_step_policy == "one-epoch":
+            opt.steps = min(opt.steps, math.ceil(n / opt.batch_size))
+        flat = received[client].weights[None].clone()
+        loss = train_epochs(ctx.stack, flat, [ctx.shards[client]], [client], ctx.data.train_x, ctx.data.train_y,
+                            opt, ctx.lr(round_index), ctx.cfg.seed, round_index)
+        ctx.flat[self.row[client]] = flat[0]
+        losses[self.row[client]] = loss[0]
+        return {client: (Weights(flat[0]), None)}

@@ -1,0 +1,42 @@
+"""MOON (Li et al. 2021), model-contrastive federated learning, with CyclicFL's settings: FedAvg whose
+local loss adds mu times a contrastive loss that pulls each sample's representation (the penultimate
+layer) towards the global model's and away from the client's own previous local model's.
+
+Each client's previous model is its row of ctx.flat, the model it trained the last time it was sampled;
+a client sampled for the first time takes the global model it received (MOON's code starts from the
+global model; after CyclicFL's phase 1 that is the pre-trained model). Nothing beyond FedAvg's weights
+is sent."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from p2pfl.algorithms.fedavg import FedAvg, FedAvgSettings
+from p2pfl.algorithms.settings import non_negative, option, positive
+from p2pfl.training import Contrast, StepTerms
+
+
+@dataclass(frozen=True)
+class MoonSettings(FedAvgSettings):
+    moon_mu: float = option(0.1, "MOON: weight mu of the contrastive loss (0: FedAvg)", non_negative)
+    moon_temperature: float = option(0.5, "MOON: temperature of the contrastive loss", positive)
+
+
+class Moon(FedAvg):
+    name = "moon"
+    summary = "MOON: FedAvg with a model-contrastive loss on the representation"
+    Settings = MoonSettings
+    training = {"lr": 0.01, "batch_size": 32, "local_epochs": 5, "momentum": 0.0}
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.trained: set[int] = set()  # this rank's clients that have a previous local model
+
+    def terms(self, clients, received) -> StepTerms:
+        global_weights = torch.stack([received[c].weights for c in clients])
+        previous = torch.stack([self.ctx.flat[self.row[c]] if c in self.trained else received[c].weights
+                                for c in clients])
+        self.trained.update(clients)
+        return StepTerms(contrast=Contrast(global_weights, previous, self.settings.moon_mu,
+                                           self.settings.moon_temperature))
