@@ -33,10 +33,14 @@ def aggregate(weights: torch.Tensor, counts: list[int], kind: str) -> torch.Tens
     return (w[:, None] * weights).sum(0) / w.sum()
 
 
-def run_model(ctx, weights: torch.Tensor) -> torch.Tensor:
-    """The model a run reports: a star's server model, else the aggregate of all peers' weights."""
+def run_model(ctx, weights: torch.Tensor, algorithm=None) -> torch.Tensor:
+    """The model a run reports: a star's server model, else the algorithm's own aggregate of all peers'
+    weights where it has one, else their --aggregate average."""
     if ctx.global_weights is not None:
         return ctx.global_weights
+    own = algorithm.aggregate_model(weights.to(ctx.device)) if algorithm is not None else None
+    if own is not None:
+        return own
     return aggregate(weights.to(ctx.device), ctx.sample_counts, ctx.cfg.aggregate)
 
 
@@ -129,7 +133,7 @@ class MetricsLog:
         elif weights is not None:
             self.last_weights = weights
             aggregated = {m: float(v[0]) for m, v in
-                          evaluate(ctx.stack, run_model(ctx, weights)[None], self.test_x, self.test_y).items()}
+                          evaluate(ctx.stack, run_model(ctx, weights, self.algorithm)[None], self.test_x, self.test_y).items()}
         row.update({f"test_{m}": float(v) for m, v in aggregated.items()})
         for m, v in (clients or {}).items():
             row.update({f"client_{m}_mean": float(v.mean()), f"client_{m}_min": float(v.min()),

@@ -170,7 +170,7 @@ def save_final(ctx, log, run_dir: Path, final: dict | None) -> None:
     if final:
         (run_dir / "final.json").write_text(json.dumps(final, indent=1))
     if log.last_weights is not None:
-        model = run_model(ctx, log.last_weights)
+        model = run_model(ctx, log.last_weights, log.algorithm)
         state = {k: v.clone() for k, v in ctx.stack.layout.views(model).items()}
         torch.save(state, run_dir / "model.pt")
 

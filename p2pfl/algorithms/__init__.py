@@ -7,6 +7,7 @@ import dataclasses
 from p2pfl.algorithms.base import Algorithm
 from p2pfl.algorithms.cyclic import Cyclic
 from p2pfl.algorithms.dfedavg import DFedAvg, DFedAvgM
+from p2pfl.algorithms.dispfl import DisPFL
 from p2pfl.algorithms.dpsgd import DPSGD
 from p2pfl.algorithms.fedavg import Centralized, DataShare, FedAvg, FedNova, FedProx, Scaffold
 from p2pfl.algorithms.fedavg_ft import FedAvgFT
@@ -16,7 +17,7 @@ from p2pfl.algorithms.ntk_fl import CPNTKFL, NTKFL
 from p2pfl.algorithms.tct import TCT
 
 REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in [
-    DPSGD, DFedAvg, DFedAvgM, NTKDFL, FedAvg, FedProx, Scaffold, FedNova, Centralized, DataShare, Moon, Cyclic, NTKFL, CPNTKFL, TCT, FedAvgFT]}
+    DPSGD, DFedAvg, DFedAvgM, DisPFL, NTKDFL, FedAvg, FedProx, Scaffold, FedNova, Centralized, DataShare, Moon, Cyclic, NTKFL, CPNTKFL, TCT, FedAvgFT]}
 
 
 def setting_names(algo: str) -> list[str]:

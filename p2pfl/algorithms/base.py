@@ -105,6 +105,11 @@ class Algorithm:
         (TCT's linear model in stage 2); other ranks return ({}, {})."""
         return None
 
+    def aggregate_model(self, weights: torch.Tensor) -> torch.Tensor | None:
+        """The run's aggregated model from all peers' weights (P, D), on rank 0, where the algorithm
+        defines its own (DisPFL's mask-wise average); None: the --aggregate average."""
+        return None
+
     def finish(self, run_dir: Path | None) -> dict | None:
         """After the last round: extra results for the run folder (rank 0 writes them)."""
         return None

@@ -20,6 +20,15 @@ def _unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     return np.packbits(np.pad(planes, ((0, 0), (8 - bits, 0))), axis=1)[:, 0]
 
 
+def pack_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A boolean vector as bits: numel/8 bytes (uint8)."""
+    return torch.from_numpy(np.packbits(mask.detach().cpu().numpy().astype(bool)))
+
+
+def unpack_mask(packed: torch.Tensor, numel: int) -> torch.Tensor:
+    return torch.from_numpy(np.unpackbits(packed.cpu().numpy())[:numel].astype(bool))
+
+
 def encode(J: torch.Tensor, keep: float = 1.0, bits: int = 0) -> tuple[torch.Tensor, ...]:
     """A dense Jacobian as (shape, indices, values[, range]): the largest-magnitude keep fraction of its
     entries, their values quantized to `bits` bits between their min and max when bits > 0."""
@@ -43,17 +52,16 @@ def _positions(index: torch.Tensor | None, numel: int) -> torch.Tensor:
     if index is None:
         return torch.zeros(0, dtype=torch.int32)
     if numel / 8 < 4 * index.numel():
-        mask = np.zeros(numel, dtype=bool)
-        mask[index.cpu().numpy()] = True
-        return torch.from_numpy(np.packbits(mask))
+        mask = torch.zeros(numel, dtype=torch.bool)
+        mask[index.cpu()] = True
+        return pack_mask(mask)
     return index.to(torch.int32)
 
 
 def decode(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
     shape, index = tuple(int(s) for s in tensors[0]), tensors[1]
     if index.dtype == torch.uint8:
-        bits = np.unpackbits(index.cpu().numpy())[: math.prod(shape)].astype(bool)
-        index = torch.from_numpy(np.flatnonzero(bits))
+        index = unpack_mask(index, math.prod(shape)).nonzero()[:, 0]
     if len(tensors) == 3:
         values = tensors[2]
     else:

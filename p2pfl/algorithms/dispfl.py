@@ -1,0 +1,186 @@
+"""DisPFL (Dai et al. 2022): decentralized personalized sparse training, after rong-dai/DisPFL.
+
+Every peer holds a personal binary mask over its weights (density --dispfl-density, spread over the
+layers by ERK). A round, for every peer at once:
+  1. send its weights on the coordinates of the mask it trained with, and that mask, to its neighbours;
+  2. average each coordinate over the neighbourhood's peers (itself included) whose masks keep it, and
+     keep the result on its own current mask: its personalized model;
+  3. train that model for the local epochs, re-applying the mask after every step;
+  4. update the mask for the next round: drop the smallest-magnitude kept weights of each layer, a
+     fraction anneal/2 (1 + cos(pi k / K)) of them, and regrow as many where the gradient of one
+     minibatch is largest (or at random), among the coordinates the mask did not keep.
+The rounds' models and masks are personal; the run's aggregated model is the same coordinate-wise
+average over all peers (over the peers whose weights hold each coordinate).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from p2pfl.algorithms.base import Algorithm
+from p2pfl.algorithms.settings import fraction, non_negative, option, positive
+from p2pfl.comm import Message, Payload
+from p2pfl.ntk.compression import pack_mask, unpack_mask
+from p2pfl.seeding import torch_generator
+from p2pfl.training import StepTerms, gradients, sample_batch, train_epochs
+
+
+@dataclass(frozen=True)
+class DisPFLSettings:
+    dispfl_density: float = option(0.5, "DisPFL: fraction of the weights each peer's mask keeps", fraction)
+    dispfl_anneal: float = option(0.5, "DisPFL: the mask update's drop rate at round 1 (annealed to 0 by a "
+                                  "cosine)", non_negative)
+    dispfl_regrow: str = option("gradient", "DisPFL: regrow where one minibatch's gradient is largest, or at "
+                                "random", choices=("gradient", "random"))
+    dispfl_erk_power: float = option(1.0, "DisPFL: ERK's exponent of (sum of a layer's dims / its size)",
+                                     non_negative)
+    dispfl_different_masks: bool = option(False, "DisPFL: draw each peer's initial mask from its own seed")
+    dispfl_clip: float = option(10.0, "DisPFL: the largest gradient 2-norm of a local step (0: no clipping)",
+                                non_negative)
+
+
+@dataclass
+class SparseWeights(Payload):
+    values: torch.Tensor  # the trainable weights on the kept coordinates, in order
+    mask: torch.Tensor  # the kept coordinates, as bits
+    buffers: torch.Tensor  # state buffers (batch norm statistics), dense
+
+
+def erk_densities(shapes: list[tuple[int, ...]], density: float, power: float = 1.0) -> list[float]:
+    """Each layer's density so that the kept total is density x all weights, each layer's proportional
+    to (sum of its dims / its size)^power (Erdos-Renyi-kernel), a layer that would exceed 1 made dense
+    and the rest solved again (DisPFL's calculate_sparsities)."""
+    sizes = [math.prod(s) for s in shapes]
+    raw = [(sum(s) / n) ** power for s, n in zip(shapes, sizes)]
+    dense: set[int] = set()
+    while True:
+        free = [i for i in range(len(shapes)) if i not in dense]
+        rhs = sum(density * sizes[i] for i in free) - sum((1 - density) * sizes[i] for i in dense)
+        eps = rhs / sum(raw[i] * sizes[i] for i in free)
+        worst = max(raw[i] for i in free)
+        if worst * eps <= 1:
+            return [1.0 if i in dense else eps * raw[i] for i in range(len(shapes))]
+        dense.update(i for i in free if raw[i] == worst)
+
+
+class DisPFL(Algorithm):
+    name = "dispfl"
+    summary = "DisPFL: personalized sparse masks, mask-wise neighbour averaging"
+    Settings = DisPFLSettings
+    training = {"lr": 0.1, "lr_decay": -math.log(0.998), "batch_size": 10, "local_epochs": 10, "momentum": 0.0,
+                "weight_decay": 5e-4}
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        layout = ctx.stack.layout
+        self.width = layout.trainable
+        self.slots = layout.slots[: layout.n_params]
+        self.densities = erk_densities([s.shape for s in self.slots], self.settings.dispfl_density,
+                                       self.settings.dispfl_erk_power)
+        self.mask = torch.stack([self.initial_mask(p) for p in ctx.peers]).to(ctx.device) if ctx.peers else \
+            torch.zeros(0, self.width, dtype=torch.bool, device=ctx.device)
+        self.trained_mask = self.mask.clone()  # the mask each peer's current weights were trained with
+        ctx.flat[:, : self.width] *= self.mask
+
+    def initial_mask(self, peer: int) -> torch.Tensor:
+        gen = torch_generator(self.ctx.cfg.seed, "dispfl-mask", peer if self.settings.dispfl_different_masks else 0)
+        mask = torch.zeros(self.width, dtype=torch.bool)
+        for slot, d in zip(self.slots, self.densities):
+            keep = torch.randperm(slot.numel, generator=gen)[: int(d * slot.numel)]
+            mask[slot.offset + keep] = True
+        return mask
+
+    def notes(self) -> list[str]:
+        kept = sum(int(d * s.numel) for s, d in zip(self.slots, self.densities))
+        return [f"DisPFL masks keep {kept:,} of {self.width:,} weights ({kept / self.width:.3f}); ERK layer "
+                f"densities {', '.join(f'{d:.2f}' for d in self.densities)}"]
+
+    def round(self, round_index: int) -> torch.Tensor:
+        ctx = self.ctx
+        personal = self.aggregate(round_index) * torch.cat(
+            [self.mask, torch.ones(len(ctx.peers), ctx.flat.shape[1] - self.width, dtype=torch.bool,
+                                   device=ctx.device)], 1)
+        self.trained_mask = self.mask.clone()
+        opt = ctx.sgd()
+        opt.clip = self.settings.dispfl_clip
+        losses = train_epochs(ctx.stack, personal, ctx.local_shards, ctx.peers, ctx.data.train_x, ctx.data.train_y,
+                              opt, ctx.lr(round_index), ctx.cfg.seed, round_index,
+                              StepTerms(mask=self.mask.to(personal.dtype)))
+        ctx.flat = personal
+        self.mask = self.next_masks(round_index)
+        return losses
+
+    def aggregate(self, round_index: int) -> torch.Tensor:
+        """Every local peer's neighbourhood average, each coordinate over the peers whose trained masks
+        keep it (0 where none does); buffers uniformly."""
+        ctx, width = self.ctx, self.width
+        graph = ctx.schedule.graph(round_index)
+        row = {p: i for i, p in enumerate(ctx.peers)}
+        messages = []
+        for p in ctx.peers:
+            i = row[p]
+            payload = SparseWeights(ctx.flat[i, :width][self.trained_mask[i]], pack_mask(self.trained_mask[i]),
+                                    ctx.flat[i, width:])
+            dense = ctx.flat.shape[1] * ctx.flat.element_size()
+            messages += [Message(p, j, payload, dense) for j in graph.neighbors(p)]
+        expect = [(j, p) for p in ctx.peers for j in graph.neighbors(p)]
+        inbox = ctx.transport.exchange("average", round_index, messages, expect, SparseWeights)
+        out = torch.zeros_like(ctx.flat)
+        for p in ctx.peers:
+            i = row[p]
+            total, count = ctx.flat[i].clone(), torch.zeros(ctx.flat.shape[1], device=ctx.device)
+            count[:width] += self.trained_mask[i]
+            count[width:] += 1
+            for j in sorted(graph.neighbors(p)):
+                got = inbox[p][j]
+                kept = unpack_mask(got.mask, width).to(ctx.device)
+                total[:width][kept] += got.values.to(ctx.device)
+                total[width:] += got.buffers.to(ctx.device)
+                count[:width] += kept
+                count[width:] += 1
+            out[i] = torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
+        return out
+
+    def next_masks(self, round_index: int) -> torch.Tensor:
+        """Prune and regrow each peer's mask, layer by layer, keeping every layer's count."""
+        ctx = self.ctx
+        drop = self.settings.dispfl_anneal / 2 * (1 + math.cos(math.pi * round_index / ctx.cfg.rounds))
+        score = self.regrow_scores(round_index)
+        new = self.mask.clone()
+        for i in range(len(ctx.peers)):
+            for slot in self.slots:
+                part = slice(slot.offset, slot.offset + slot.numel)
+                kept = self.mask[i, part]
+                n = min(math.ceil(drop * int(kept.sum())), int((~kept).sum()))
+                if n == 0:
+                    continue
+                magnitude = torch.where(kept, ctx.flat[i, part].abs(), torch.full_like(ctx.flat[i, part], math.inf))
+                pruned = torch.sort(magnitude, stable=True).indices[:n]
+                grow = torch.where(~kept, score[i, part], torch.full_like(score[i, part], -math.inf))
+                grown = torch.sort(grow, descending=True, stable=True).indices[:n]
+                new[i, slot.offset + pruned] = False
+                new[i, slot.offset + grown] = True
+        return new
+
+    def regrow_scores(self, round_index: int) -> torch.Tensor:
+        """(peers, trainable): |gradient| of one minibatch at the trained weights, or uniform noise (a
+        random regrowth)."""
+        ctx = self.ctx
+        if self.settings.dispfl_regrow == "random":
+            gens = [torch_generator(ctx.cfg.seed, "dispfl-regrow", round_index, p) for p in ctx.peers]
+            rows = [torch.rand(self.width, generator=g) for g in gens]
+            return torch.stack(rows).to(ctx.device) if rows else torch.zeros(0, self.width, device=ctx.device)
+        batch = ctx.cfg.batch_size
+        index, mask = sample_batch(ctx.local_shards, batch, ctx.cfg.seed, round_index, ctx.peers)
+        index, mask = index.to(ctx.device), mask.to(ctx.device)
+        grad, _ = gradients(ctx.stack, ctx.flat.clone(), ctx.data.train_x[index], ctx.data.train_y[index], mask)
+        return grad.abs()
+
+    def aggregate_model(self, weights: torch.Tensor) -> torch.Tensor:
+        """All peers' models averaged coordinate by coordinate over the peers whose weights hold it."""
+        w = self.width
+        held = (weights[:, :w] != 0).sum(0)
+        trainable = torch.where(held > 0, weights[:, :w].sum(0) / held.clamp(min=1), torch.zeros_like(weights[0, :w]))
+        return torch.cat([trainable, weights[:, w:].mean(0)])
