@@ -4,10 +4,12 @@
 
 The preset (TOML) has a [common] table of p2pfl settings for every run, one table per method (its
 settings; `lrs = [...]` makes a grid whose best final test accuracy is reported, as papers that tune
-the baselines' learning rate do) and a [columns] table naming each column's settings. Every run gets
-its own run folder under OUT/<column>/<method>[-lr<lr>]; a run whose metrics.jsonl already reaches its
-last round is not run again. Prints and writes OUT/table.md and OUT/results.json (best and every lr),
-and OUT/<column>/comparison.png (test accuracy per round, one curve per method's best run).
+the baselines' learning rate do) and a [columns] table naming each column's settings. An optional
+top-level `metrics = [...]` names the metrics.jsonl fields to tabulate (default ["test_acc"]; the
+first one picks the best lr). Every run gets its own run folder under OUT/<column>/<method>[-lr<lr>];
+a run whose metrics.jsonl already reaches its last round is not run again. Prints and writes
+OUT/table.md (the final values, then every evaluated round of each column) and OUT/results.json
+(best and every lr), and OUT/<column>/comparison.png (test accuracy per round, each method's best run).
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ def flags(settings: dict) -> list[str]:
 def runs_of(preset: dict, columns: list[str], out: Path) -> list[dict]:
     """Every (column, method, lr) run: its folder and its command line."""
     common = preset.get("common", {})
-    methods = {k: v for k, v in preset.items() if k not in ("common", "columns", "title")}
+    methods = {k: v for k, v in preset.items() if k not in ("common", "columns", "title", "metrics")}
     runs = []
     for column in columns:
         for method, settings in methods.items():
@@ -82,9 +84,22 @@ def execute(run: dict) -> int:
     return code
 
 
-def final_accuracy(folder: Path) -> float | None:
-    rows = [r for r in read_metrics(folder / "metrics.jsonl") if "test_acc" in r] if (folder / "metrics.jsonl").exists() else []
-    return rows[-1]["test_acc"] if rows else None
+def final_value(folder: Path, key: str = "test_acc") -> float | None:
+    rows = [r for r in read_metrics(folder / "metrics.jsonl") if key in r] if (folder / "metrics.jsonl").exists() else []
+    return rows[-1][key] if rows else None
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join([f"| {' | '.join(header)} |", "|---" * len(header) + "|", *(f"| {' | '.join(r)} |" for r in rows)])
+
+
+def per_round(results: dict, column: str, key: str) -> str:
+    """Every evaluated round of a column: one row per round, one cell per method's best run."""
+    curves = {m: {r["round"]: r[key] for r in read_metrics(Path(e["folder"]) / "metrics.jsonl") if key in r}
+              for m, e in results[column].items() if "folder" in e}
+    rounds = sorted({k for c in curves.values() for k in c})
+    return markdown(["round", *curves], [[str(k), *(f"{100 * c[k]:.2f}%" if k in c else "" for c in curves.values())]
+                                         for k in rounds])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,24 +118,26 @@ def main(argv: list[str] | None = None) -> int:
     runs = runs_of(preset, columns, out)
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         codes = list(pool.map(execute, runs))
+    keys = preset.get("metrics", ["test_acc"])
     results: dict = {}
     for run, code in zip(runs, codes):
         entry = results.setdefault(run["column"], {}).setdefault(run["method"], {"by_lr": {}})
-        acc = final_accuracy(run["folder"]) if code == 0 else None
-        entry["by_lr"][str(run["lr"])] = acc
-        if acc is not None and acc >= entry.get("test_acc", -1):
-            entry.update(test_acc=acc, lr=run["lr"], folder=str(run["folder"]))
+        value = final_value(run["folder"], keys[0]) if code == 0 else None
+        entry["by_lr"][str(run["lr"])] = value
+        if value is not None and value >= entry.get(keys[0], -1):
+            entry.update({key: final_value(run["folder"], key) for key in keys}, lr=run["lr"],
+                         folder=str(run["folder"]))
     methods = list(dict.fromkeys(r["method"] for r in runs))
-    lines = [f"| method | {' | '.join(columns)} |", "|---" * (len(columns) + 1) + "|"]
-    for method in methods:
-        cells = []
-        for column in columns:
-            acc = results[column][method].get("test_acc")
-            cells.append("failed" if acc is None else f"{100 * acc:.2f}%")
-        lines.append(f"| {method} | {' | '.join(cells)} |")
-    table = "\n".join(lines)
+    sections = []
+    for key in keys:
+        cells = [[method, *("failed" if results[c][method].get(key) is None else f"{100 * results[c][method][key]:.2f}%"
+                            for c in columns)] for method in methods]
+        sections.append(f"final {key} (best lr of each grid by {keys[0]})\n\n{markdown(['method', *columns], cells)}")
+    table = "\n\n".join(sections)
     title = preset.get("title", Path(args.preset).stem)
-    (out / "table.md").write_text(f"{title}\n\nfinal test accuracy (best lr of each grid)\n\n{table}\n")
+    rounds = "\n\n".join(f"{column}: {keys[0]} at every evaluated round\n\n{per_round(results, column, keys[0])}"
+                          for column in columns)
+    (out / "table.md").write_text(f"{title}\n\n{table}\n\n{rounds}\n")
     (out / "results.json").write_text(json.dumps(results, indent=1))
     for column in columns:
         best = {m: read_metrics(Path(e["folder"]) / "metrics.jsonl") for m, e in results[column].items() if "folder" in e}

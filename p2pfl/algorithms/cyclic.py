@@ -2,8 +2,9 @@
 
 Phase 1, for --cyclic-rounds rounds: the server samples --cyclic-fraction of the clients uniformly
 without replacement, in a random order, and the one model travels server -> client 1 -> server ->
-client 2 ... (Algorithm 1; both hops of every visit are messages), each client taking --cyclic-steps
-SGD steps from what it received. Nothing is averaged; the last client's model starts the next round.
+client 2 ... (Algorithm 1; both hops of every visit are messages), each client taking at most
+--cyclic-steps SGD steps (and at most one epoch, unless --cyclic-step-policy exact) from what it
+received. Nothing is averaged; the last client's model starts the next round.
 Phase 2 runs --then (FedAvg, FedProx, SCAFFOLD or MOON) from that model for the remaining rounds, so
 phase 1's rounds count towards --rounds, as in the paper's tables.
 """
@@ -33,9 +34,10 @@ class CyclicSettings(FedProxSettings, MoonSettings):  # the phase-2 algorithms' 
     cyclic_rounds: int = option(100, "phase 1's rounds of cyclic pre-training (they count towards --rounds)",
                                 positive)
     cyclic_fraction: float = option(0.25, "fraction of the clients visited in each phase-1 round", fraction)
-    cyclic_steps: int = option(20, "SGD steps of a client on each phase-1 visit", positive)
-    cyclic_step_policy: str = option("exact", "exact: always --cyclic-steps steps (cycling through the data); "
-                                     "one-epoch: at most one epoch", choices=("exact", "one-epoch"))
+    cyclic_steps: int = option(20, "the most SGD steps of a client on a phase-1 visit", positive)
+    cyclic_step_policy: str = option("one-epoch", "one-epoch: --cyclic-steps but at most one pass over the "
+                                     "client's data (the paper's 'maximum'); exact: always --cyclic-steps, "
+                                     "cycling through the data", choices=("one-epoch", "exact"))
 
 
 class Cyclic(ServerAlgorithm):
