@@ -131,18 +131,22 @@ class DisPFL(Algorithm):
         out = torch.zeros_like(ctx.flat)
         for p in ctx.peers:
             i = row[p]
-            total, count = ctx.flat[i].clone(), torch.zeros(ctx.flat.shape[1], device=ctx.device)
-            count[:width] += self.trained_mask[i]
-            count[width:] += 1
-            for j in sorted(graph.neighbors(p)):
-                got = inbox[p][j]
-                kept = unpack_mask(got.mask, width).to(ctx.device)
-                total[:width][kept] += got.values.to(ctx.device)
-                total[width:] += got.buffers.to(ctx.device)
-                count[:width] += kept
-                count[width:] += 1
-            out[i] = torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
+            group = [(ctx.flat[i], self.trained_mask[i])] + [self.decode(inbox[p][j]) for j in sorted(graph.neighbors(p))]
+            weights = torch.stack([w for w, _ in group])  # zero off each sender's mask
+            count = torch.stack([kept for _, kept in group]).sum(0)
+            total = weights[:, :width].sum(0)
+            out[i, :width] = torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
+            out[i, width:] = weights[:, width:].mean(0)
         return out
+
+    def decode(self, message: SparseWeights) -> tuple[torch.Tensor, torch.Tensor]:
+        """A neighbour's dense weights (zero off its mask) and its mask."""
+        ctx, width = self.ctx, self.width
+        kept = unpack_mask(message.mask, width).to(ctx.device)
+        dense = torch.zeros(ctx.flat.shape[1], device=ctx.device)
+        dense[:width][kept] = message.values.to(ctx.device)
+        dense[width:] = message.buffers.to(ctx.device)
+        return dense, kept
 
     def next_masks(self, round_index: int) -> torch.Tensor:
         """Prune and regrow each peer's mask, layer by layer, keeping every layer's count."""
@@ -150,19 +154,20 @@ class DisPFL(Algorithm):
         drop = self.settings.dispfl_anneal / 2 * (1 + math.cos(math.pi * round_index / ctx.cfg.rounds))
         score = self.regrow_scores(round_index)
         new = self.mask.clone()
-        for i in range(len(ctx.peers)):
-            for slot in self.slots:
-                part = slice(slot.offset, slot.offset + slot.numel)
-                kept = self.mask[i, part]
-                n = min(math.ceil(drop * int(kept.sum())), int((~kept).sum()))
-                if n == 0:
-                    continue
-                magnitude = torch.where(kept, ctx.flat[i, part].abs(), torch.full_like(ctx.flat[i, part], math.inf))
-                pruned = torch.sort(magnitude, stable=True).indices[:n]
-                grow = torch.where(~kept, score[i, part], torch.full_like(score[i, part], -math.inf))
-                grown = torch.sort(grow, descending=True, stable=True).indices[:n]
-                new[i, slot.offset + pruned] = False
-                new[i, slot.offset + grown] = True
+        for slot in self.slots:  # every peer keeps the same count of a layer, so n is the same for all
+            part = slice(slot.offset, slot.offset + slot.numel)
+            kept, weights = self.mask[:, part], ctx.flat[:, part]
+            held = int(kept[0].sum()) if len(kept) else 0
+            n = min(math.ceil(drop * held), slot.numel - held)
+            if n == 0:
+                continue
+            magnitude = torch.where(kept, weights.abs(), torch.full_like(weights, math.inf))
+            pruned = torch.sort(magnitude, dim=1, stable=True).indices[:, :n]
+            grow = torch.where(~kept, score[:, part], torch.full_like(weights, -math.inf))
+            grown = torch.sort(grow, dim=1, descending=True, stable=True).indices[:, :n]
+            layer = new[:, part]
+            layer.scatter_(1, pruned, False)
+            layer.scatter_(1, grown, True)
         return new
 
     def regrow_scores(self, round_index: int) -> torch.Tensor:
