@@ -94,8 +94,8 @@ def test_every_preset_is_a_valid_config():
 
 
 def test_every_run_of_every_experiment_parses(tmp_path):
-    """launch/experiments/*.toml feed launch.table (TCT) or launch.fedavg_ft: every run they would start
-    must be a valid command line (data files are not needed to parse)."""
+    """launch/experiments/*.toml feed launch.table or launch.fedavg_ft: every run they would start must
+    be a valid command line (data files are not needed to parse) of the algorithm its method names."""
     import tomllib
     from pathlib import Path
 
@@ -103,7 +103,7 @@ def test_every_run_of_every_experiment_parses(tmp_path):
     from p2pfl.config import parse_config
 
     experiments = sorted(Path(__file__).resolve().parents[1].glob("launch/experiments/*.toml"))
-    assert len(experiments) >= 7
+    assert len(experiments) >= 11
     for path in experiments:
         preset = tomllib.loads(path.read_text())
         runs = (fedavg_ft.runs_of(preset, tmp_path) if "baseline" in preset
@@ -111,7 +111,8 @@ def test_every_run_of_every_experiment_parses(tmp_path):
         assert len(runs) >= 2, path
         for run in runs:
             cfg = parse_config(run["argv"][3:])
-            assert cfg.algo in ("tct", "fedavg", "fedprox", "scaffold", "fedavg-ft"), path
+            named = preset.get(run.get("method"), {}).get("algo", cfg.algo)
+            assert cfg.algo == named, path
 
 
 def test_ntk_dfl_run_folder_and_phases(tmp_path):
