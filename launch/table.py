@@ -78,8 +78,8 @@ def execute(run: dict) -> int:
     run["folder"].parent.mkdir(parents=True, exist_ok=True)
     log = run["folder"].parent / f"{run['folder'].name}.log"
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    with log.open("w") as fh:
-        code = subprocess.run(run["argv"], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+    with log.open("w") as fh:  # an unfinished run's folder is run again from the start
+        code = subprocess.run([*run["argv"], "--overwrite"], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
     print(f"{'done' if code == 0 else f'FAILED ({code}), see ' + str(log)}: {run['folder']}", flush=True)
     return code
 

@@ -49,6 +49,7 @@ class RunConfig:
     test_samples: int | None = None  # None: the whole test set
     seed: int = 0
     out: str | None = None
+    overwrite: bool = False  # let a run write into a non-empty --out
     device: str = "auto"
     init: str = "same"
     model: str | None = None  # None: the dataset's default model (mlp for (Fashion-)MNIST)
@@ -127,7 +128,9 @@ def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
                    "(default all; for partitions that use the whole set, such as niid-bench classes)")
     p.add_argument("--test-samples", type=int, help="evaluate on the first N test samples (default all)")
     p.add_argument("--seed", type=int, help="seed of every random choice (default 0)")
-    p.add_argument("--out", help="run folder (default runs/<algo>-<time>)")
+    p.add_argument("--out", help="run folder (default runs/<algo>-<time>); refused if it already holds files")
+    p.add_argument("--overwrite", action="store_true", help="write into a non-empty --out, replacing the run "
+                   "files there")
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N (auto: GPU by local rank, else CPU)")
     p.add_argument("--init", help="same (one initial model for all peers) or different (per-peer init)")
     p.add_argument("--model", help=f"one of: {', '.join(MODELS)} (default: the dataset's; mlp for (Fashion-)MNIST)")
@@ -305,6 +308,19 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"unknown device {cfg.device!r}; use auto, cpu, cuda or cuda:N")
     if cfg.peers is not None:
         check_peers(cfg, cfg.peers)
+    check_out(cfg)
+
+
+def check_out(cfg: RunConfig) -> None:
+    """A run folder is never clobbered by accident: --out must be new, empty, or given with --overwrite."""
+    if cfg.out is None:
+        return
+    path = Path(cfg.out)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--out {cfg.out} is a file, not a folder")
+    if path.is_dir() and any(path.iterdir()) and not cfg.overwrite:
+        raise UserError(f"--out {cfg.out} already holds files (a finished run?); choose a new folder or add "
+                        f"--overwrite")
 
 
 def check_peers(cfg: RunConfig, peers: int) -> None:
@@ -341,9 +357,9 @@ def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
 
 
 def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
-    """Every setting as resolved, the algorithm's own included; not `out`, so that --config on a run's
-    config.toml never writes into that run's folder."""
-    out = {k: v for k, v in cfg.to_dict().items() if v is not None and k != "out"}
+    """Every setting as resolved, the algorithm's own included; not `out` (nor `overwrite`), so that
+    --config on a run's config.toml never writes into that run's folder."""
+    out = {k: v for k, v in cfg.to_dict().items() if v is not None and k not in ("out", "overwrite")}
     out.update(dataclasses.asdict(cfg.settings))
     return out
 

@@ -57,6 +57,7 @@ def make_run_dir(cfg: RunConfig) -> Path:
             path = path.with_name(f"{path.name.split('~')[0]}~{suffix}")
             suffix += 1
     path.mkdir(parents=True, exist_ok=True)
+    (path / "edges.jsonl").unlink(missing_ok=True)  # appended to round by round: a replaced run's must go
     return path
 
 
@@ -127,6 +128,7 @@ def run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
     ctx, algorithm = build(cfg, rank, size, local_rank)
     if ctx.stack.convolutional and ctx.device.type == "cpu":
         torch.set_num_threads(1)  # CPU conv kernels round differently with their thread count: one per rank
+    ctx.transport.barrier()  # every rank has checked --out before rank 0 makes the folder
     run_dir = ctx.transport.bcast(make_run_dir(cfg) if rank == 0 else None)
     notes = algorithm.notes()
     if rank == 0:

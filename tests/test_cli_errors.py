@@ -77,3 +77,23 @@ def test_subprocess_prints_no_traceback():
     result = run_cli("--topology", "regular", "--kappa", "3", "--peers", "5")
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+
+
+def test_an_existing_run_folder_is_never_clobbered(tmp_path, capsys):
+    """A second run into a finished run's folder is refused before any work; --overwrite replaces it;
+    config.toml carries neither out nor overwrite, so --config on it starts a new folder."""
+    run = tmp_path / "run"
+    args = ["--dataset", "synthetic", "--peers", "4", "--kappa", "2", "--rounds", "1", "--local-epochs", "1",
+            "--no-progress", "--out", str(run)]
+    assert main(args) == 0
+    before = (run / "metrics.jsonl").read_text()
+    assert main([*args, "--seed", "3"]) == 2
+    assert "already holds files" in capsys.readouterr().err
+    assert (run / "metrics.jsonl").read_text() == before
+    (tmp_path / "file").write_text("x")
+    assert main([*args[:-1], str(tmp_path / "file")]) == 2
+    assert "is a file" in capsys.readouterr().err
+    assert main([*args, "--seed", "3", "--overwrite"]) == 0
+    assert (run / "metrics.jsonl").read_text() != before
+    keys = [line.split(" = ")[0] for line in (run / "config.toml").read_text().splitlines() if " = " in line]
+    assert "seed" in keys and "out" not in keys and "overwrite" not in keys
