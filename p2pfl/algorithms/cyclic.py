@@ -68,9 +68,9 @@ class Cyclic(ServerAlgorithm):
 
     def notes(self) -> list[str]:
         s = self.settings
+        steps = f"{s.cyclic_steps}" if s.cyclic_step_policy == "exact" else f"min({s.cyclic_steps}, one epoch)"
         return [f"phase 1 (rounds 1-{s.cyclic_rounds}): {self.visits()} of {self.ctx.cfg.peers} clients in turn, "
-                f"{s.cyclic_steps} steps each ({s.cyclic_step_policy}); phase 2: {s.then}, "
-                f"{self.per_round} clients per round"]
+                f"{steps} steps each; phase 2: {s.then}, {self.per_round} clients per round"]
 
     def phase(self, round_index: int) -> str:
         return "cyclic" if round_index < self.settings.cyclic_rounds else self.settings.then
