@@ -11,13 +11,16 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
-def _finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+def finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str, per_round: bool = True) -> None:
+    """Labels, grid and legend, then save and close. per_round: integer x ticks and the legend at the
+    lower right; else (log axes) minor grid lines too and the legend where it fits."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    if per_round:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3, which="major" if per_round else "both")
+    ax.legend(loc="lower right" if per_round else "best")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -49,7 +52,7 @@ def plot_metric(rows: list[dict], task, run_dir: Path, title: str = "") -> Path:
     for switch in ("stage", "phase"):
         mark_switches(ax, every, switch)
     path = run_dir / PLOT_FILES.get(key, f"{key}.png")
-    _finish(fig, ax, path, "round", "test accuracy (%)" if key == "acc" else f"test {key}", title)
+    finish(fig, ax, path, "round", "test accuracy (%)" if key == "acc" else f"test {key}", title)
     return path
 
 
@@ -86,7 +89,7 @@ def plot_comparison(runs: dict[str, list[dict]], path: Path, key: str = "test_ac
         ax.plot([r["round"] for r in rows], [100 * r[key] for r in rows], label=label)
     if target is not None:
         ax.axhline(100 * target, color="grey", ls="--", lw=0.8)
-    _finish(fig, ax, path, "round", f"{key} (%)", title)
+    finish(fig, ax, path, "round", f"{key} (%)", title)
 
 
 def plot_final_averaging(result: dict, path: Path) -> None:
@@ -103,4 +106,4 @@ def plot_final_averaging(result: dict, path: Path) -> None:
               color="grey")
     hist.set_ylabel("")
     hist.set_yticks([])
-    _finish(fig, ax, path, "peers averaged", "test accuracy (%)", "final model averaging")
+    finish(fig, ax, path, "peers averaged", "test accuracy (%)", "final model averaging")

@@ -12,16 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-
-def _save(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+from analysis.plots import finish  # noqa: E402
 
 
 def plot_per_round(runs: dict[str, list[dict]], key: str, path: Path, ylabel: str, title: str) -> None:
@@ -30,7 +21,7 @@ def plot_per_round(runs: dict[str, list[dict]], key: str, path: Path, ylabel: st
     for label, rows in runs.items():
         ax.plot([r["round"] for r in rows], [r[key] for r in rows], label=label)
     ax.set_yscale("log")
-    _save(fig, ax, path, "round", ylabel, title)
+    finish(fig, ax, path, "round", ylabel, title, per_round=False)
 
 
 def plot_fine_tuning(runs: dict[str, dict], path: Path, metric: str) -> None:
@@ -48,7 +39,8 @@ def plot_fine_tuning(runs: dict[str, dict], path: Path, metric: str) -> None:
     if metric != "accuracy":
         ax.set_yscale("log")
     ylabel = "new clients' test accuracy (%)" if metric == "accuracy" else "fine-tuning error ||Bw - B*w*||^2"
-    _save(fig, ax, path, "samples n of the new client", ylabel, f"after fine-tuning: {metric} against n")
+    finish(fig, ax, path, "samples n of the new client", ylabel, f"after fine-tuning: {metric} against n",
+           per_round=False)
 
 
 def plot_linear_run(runs: dict[str, tuple[list[dict], dict]], out: Path) -> None:

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from analysis.representation import plot_fine_tuning, plot_linear_run, plot_similarity  # noqa: E402
 from launch.table import execute, flags  # noqa: E402
+from p2pfl.metrics import read_metrics  # noqa: E402
 
 
 def cell(entry: dict, scale: float = 1, fmt: str = ".4g") -> str:
@@ -34,10 +35,12 @@ def cell(entry: dict, scale: float = 1, fmt: str = ".4g") -> str:
     return text + (f" ({entry['diverged']} diverged)" if entry.get("diverged") else "")
 
 
-def below(a: dict, b: dict) -> bool:
-    """a's mean beats (is below) b's, a diverged run counting as the worst."""
-    return a["mean"] is not None and (b["mean"] is None or a["mean"] < b["mean"])
-from p2pfl.metrics import read_metrics  # noqa: E402
+def beats(a: dict, b: dict, lower_is_better: bool) -> bool:
+    """a's mean beats b's (is below it for errors, above it for accuracies), a diverged run counting as
+    the worst."""
+    if a["mean"] is None:
+        return False
+    return b["mean"] is None or (a["mean"] < b["mean"] if lower_is_better else a["mean"] > b["mean"])
 
 
 def runs_of(preset: dict, out: Path) -> list[dict]:
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{labels['baseline']} dist(B_T, B*) = {finals['baseline']['final_rep_dist']:.3g} > 0.9":
                   finals["baseline"]["final_rep_dist"] > 0.9,
                   "fine-tuning error of FedAvg below the baseline's at every n":
-                  all(below(fa[n], base[n]) for n in fa)}
+                  all(beats(fa[n], base[n], lower_is_better=True) for n in fa)}
     else:
         for m in methods:
             plot_similarity(np.array(finals[m]["feature_similarity"]), out / f"feature_similarity_{m}.png",
@@ -89,8 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += [f"| {n} | " + " | ".join(cell(finals[m]["fine_tuning"][n], 100, ".2f") for m in methods) + " |"
                   for n in fa]
         checks = {"fine-tuned accuracy of FedAvg above the baseline's at every n":
-                  all(fa[n]["mean"] is not None and (base[n]["mean"] is None or fa[n]["mean"] > base[n]["mean"])
-                      for n in fa)} if fa else {}
+                  all(beats(fa[n], base[n], lower_is_better=False) for n in fa)} if fa else {}
         for m in methods:
             sim = np.array(finals[m]["feature_similarity"])
             off = sim[~np.eye(len(sim), dtype=bool)]

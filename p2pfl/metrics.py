@@ -33,12 +33,12 @@ def aggregate(weights: torch.Tensor, counts: list[int], kind: str) -> torch.Tens
     return (w[:, None] * weights).sum(0) / w.sum()
 
 
-def run_model(ctx, weights: torch.Tensor, algorithm=None) -> torch.Tensor:
+def run_model(ctx, weights: torch.Tensor, algorithm) -> torch.Tensor:
     """The model a run reports: a star's server model, else the algorithm's own aggregate of all peers'
     weights where it has one, else their --aggregate average."""
     if ctx.global_weights is not None:
         return ctx.global_weights
-    own = algorithm.aggregate_model(weights.to(ctx.device)) if algorithm is not None else None
+    own = algorithm.aggregate_model(weights.to(ctx.device))
     if own is not None:
         return own
     return aggregate(weights.to(ctx.device), ctx.sample_counts, ctx.cfg.aggregate)
@@ -76,9 +76,9 @@ def check_finite(ctx, round_index: int) -> None:
 
 
 class MetricsLog:
-    def __init__(self, ctx, run_dir: Path | None, algorithm=None):
+    def __init__(self, ctx, run_dir: Path | None, algorithm):
         self.ctx = ctx
-        self.algorithm = algorithm  # its row_fields and test_scores hooks, where it has them
+        self.algorithm = algorithm  # its row_fields, test_scores and aggregate_model hooks
         self.path = run_dir / "metrics.jsonl" if run_dir is not None else None
         test_n = ctx.cfg.test_samples or len(ctx.data.test_y)
         self.test_x, self.test_y = ctx.data.test_x[:test_n], ctx.data.test_y[:test_n]
@@ -116,7 +116,7 @@ class MetricsLog:
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
         gathered = ctx.transport.gather((sent, dense, rss))
         train = ctx.transport.gather_rows(train_losses[:, None].double()) if train_losses is not None else None
-        custom = self.algorithm.test_scores(self.test_x, self.test_y) if evaluate_now and self.algorithm else None
+        custom = self.algorithm.test_scores(self.test_x, self.test_y) if evaluate_now else None
         weights, clients = self.evaluate_all() if evaluate_now and custom is None else (None, None)
         if ctx.transport.rank != 0:
             return None
@@ -126,7 +126,7 @@ class MetricsLog:
             for k, v in s.items():
                 phases[k] = phases.get(k, 0) + v
             dense_total += sum(d.values())
-        row: dict = {"round": round_index + 1, **(self.algorithm.row_fields(round_index) if self.algorithm else {})}
+        row: dict = {"round": round_index + 1, **self.algorithm.row_fields(round_index)}
         aggregated: dict = {}
         if custom is not None:
             aggregated, clients = custom

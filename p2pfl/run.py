@@ -96,6 +96,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
 def write_run_header(ctx, run_dir: Path, notes: list[str]) -> None:
     from analysis.plots import plot_partition
     from p2pfl.algorithms import REGISTRY
+    from p2pfl.algorithms.server import clients_per_round
     from p2pfl.data import summary
     from p2pfl.models import count_parameters
     from topologies.drawing import draw_graph
@@ -109,8 +110,8 @@ def write_run_header(ctx, run_dir: Path, notes: list[str]) -> None:
     if "classes" in parts[0]:
         plot_partition(parts, run_dir / "partition.png")
     if REGISTRY[cfg.algo].centralized:
-        sampled = getattr(cfg.settings, "clients_per_round", 0) or cfg.peers
-        title = f"star: the server (node {cfg.peers}) and {cfg.peers} clients, {sampled} sampled each round"
+        title = (f"star: the server (node {cfg.peers}) and {cfg.peers} clients, {clients_per_round(cfg)} sampled "
+                 f"each round")
     else:
         title = (f"{cfg.topology} ({'static' if cfg.static else 'round 1 of a new graph each round'}), "
                  f"{cfg.peers} peers")

@@ -100,9 +100,8 @@ class DisPFL(Algorithm):
 
     def round(self, round_index: int) -> torch.Tensor:
         ctx = self.ctx
-        personal = self.aggregate(round_index) * torch.cat(
-            [self.mask, torch.ones(len(ctx.peers), ctx.flat.shape[1] - self.width, dtype=torch.bool,
-                                   device=ctx.device)], 1)
+        personal = self.aggregate(round_index)
+        personal[:, : self.width] *= self.mask
         self.trained_mask = self.mask.clone()
         opt = ctx.sgd()
         opt.clip = self.settings.dispfl_clip
@@ -119,12 +118,11 @@ class DisPFL(Algorithm):
         ctx, width = self.ctx, self.width
         graph = ctx.schedule.graph(round_index)
         row = {p: i for i, p in enumerate(ctx.peers)}
-        messages = []
+        messages, dense = [], ctx.flat.shape[1] * ctx.flat.element_size()
         for p in ctx.peers:
             i = row[p]
             payload = SparseWeights(ctx.flat[i, :width][self.trained_mask[i]], pack_mask(self.trained_mask[i]),
                                     ctx.flat[i, width:])
-            dense = ctx.flat.shape[1] * ctx.flat.element_size()
             messages += [Message(p, j, payload, dense) for j in graph.neighbors(p)]
         expect = [(j, p) for p in ctx.peers for j in graph.neighbors(p)]
         inbox = ctx.transport.exchange("average", round_index, messages, expect, SparseWeights)

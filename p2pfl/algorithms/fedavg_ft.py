@@ -75,11 +75,15 @@ def sample_gradient(X: torch.Tensor, y: torch.Tensor, beta: torch.Tensor) -> tor
     return (X * residuals(X, y, beta)[:, None]).sum(0) / len(y)
 
 
-def linear_gd(B: torch.Tensor, w: torch.Tensor, residual_gradient, lr: float, steps: int):
+def linear_gd(B: torch.Tensor, w: torch.Tensor, residual_gradient, lr: float, steps: int,
+              first: torch.Tensor | None = None):
     """Simultaneous gradient steps on (B, w) of rows of peers, B (L, d, k), w (L, k): with g the gradient
-    of the loss in beta = B w, grad_B = g w^T and grad_w = B^T g, both at the same iterate."""
-    for _ in range(steps):
-        g = residual_gradient(B, w)
+    of the loss in beta = B w, grad_B = g w^T and grad_w = B^T g, both at the same iterate. `first` is
+    g at the start, where the caller has it already."""
+    g = residual_gradient(B, w) if first is None else first
+    for step in range(steps):
+        if step:
+            g = residual_gradient(B, w)
         B, w = B - lr * g[:, :, None] * w[:, None, :], w - lr * torch.einsum("ldk,ld->lk", B, g)
     return B, w
 
@@ -127,7 +131,7 @@ class FedAvgFT(FedAvg):
         views = ctx.stack.layout.views(start)
         grad = self.residual_gradient(clients)
         g0 = grad(views["B"], views["w"])
-        B, w = linear_gd(views["B"], views["w"], grad, ctx.lr(round_index), self.settings.local_steps or 1)
+        B, w = linear_gd(views["B"], views["w"], grad, ctx.lr(round_index), self.settings.local_steps or 1, g0)
         trained = torch.cat([B.reshape(len(clients), -1), w], 1)
         for i, c in enumerate(clients):
             ctx.flat[self.row[c]] = trained[i]

@@ -23,6 +23,12 @@ class ServerOptions:
                                     non_negative)
 
 
+def clients_per_round(cfg) -> int:
+    """How many clients the server samples a round: --clients-per-round, all of them where it is 0 or
+    the algorithm has no such setting."""
+    return getattr(cfg.settings, "clients_per_round", 0) or cfg.peers
+
+
 class ServerAlgorithm(Algorithm):
     centralized = True
     trains_locally = True  # clients run SGD, so a round reports their training losses
@@ -33,7 +39,7 @@ class ServerAlgorithm(Algorithm):
         super().__init__(ctx)
         self.server = ctx.cfg.peers
         self.is_server = self.server in ctx.transport.local_nodes
-        self.per_round = getattr(self.settings, "clients_per_round", 0) or ctx.cfg.peers  # 0 or absent: all
+        self.per_round = clients_per_round(ctx.cfg)
         self.row = {p: i for i, p in enumerate(ctx.peers)}
         if self.is_server:
             ctx.global_weights = initial_parameters(ctx.stack.model, [self.server], ctx.cfg.seed, "same",

@@ -51,6 +51,20 @@ class Standardisation(Payload):
     inv_sd: torch.Tensor  # (p,)
 
 
+def global_standardisation(moments: list[Moments]) -> Standardisation:
+    """Every coordinate's mean and 1/sd over all clients' samples (1 where the sd vanishes)."""
+    total, squares, count = (sum(getattr(m, f) for m in moments) for f in ("total", "squares", "count"))
+    mean = total / count
+    sd = (squares / count - mean * mean).clamp_min(0).sqrt()
+    inv_sd = torch.where(sd > 1e-8, 1 / sd.clamp_min(1e-8), torch.ones_like(sd))
+    return Standardisation(mean.float(), inv_sd.float())
+
+
+def no_standardisation(p: int, device) -> Standardisation:
+    """--no-tct-normalize: the features as they are."""
+    return Standardisation(torch.zeros(p, device=device), torch.ones(p, device=device))
+
+
 class StandardFeatures:
     """Z~ = [(Z - mean) * inv_sd, 1] (the 1 is the bias column), kept as the raw float16 Z: products
     are taken in float32 a block of rows at a time, standardised in place in one reused buffer, so Z~
@@ -212,23 +226,15 @@ class TCT(FedAvg):
                               phases)
         stats = None
         if self.is_server:
-            total = sum(got[c].total for c in clients)
-            squares = sum(got[c].squares for c in clients)
-            count = sum(got[c].count for c in clients)
-            mean = total / count
-            sd = (squares / count - mean * mean).clamp_min(0).sqrt()
-            inv_sd = torch.where(sd > 1e-8, 1 / sd.clamp_min(1e-8), torch.ones_like(sd))
-            stats = Standardisation(mean.float(), inv_sd.float())
-            if not s.tct_normalize:
-                stats = Standardisation(torch.zeros_like(stats.mean), torch.ones_like(stats.inv_sd))
+            stats = global_standardisation([got[c] for c in clients]) if s.tct_normalize else \
+                no_standardisation(len(got[clients[0]].total), ctx.device)
         if s.tct_normalize:  # one more download: the global statistics
             msgs = [Message(self.server, c, stats) for c in clients] if self.is_server else []
             inbox = ctx.transport.exchange("normalize", round_index, msgs, [(self.server, c) for c in raw],
                                            Standardisation)
             received = {c: inbox[c][self.server].to(ctx.device) for c in raw}
         else:
-            p = next(iter(raw.values())).shape[1] if raw else 0
-            identity = Standardisation(torch.zeros(p, device=ctx.device), torch.ones(p, device=ctx.device))
+            identity = no_standardisation(next(iter(raw.values())).shape[1] if raw else 0, ctx.device)
             received = {c: identity for c in raw}
         for c, z in raw.items():
             self.features[c] = StandardFeatures(z, received[c].mean, received[c].inv_sd)
