@@ -227,9 +227,15 @@ def sample_batch(shards: list[torch.Tensor], batch: int, seed: int, round_index:
 
 
 @torch.no_grad()
-def candidate_losses(stack: PeerStack, candidates: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The task's mean loss of each row of candidates (T, D) on the same samples: (T,)."""
+def candidate_losses(stack: PeerStack, candidates: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                     loss: str = "task") -> torch.Tensor:
+    """The mean loss of each row of candidates (T, D) on the same samples: (T,). loss 'task' is the
+    task's own loss; 'mse' is the halved squared error against one-hot labels, summed over classes
+    (NTK evolution with --ntk-loss mse selects by it, as the reference code does)."""
     outputs = stack.forward(candidates, x, shared_input=True)
+    if loss == "mse":
+        target = torch.nn.functional.one_hot(y, outputs.shape[-1]).to(outputs.dtype)
+        return 0.5 * ((outputs - target) ** 2).sum(-1).mean(-1)
     return stack.task.losses(outputs, y.expand(len(candidates), *y.shape)).mean(1)
 
 

@@ -31,9 +31,12 @@ from p2pfl.algorithms.settings import option
 from p2pfl.comm import Message, Weights
 from p2pfl.final_averaging import final_averaging
 from p2pfl.ntk.codec import JacobianMessage, tau_histogram
-from p2pfl.ntk.step import ntk_step
+from p2pfl.ntk.step import NTKProblem, ntk_steps
 from p2pfl.seeding import numpy_rng
 from p2pfl.training import candidate_losses
+
+
+EVOLVE_CHUNK = 8  # peers whose kernels are held at once: their evolutions share the cores
 
 
 @dataclass(frozen=True)
@@ -111,19 +114,27 @@ class NTKDFL(Algorithm):
                                        [(j, p) for p in ctx.peers for j in graph.neighbors(p)], JacobianMessage)
         new = ctx.flat.clone()
         losses = torch.zeros(len(ctx.peers), device=ctx.device)
-        for p in ctx.peers:
-            parts = [own[p] if j == p else self.codec.unpack(inbox[p][j]) for j in hood[p]]
-            jac = self.codec.cat([part[0] for part in parts])
-            f0 = torch.cat([part[1] for part in parts]).to(ctx.device)
-            labels = torch.cat([part[2] for part in parts]).to(ctx.device)
-            selection_x, selection_y = self.selection_data(p, hood[p], data)
-            result = ntk_step(jac, self.codec.shape, weights[row[p]], f0, labels, n_classes, eta, self.step_settings,
-                              lambda cands: candidate_losses(ctx.stack, cands, selection_x, selection_y))
-            new[row[p]] = result.weights
-            losses[row[p]] = result.losses.min()
-            self.taus_chosen.append(result.tau)
+        for chunk in range(0, len(ctx.peers), EVOLVE_CHUNK):
+            peers = ctx.peers[chunk:chunk + EVOLVE_CHUNK]
+            problems = [self.problem(p, hood[p], own, inbox, weights[row[p]], data) for p in peers]
+            results = ntk_steps(problems, self.codec.shape, n_classes, eta, self.step_settings)
+            for p, result in zip(peers, results):
+                new[row[p]] = result.weights
+                losses[row[p]] = result.losses.min()
+                self.taus_chosen.append(result.tau)
         ctx.flat = new
         return losses
+
+    def problem(self, peer, hood, own, inbox, w, data) -> NTKProblem:
+        """Peer's evolution over its neighbourhood: its own Jacobian and the ones it received, stacked."""
+        ctx = self.ctx
+        parts = [own[peer] if j == peer else self.codec.unpack(inbox[peer][j]) for j in hood]
+        jac = self.codec.cat([part[0] for part in parts])
+        f0 = torch.cat([part[1] for part in parts]).to(ctx.device)
+        labels = torch.cat([part[2] for part in parts]).to(ctx.device)
+        selection_x, selection_y = self.selection_data(peer, hood, data)
+        return NTKProblem(jac, w, f0, labels, lambda cands: candidate_losses(ctx.stack, cands, selection_x, selection_y,
+                                                                 self.settings.ntk_loss))
 
     def selection_data(self, peer, hood, data):
         members = [peer] if self.settings.ntk_selection == "own" else hood

@@ -108,7 +108,7 @@ class NTKFL(ServerAlgorithm):
             jac, f0, labels, index = jac.rows(order.to(f0.device)), f0[order], labels[order], index[order]
         x = ctx.data.train_x[index]
         result = ntk_step(jac, self.codec.shape, w, f0, labels, ctx.data.n_classes, ctx.lr(round_index),
-                          self.step_settings, lambda cands: candidate_losses(ctx.stack, cands, x, labels))
+                          self.step_settings, lambda cands: candidate_losses(ctx.stack, cands, x, labels, self.settings.ntk_loss))
         self.taus_chosen.append(result.tau)
         return result.weights
 

@@ -16,12 +16,14 @@ GB = 1024**3
 class NTKOptions:
     ntk_taus: tuple[int, ...] = option((100, 200, 300, 400, 500, 600, 700, 800),
                                        "candidate evolution steps t, comma-separated", positive_ints)
-    ntk_loss: str = option("ce", "kernel evolution: ce (ODE, reference code) or mse (closed form, paper eqs. 4-5)",
+    ntk_loss: str = option("ce", "kernel evolution: ce (ODE, as the reference code) or mse (the reference code's closed "
+                           "form: rate eta/(N C), right sums, t selected by squared error)",
                            choices=("ce", "mse"))
-    ntk_ode: str = option("deflated", "CE evolution: euler (unit steps = gradient descent on the linearized "
-                          "model), deflated (the same steps, faster: the kernel's top subspace every step, the "
-                          "rest extrapolated) or adaptive (accurate ODE solution, as the reference code's solver)",
-                          choices=("deflated", "euler", "adaptive"))
+    ntk_ode: str = option("split", "CE evolution: split (accurate ODE solution, as the reference code's solver; "
+                          "fast: Runge-Kutta with the kernel's stiff top subspace exact and the rest extrapolated), "
+                          "adaptive (ODE solver with error control; slower), euler (unit steps = gradient descent "
+                          "on the linearized model, not the ODE) or deflated (those Euler steps, faster)",
+                          choices=("split", "adaptive", "euler", "deflated"))
     ntk_selection: str = option("network", "pick t by: network (true loss on neighbourhood data), linearized "
                                 "(loss of the evolved outputs) or own (true loss on the peer's own data)",
                                 choices=("network", "linearized", "own"))

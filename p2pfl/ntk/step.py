@@ -4,6 +4,7 @@ NTK-DFL runs it at every peer over its neighbourhood; NTK-FL at the server over 
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -17,7 +18,7 @@ from p2pfl.ntk.evolution import evolve, linearized_loss
 class NTKSettings:
     loss: str = "ce"  # ce (ODE) or mse (closed form)
     taus: tuple[int, ...] = (100, 200, 300, 400, 500, 600, 700, 800)
-    ode: str = "deflated"
+    ode: str = "split"
     selection: str = "network"  # network | linearized | own
 
 
@@ -28,19 +29,49 @@ class StepResult:
     losses: torch.Tensor  # (T,) the selection loss of every candidate
 
 
-def ntk_step(jac, shape, w: torch.Tensor, f0: torch.Tensor, labels: torch.Tensor, n_classes: int, eta: float,
-             settings: NTKSettings, network_loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StepResult:
-    """Evolve from weights w (D,) with the stacked Jacobian jac taken at w, outputs f0 (N, C) and labels (N,).
-
+@dataclass
+class NTKProblem:
+    """One evolution: a stacked Jacobian taken at weights w (D,), outputs f0 (N, C) and labels (N,).
     network_loss maps candidate weights (T, D) to their true-network losses (T,); it is used for the
     'network' and 'own' selections (the caller decides on which samples)."""
-    Y = F.one_hot(labels, n_classes).to(f0.dtype)
-    H = jac.kernel(shape, w)
-    evo = evolve(settings.loss, H, f0, Y, eta, list(settings.taus), settings.ode)
-    candidates = w[None] - (eta / H.shape[0]) * jac.transpose_apply(shape, w, evo.residual_sums)
-    if settings.selection == "linearized":
-        losses = linearized_loss(settings.loss, evo, Y)
+
+    jac: object
+    w: torch.Tensor
+    f0: torch.Tensor
+    labels: torch.Tensor
+    network_loss: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+def ntk_steps(problems: list[NTKProblem], shape, n_classes: int, eta: float, settings: NTKSettings,
+              workers: int = 2) -> list[StepResult]:
+    """Kernel, evolution, candidate weights and selection of several problems. The evolutions (numpy
+    loops that release the GIL) run on `workers` threads, one problem each, so that both cores work; the
+    kernels and candidates are torch's, which already uses every core. Each problem's arithmetic is
+    the same whatever the threads, so the results are too."""
+    kernels = [p.jac.kernel(shape, p.w) for p in problems]
+    targets = [F.one_hot(p.labels, n_classes).to(p.f0.dtype) for p in problems]
+
+    def evolution(i):
+        return evolve(settings.loss, kernels[i], problems[i].f0, targets[i], eta, list(settings.taus), settings.ode)
+
+    if workers > 1 and len(problems) > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            evolutions = list(pool.map(evolution, range(len(problems))))
     else:
-        losses = network_loss(candidates)
-    best = int(torch.argmin(losses))  # first of equals, as the reference code
-    return StepResult(candidates[best], settings.taus[best], losses)
+        evolutions = [evolution(i) for i in range(len(problems))]
+    results = []
+    for p, H, Y, evo in zip(problems, kernels, targets, evolutions):
+        candidates = p.w[None] - evo.scale * p.jac.transpose_apply(shape, p.w, evo.residual_sums)
+        if settings.selection == "linearized":
+            losses = linearized_loss(settings.loss, evo, Y)
+        else:
+            losses = p.network_loss(candidates)
+        best = int(torch.argmin(losses))  # first of equals, as the reference code
+        results.append(StepResult(candidates[best], settings.taus[best], losses))
+    return results
+
+
+def ntk_step(jac, shape, w: torch.Tensor, f0: torch.Tensor, labels: torch.Tensor, n_classes: int, eta: float,
+             settings: NTKSettings, network_loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StepResult:
+    """One problem of ntk_steps: evolve from weights w with the stacked Jacobian jac taken at w."""
+    return ntk_steps([NTKProblem(jac, w, f0, labels, network_loss)], shape, n_classes, eta, settings)[0]
