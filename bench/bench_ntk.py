@@ -5,6 +5,8 @@
    round time from its metrics.jsonl (wall_s), peak memory the sum of the ranks' peak RSS.
 2. One peer's evolution step on the same neighbourhood, factored vs dense Jacobians (Jacobian, kernel,
    evolution, candidates, selection), and the largest difference between the weights they pick.
+3. The CE evolution methods on that neighbourhood against a tight ODE solution (float64 Runge-Kutta,
+   quarter steps): time per peer step and the largest relative error of a candidate's weight update.
 
 Usage: python bench/bench_ntk.py [--peers 300] [--rounds 1] [--ranks 2] [--skip-round] [--skip-dense]
 """
@@ -21,6 +23,7 @@ import torch
 
 from p2pfl.config import make_config, resolve
 from p2pfl.ntk import DenseJacobian, FactoredJacobian, MLPShape
+from p2pfl.ntk.evolution import evolve_ce, tight_ce_sums
 from p2pfl.ntk.step import ntk_step
 from p2pfl.run import build
 from p2pfl.training import candidate_losses
@@ -83,6 +86,35 @@ def factored_vs_dense(args) -> None:
           f"max weight difference {float((fac.weights - dense.weights).abs().max()):.1e}")
 
 
+def ode_methods(args) -> None:
+    cfg = resolve(make_config({"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1,
+                               "progress": False}), 1)
+    ctx, _ = build(cfg, 0, 1, 0)
+    graph = ctx.schedule.graph(0)
+    hood = sorted(list(graph.neighbors(0)) + [0])
+    index = torch.cat([ctx.shards[j] for j in hood])
+    x, y = ctx.data.train_x[index], ctx.data.train_y[index]
+    w, shape, taus, eta = ctx.flat[0], MLPShape.of(ctx.stack.model, ctx.stack.layout), list(cfg.settings.ntk_taus), 0.01
+    jac, f0 = FactoredJacobian.compute(shape, w, x)
+    H, Y = jac.kernel(shape, w), torch.nn.functional.one_hot(y, ctx.data.n_classes).float()
+
+    def update(sums):
+        return (eta / len(y)) * jac.transpose_apply(shape, w, sums.float()).double()
+
+    start = time.perf_counter()
+    truth = update(tight_ce_sums(H, f0, Y, eta, taus))
+    print(f"  tight reference: {time.perf_counter() - start:6.2f} s ({len(y)} samples, t = {taus[0]}..{taus[-1]})")
+    for method in ("split", "adaptive", "deflated", "euler"):
+        seconds = []
+        for _ in range(3):
+            start = time.perf_counter()
+            evo = evolve_ce(H, f0, Y, eta, taus, method)
+            seconds.append(time.perf_counter() - start)
+        error = float(((update(evo.residual_sums) - truth).norm(dim=1) / truth.norm(dim=1)).max())
+        print(f"  {method:9s} {1000 * min(seconds):6.0f} ms per peer step, weight update off by {error:.1e}"
+              f"{'  (default)' if method == cfg.settings.ntk_ode else ''}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--peers", type=int, default=300)
@@ -93,6 +125,8 @@ def main() -> None:
     args = p.parse_args()
     print(f"NTK-DFL step on one neighbourhood ({torch.get_num_threads()} threads)")
     factored_vs_dense(args)
+    print("CE evolution methods vs a tight ODE solution (one neighbourhood, lr 0.01)")
+    ode_methods(args)
     if not args.skip_round:
         print(f"NTK-DFL round: {args.peers} peers on {args.ranks} rank(s), kappa 5, Fashion-MNIST alpha 0.1, "
               "200 samples per peer")
