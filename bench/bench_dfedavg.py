@@ -1,4 +1,4 @@
-"""Seconds per DFedAvg round at 300 peers: the rank's peers as one vmap batch vs a per-peer loop.
+"""Seconds per DFedAvg round at 300 peers: the rank's peers trained together (batched products) vs a per-peer loop.
 
 Both are measured in this one run, on the same data and starting weights, so the ratio is fair on a
 shared, noisy machine. Usage: python bench/bench_dfedavg.py [--peers 300] [--epochs 20] [--repeats 1]
@@ -35,7 +35,7 @@ def main() -> None:
     print(f"DFedAvg, {args.peers} peers, kappa 5, alpha 0.1, batch 25, {args.epochs} local epochs, "
           f"{torch.get_num_threads()} threads")
     batched, w_batched = seconds_per_round(True, args)
-    print(f"  batched (vmap over peers): {batched:8.2f} s/round")
+    print(f"  batched (peers together):  {batched:8.2f} s/round")
     loop, w_loop = seconds_per_round(False, args)
     print(f"  per-peer loop:             {loop:8.2f} s/round")
     print(f"  speed-up batched vs loop:  {loop / batched:8.2f}x   "

@@ -7,6 +7,8 @@ buffers travel and are averaged with the weights, and are counted in bytes, but 
 """
 from __future__ import annotations
 
+import threading
+
 from dataclasses import dataclass
 
 import torch
@@ -72,6 +74,9 @@ class PeerStack:
         self.convolutional = any(isinstance(m, nn.Conv2d) for m in model.modules())
         self.batched = batched and not self.convolutional
         self.dropouts = {name: m for name, m in model.named_modules() if isinstance(m, PeerDropout)}
+        # a batched MLP trains through hand-written batched products (p2pfl.training._mlp_gradients)
+        self.mlp = _mlp_shape(model, self.layout) if self.batched else None
+        self._scratch: dict[tuple[str, int], torch.Tensor] = {}
         # batch norm couples the samples of a batch: padded rows must not enter its statistics
         self.couples_samples = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
@@ -98,6 +103,16 @@ class PeerStack:
         out = [call({k: v[i] for k, v in params.items()}, x if shared_input else x[i]) for i in range(rows)]
         return tuple(torch.stack(part) for part in zip(*out)) if features else torch.stack(out)
 
+    def scratch(self, name: str, size: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """A reusable tensor of this size: a step's large temporaries (tens of MB at 300 peers) would
+        otherwise be fresh memory every step, and the first touch of fresh pages costs more than the
+        arithmetic. Whoever asks owns its contents until its thread's next request of the same name."""
+        key = (name, threading.get_ident())  # threads training different blocks each have their own
+        held = self._scratch.get(key)
+        if held is None or held.shape != size or held.dtype != like.dtype or held.device != like.device:
+            held = self._scratch[key] = torch.empty(size, dtype=like.dtype, device=like.device)
+        return held
+
     def _with_features(self, params, x):
         """(outputs, the last Linear layer's input), taken by a hook inside the (vmapped) call."""
         last = [m for m in self.model.modules() if isinstance(m, nn.Linear)][-1]
@@ -118,6 +133,13 @@ class PeerStack:
                     for p in peers]
             out[f"{name}.noise"] = torch.stack(rows)
         return out
+
+
+def _mlp_shape(model: nn.Module, layout: ParamLayout):
+    from p2pfl.models.mlp import MLP
+    from p2pfl.ntk.jacobian import MLPShape
+
+    return MLPShape.of(model, layout) if isinstance(model, MLP) else None
 
 
 def reset_model(model: nn.Module, gen: torch.Generator) -> None:
