@@ -8,7 +8,7 @@
 3. The CE evolution methods on that neighbourhood against a tight ODE solution (float64 Runge-Kutta,
    quarter steps): time per peer step and the largest relative error of a candidate's weight update.
 
-Usage: python bench/bench_ntk.py [--peers 300] [--rounds 1] [--ranks 2] [--skip-round] [--skip-dense]
+Usage: python bench/bench_ntk.py [--peers 300] [--rounds 2] [--ranks 1,2] [--skip-round] [--skip-dense]
 """
 import argparse
 import json
@@ -29,12 +29,12 @@ from p2pfl.run import build
 from p2pfl.training import candidate_losses
 
 
-def round_seconds(args) -> None:
+def round_seconds(args, ranks: int) -> None:
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "p2pfl.run", "--algo", "ntk-dfl", "--peers", str(args.peers), "--kappa", "5",
                "--alpha", "0.1", "--rounds", str(args.rounds), "--out", out, "--no-progress"]
-        if args.ranks > 1:
-            cmd = [str(Path(sys.executable).parent / "mpirun"), "-n", str(args.ranks), "--oversubscribe", *cmd]
+        if ranks > 1:
+            cmd = [str(Path(sys.executable).parent / "mpirun"), "-n", str(ranks), "--oversubscribe", *cmd]
         start = time.perf_counter()
         subprocess.run(cmd, check=True, env=dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1",
                                                  OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
@@ -118,8 +118,8 @@ def ode_methods(args) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--peers", type=int, default=300)
-    p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--ranks", type=int, default=2, help="MPI ranks for the round (2: one per core here)")
+    p.add_argument("--rounds", type=int, default=2, help="rounds per timed run (round 1 includes warm-up)")
+    p.add_argument("--ranks", default="1,2", help="MPI rank counts to time the round with, comma-separated")
     p.add_argument("--skip-round", action="store_true")
     p.add_argument("--skip-dense", action="store_true")
     args = p.parse_args()
@@ -128,9 +128,10 @@ def main() -> None:
     print("CE evolution methods vs a tight ODE solution (one neighbourhood, lr 0.01)")
     ode_methods(args)
     if not args.skip_round:
-        print(f"NTK-DFL round: {args.peers} peers on {args.ranks} rank(s), kappa 5, Fashion-MNIST alpha 0.1, "
-              "200 samples per peer")
-        round_seconds(args)
+        for ranks in (int(r) for r in args.ranks.split(",")):
+            print(f"NTK-DFL round: {args.peers} peers on {ranks} rank(s), kappa 5, Fashion-MNIST alpha 0.1, "
+                  "200 samples per peer")
+            round_seconds(args, ranks)
 
 
 if __name__ == "__main__":
