@@ -118,12 +118,6 @@ def _mlp_gradients(stack, flat, x, y, mask, sgd_lr: float | None = None):
 
     With sgd_lr, the step itself is taken too (plain SGD: w -= lr * gradient), inside the products that
     make the gradients, and no gradient is returned: this saves writing and re-reading them."""
-    if len(flat) == 1:  # torch multiplies a batch of one matrix another way, which rounds differently
-        pair = flat.repeat(2, 1)
-        out, losses = _mlp_gradients(stack, pair, x.repeat(2, *[1] * (x.dim() - 1)), y.repeat(2, 1),
-                                     torch.cat([mask, torch.zeros_like(mask)]), sgd_lr)
-        flat.copy_(pair[:1])
-        return (None if out is None else out[:1]), losses[:1]
     shape = stack.mlp
     L, n_layers = len(flat), len(shape.dims)
     acts, gates, a = [], [], x.reshape(L, x.shape[1], -1)

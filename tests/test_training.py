@@ -49,3 +49,31 @@ def test_evaluate_matches_direct_forward():
             out = model(x)
         assert abs(float((out.argmax(1) == y).float().mean()) - float(acc[i])) < 1e-6
         assert abs(float(torch.nn.functional.cross_entropy(out, y)) - float(loss[i])) < 1e-5
+
+
+def test_plain_sgd_batched_equals_one_peer_at_a_time():
+    """The MLP fast path with SGD's step fused into the weight-gradient product (no momentum, no decay)."""
+    model, flat, shards, x, y = setup()
+    opt = SGDSettings(lr=0.1, batch_size=16, epochs=3)
+    a, b = flat.clone(), flat.clone()
+    la = train_epochs(PeerStack(model, batched=True), a, shards, [0, 1, 2, 3], x, y, opt, 0.1, 0, 0)
+    lb = train_epochs(PeerStack(model, batched=False), b, shards, [0, 1, 2, 3], x, y, opt, 0.1, 0, 0)
+    assert torch.allclose(a, b, atol=1e-6) and torch.allclose(la, lb, atol=1e-6)
+    assert not torch.allclose(a, flat)
+
+
+def test_a_peers_training_does_not_depend_on_what_shares_its_block(monkeypatch):
+    """Bit for bit, whatever the block size: what keeps metrics equal on any number of ranks."""
+    import p2pfl.training as training
+
+    model, flat, shards, x, y = setup(peers=7)
+    runs = []
+    for block, momentum in [(24, 0.0), (1, 0.0), (3, 0.0), (24, 0.9), (2, 0.9)]:
+        monkeypatch.setattr(training, "PEER_BLOCK", block)
+        w = flat.clone()
+        opt = SGDSettings(lr=0.1, batch_size=16, epochs=2, momentum=momentum)
+        losses = train_epochs(PeerStack(model), w, shards, list(range(7)), x, y, opt, 0.1, 0, 0)
+        runs.append((momentum, w, losses))
+    for momentum, w, losses in runs[1:]:
+        first = next(r for r in runs if r[0] == momentum)
+        assert torch.equal(w, first[1]) and torch.equal(losses, first[2])

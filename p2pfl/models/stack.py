@@ -76,7 +76,7 @@ class PeerStack:
         self.dropouts = {name: m for name, m in model.named_modules() if isinstance(m, PeerDropout)}
         # a batched MLP trains through hand-written batched products (p2pfl.training._mlp_gradients)
         self.mlp = _mlp_shape(model, self.layout) if self.batched else None
-        self._scratch: dict[tuple[str, int], torch.Tensor] = {}
+        self._scratch = threading.local()  # freed with its thread
         # batch norm couples the samples of a batch: padded rows must not enter its statistics
         self.couples_samples = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
@@ -107,10 +107,10 @@ class PeerStack:
         """A reusable tensor of this size: a step's large temporaries (tens of MB at 300 peers) would
         otherwise be fresh memory every step, and the first touch of fresh pages costs more than the
         arithmetic. Whoever asks owns its contents until its thread's next request of the same name."""
-        key = (name, threading.get_ident())  # threads training different blocks each have their own
-        held = self._scratch.get(key)
+        mine = self._scratch.__dict__  # per thread: threads training different blocks each have their own
+        held = mine.get(name)
         if held is None or held.shape != size or held.dtype != like.dtype or held.device != like.device:
-            held = self._scratch[key] = torch.empty(size, dtype=like.dtype, device=like.device)
+            held = mine[name] = torch.empty(size, dtype=like.dtype, device=like.device)
         return held
 
     def _with_features(self, params, x):
