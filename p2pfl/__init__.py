@@ -1,8 +1,9 @@
 """p2pfl: a decentralized peer-to-peer learning simulator on a graph."""
 import os
 
-# numpy's BLAS on one thread: NTK evolutions run one per thread on all cores (p2pfl.ntk.step), and a
-# single-threaded BLAS sums in the same order whatever else runs, so results do not depend on it.
+# numpy's BLAS on one thread, set before numpy starts it: its results depend on its thread count, and a
+# run must give the same numbers alone or under mpirun; NTK evolutions run one per thread instead
+# (p2pfl.ntk.step).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 __version__ = "0.1.0"

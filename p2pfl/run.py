@@ -9,12 +9,9 @@ import os
 
 
 def _threads_per_rank() -> None:
-    """Thread pools, set before numpy and torch start them. numpy's BLAS (the NTK evolution's loops)
-    always runs on one thread: its results depend on its thread count, and a run must give the same
-    numbers alone or under mpirun. Under mpirun, ranks on one machine share its cores, so OpenMP
-    (torch) gets each rank's share instead of all cores, which would make the pools spin against
-    each other."""
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    """Thread pools, set before torch starts them (numpy's BLAS is on one thread: p2pfl/__init__.py).
+    Under mpirun, ranks on one machine share its cores, so OpenMP (torch) gets each rank's share
+    instead of all cores, which would make the pools spin against each other."""
     local = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or os.environ.get("MPI_LOCALNRANKS")
     if local:
         share = str(max(1, (os.cpu_count() or 1) // int(local)))

@@ -42,12 +42,12 @@ class NTKProblem:
     network_loss: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
-def ntk_steps(problems: list[NTKProblem], shape, n_classes: int, eta: float, settings: NTKSettings,
-              workers: int = 2) -> list[StepResult]:
+def ntk_steps(problems: list[NTKProblem], shape, n_classes: int, eta: float, settings: NTKSettings) -> list[StepResult]:
     """Kernel, evolution, candidate weights and selection of several problems. The evolutions (numpy
-    loops that release the GIL) run on `workers` threads, one problem each, so that both cores work; the
-    kernels and candidates are torch's, which already uses every core. Each problem's arithmetic is
-    the same whatever the threads, so the results are too."""
+    loops that release the GIL) run on as many threads as torch has (the rank's share of the cores),
+    one problem each; the kernels and candidates are torch's, which uses those threads itself. Each
+    problem's arithmetic is the same whatever the threads, so the results are too."""
+    workers = torch.get_num_threads()
     kernels = [p.jac.kernel(shape, p.w) for p in problems]
     targets = [F.one_hot(p.labels, n_classes).to(p.f0.dtype) for p in problems]
 
