@@ -60,7 +60,7 @@ def ntk_steps(problems: list[NTKProblem], shape, n_classes: int, eta: float, set
     else:
         evolutions = [evolution(i) for i in range(len(problems))]
     results = []
-    for p, H, Y, evo in zip(problems, kernels, targets, evolutions):
+    for p, Y, evo in zip(problems, targets, evolutions):
         candidates = p.w[None] - evo.scale * p.jac.transpose_apply(shape, p.w, evo.residual_sums)
         if settings.selection == "linearized":
             losses = linearized_loss(settings.loss, evo, Y)
