@@ -69,18 +69,28 @@ def evolve_ce(H: torch.Tensor, f0: torch.Tensor, Y: torch.Tensor, eta: float, ta
 
 
 def _euler_sums(H: np.ndarray, Y: np.ndarray, rate: float, f: np.ndarray, taus: list[int]):
-    """Unit steps f_{s+1} = f_s - rate H (softmax(f_s) - Y), keeping only the running sum of the
-    gradients and the values at the candidate steps (no stored trajectory)."""
+    """Unit steps f_{s+1} = f_s - rate H (softmax(f_s) - Y)."""
+    def advance(s, grad, f):
+        f -= rate * (grad @ H)
+
+    return _left_sums(f, Y, taus, advance)
+
+
+def _left_sums(f: np.ndarray, Y: np.ndarray, taus: list[int], advance):
+    """The whole-step loop every CE method shares: advance(s, grad, f) moves f in place from step s to
+    s + 1, given grad = softmax(f_s) - Y. Keeps only the running sum of the gradients (the left Riemann
+    sums) and the values at the candidate steps, no stored trajectory."""
     wanted = {t: i for i, t in enumerate(taus)}
     sums = np.empty((len(taus),) + f.shape, dtype=f.dtype)
     outputs = np.empty_like(sums)
     running = np.zeros_like(f)
-    for s in range(1, max(taus) + 1):
+    f = f.copy()
+    for s in range(max(taus)):
         grad = _softmax_minus(f, Y)
         running += grad
-        f = f - rate * (grad @ H)
-        if s in wanted:
-            sums[wanted[s]], outputs[wanted[s]] = running, f
+        advance(s, grad, f)
+        if s + 1 in wanted:
+            sums[wanted[s + 1]], outputs[wanted[s + 1]] = running, f
     return sums, outputs
 
 
@@ -108,6 +118,14 @@ def top_subspace(H: np.ndarray, r: int, iterations: int = 6, seed: int = 0) -> n
 DEFLATE_RANK, DEFLATE_TOL, DEFLATE_WARMUP, DEFLATE_MAX_GAP = 16, 1e-4, 16, 32
 
 
+def _split_kernel(H: np.ndarray, rate: float, tol: float):
+    """H = V M V^T + H2 with V (N, 16) close to the top eigen-subspace (the stiff part) and M = V^T H V;
+    the remainder rate * H2 (scaled once, so the loops do no scaling) behind a _LazyRemainder."""
+    V = top_subspace(H, min(DEFLATE_RANK, H.shape[0]))
+    M = V.T @ H @ V
+    return V, M, _LazyRemainder(rate * (H - V @ M @ V.T), tol)
+
+
 def _deflated_euler_sums(H, Y, rate, f, taus):
     """The unit-step Euler trajectory at a fraction of the cost of applying H every step.
 
@@ -115,40 +133,15 @@ def _deflated_euler_sums(H, Y, rate, f, taus):
     exactly every step (cheap: rank 16), the remainder H2 P_s only every few steps and linearly
     extrapolated in between. The gap between exact products adapts so that the extrapolation error,
     as it moves the logits over a gap, stays under 1e-4; the first 16 steps are exact."""
-    r = min(DEFLATE_RANK, H.shape[0])
-    V = top_subspace(H, r)
-    VM = V @ (V.T @ H @ V)
-    H2 = rate * (H - VM @ V.T)  # scaled by the rate once, so the loop does no scaling
-    VMt = np.ascontiguousarray(rate * VM.T)
-    wanted = {t: i for i, t in enumerate(taus)}
-    sums = np.empty((len(taus),) + f.shape, dtype=f.dtype)
-    outputs = np.empty_like(sums)
-    running = np.zeros_like(f)
-    f = f.copy()
-    last_s, last_q, slope = 0, None, np.zeros_like(f)
-    gap, next_exact, q = 1, 0, None
-    for s in range(max(taus)):
-        grad = _softmax_minus(f, Y)
-        running += grad
-        if s == next_exact:
-            exact = grad @ H2
-            if last_q is not None:
-                if s > DEFLATE_WARMUP:
-                    miss = gap * float(np.abs(q + slope - exact).max())  # q + slope: extrapolated to s
-                    gap = max(1, gap // 2) if miss > DEFLATE_TOL else (
-                        min(DEFLATE_MAX_GAP, gap * 2) if miss < DEFLATE_TOL / 8 else gap)
-                elif s == DEFLATE_WARMUP:
-                    gap = 2
-                slope = (exact - last_q) / (s - last_s)
-            last_s, last_q, q = s, exact, exact.copy()
-            next_exact = s + gap
-        else:
-            q += slope
+    V, M, remainder = _split_kernel(H, rate, DEFLATE_TOL)
+    VMt = np.ascontiguousarray(rate * (V @ M).T)
+
+    def advance(s, grad, f):
+        remainder.update(s, grad)
         f -= (grad @ V) @ VMt
-        f -= q
-        if s + 1 in wanted:
-            sums[wanted[s + 1]], outputs[wanted[s + 1]] = running, f
-    return sums, outputs
+        f -= remainder.at(s)
+
+    return _left_sums(f, Y, taus, advance)
 
 
 class _LazyRemainder:
@@ -157,7 +150,7 @@ class _LazyRemainder:
     that the extrapolation, as it moves the logits over a gap, errs by less than tol; the first
     `warmup` steps are all exact."""
 
-    def __init__(self, H2: np.ndarray, tol: float, warmup: int = 16, max_gap: int = 32):
+    def __init__(self, H2: np.ndarray, tol: float, warmup: int = DEFLATE_WARMUP, max_gap: int = DEFLATE_MAX_GAP):
         self.H2, self.tol, self.warmup, self.max_gap = H2, tol, warmup, max_gap
         self.s, self.q, self.slope, self.gap, self.next = None, None, None, 1, 0
 
@@ -191,14 +184,11 @@ def _split_rk3_sums(H, Y, rate, f, taus):
     steps (shorter where the kernel's stiffest rate calls for it) and quarter of those during the first 16
     (the stiff top modes' transient). Measured against a tight reference solution on Fashion-MNIST
     neighbourhoods: within about 5e-5 in the weight update."""
-    r = min(DEFLATE_RANK, H.shape[0])
-    V = top_subspace(H, r)
-    ritz = np.linalg.eigvalsh(V.T @ H @ V)
-    if r < H.shape[0] and rate * float(ritz[0]) > SPLIT_SLOW:
+    V, M, remainder = _split_kernel(H, rate, SPLIT_TOL)
+    ritz = np.linalg.eigvalsh(M)
+    if V.shape[1] < H.shape[0] and rate * float(ritz[0]) > SPLIT_SLOW:
         return None  # the rest of the spectrum is not slow: the split does not pay, the caller falls back
-    VM = V @ (V.T @ H @ V)
-    remainder = _LazyRemainder(rate * (H - VM @ V.T), SPLIT_TOL)
-    top = np.ascontiguousarray(-rate * VM.T)
+    top = np.ascontiguousarray(-rate * (V @ M).T)
     stage, k1, k3 = np.empty_like(f), np.empty_like(f), np.empty_like(f)
     # steps per unit of time: one while the kernel's stiffest rate x = (eta/N) lambda_max is below
     # SPLIT_STIFF, more above; four times as many during the transient
@@ -213,14 +203,7 @@ def _split_rk3_sums(H, Y, rate, f, taus):
         out -= remainder.at(u)
         return out
 
-    wanted = {t: i for i, t in enumerate(taus)}
-    sums = np.empty((len(taus),) + f.shape, dtype=f.dtype)
-    outputs = np.empty_like(sums)
-    running = np.zeros_like(f)
-    f = f.copy()
-    for s in range(max(taus)):
-        grad = _softmax_minus(f, Y)
-        running += grad
+    def advance(s, grad, f):
         remainder.update(s, grad)
         n = warm_steps if s < DEFLATE_WARMUP else steps
         h = 1.0 / n
@@ -228,18 +211,17 @@ def _split_rk3_sums(H, Y, rate, f, taus):
             u = s + i * h
             slope(k1, f, u, grad if i == 0 else None)
             np.multiply(k1, h / 3, out=stage)
-            stage += f
+            np.add(stage, f, out=stage)
             slope(k3, stage, u + h / 3)  # k2, kept in k3's buffer
-            k3 *= 2 * h / 3
-            k3 += f
+            np.multiply(k3, 2 * h / 3, out=k3)
+            np.add(k3, f, out=k3)
             slope(k3, k3, u + 2 * h / 3)
-            k3 *= 3 * h / 4
+            np.multiply(k3, 3 * h / 4, out=k3)
             f += k3
-            k1 *= h / 4
+            np.multiply(k1, h / 4, out=k1)
             f += k1
-        if s + 1 in wanted:
-            sums[wanted[s + 1]], outputs[wanted[s + 1]] = running, f
-    return sums, outputs
+
+    return _left_sums(f, Y, taus, advance)
 
 
 RTOL, ATOL = 1e-5, 1e-6
