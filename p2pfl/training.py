@@ -93,7 +93,7 @@ def gradients(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Te
 
     With batch norm, padded rows would enter the batch statistics, so peers are forwarded in groups of
     equal batch length, each with its real rows only; rows without a batch are not forwarded at all."""
-    if stack.mlp is not None and stack.task.name == "classification" and noise is None and contrast is None:
+    if _hand_written(stack, noise, contrast):
         with one_torch_thread():
             return _mlp_gradients(stack, flat, x, y, mask)
     if not stack.couples_samples:
@@ -109,6 +109,11 @@ def gradients(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Te
                                               contrast.rows(rows) if contrast else None)
         flat[rows, stack.layout.trainable:] = sub[:, stack.layout.trainable:]  # the updated running statistics
     return grad, losses
+
+
+def _hand_written(stack: PeerStack, noise=None, contrast=None) -> bool:
+    """Whether a step takes _mlp_gradients: a batched MLP on a classification task, no extra loss term."""
+    return stack.mlp is not None and stack.task.name == "classification" and noise is None and contrast is None
 
 
 def _mlp_gradients(stack, flat, x, y, mask, sgd_lr: float | None = None):
@@ -134,7 +139,7 @@ def _mlp_gradients(stack, flat, x, y, mask, sgd_lr: float | None = None):
     delta = log_p.exp_()
     delta.scatter_add_(-1, y[..., None], torch.full_like(delta[..., :1], -1.0))
     delta.mul_((mask / count[:, None])[..., None])  # d(mean loss)/dz for each peer
-    out = None if sgd_lr else stack.scratch("mlp-gradients", (L, shape.dense_size()), flat)  # MLPs have no buffers
+    out = None if sgd_lr else torch.empty(L, shape.dense_size(), dtype=flat.dtype, device=flat.device)  # no buffers
     for i in range(n_layers - 1, -1, -1):
         below = torch.bmm(delta, weights[i]).mul_(gates[i - 1]) if i else None  # with the weights before the step
         if sgd_lr:
@@ -262,8 +267,8 @@ def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, ro
     last = torch.zeros(len(peers), device=flat.device)
     budget = torch.tensor([local_steps(len(s), opt) if len(s) else 0 for s in shards], device=flat.device)
     taken = torch.zeros_like(budget)
-    plain_mlp = (stack.mlp is not None and stack.task.name == "classification" and terms is None
-                 and not (opt.momentum or opt.weight_decay or opt.clip or opt.prox_mu or stack.dropouts))
+    plain_mlp = _hand_written(stack) and terms is None and not (opt.momentum or opt.weight_decay or opt.clip
+                                                                 or opt.prox_mu)
     epoch = 0
     while bool((taken < budget).any()):
         index, mask = epoch_batches(shards, opt.batch_size, seed, round_index, peers, epoch)
