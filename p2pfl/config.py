@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,12 +71,14 @@ class RunConfig:
     comm_timeout: float = 600.0
     progress: bool = True
     settings: Any = None  # the algorithm's own settings (an instance of its Settings dataclass)
+    given: frozenset = frozenset()  # the settings the user gave (flags or TOML), not defaults
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "settings"}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in NOT_SETTINGS}
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(RunConfig) if f.name != "settings"}
+NOT_SETTINGS = ("settings", "given")
+FIELDS = {f.name: f for f in dataclasses.fields(RunConfig) if f.name not in NOT_SETTINGS}
 
 
 def _parse_hidden(text: str) -> list[int]:
@@ -223,7 +226,7 @@ def make_config(values: dict[str, Any]) -> RunConfig:
         base["hidden"] = list(base["hidden"])
     cls = REGISTRY[algo]
     settings = build(cls.Settings, {k: v for k, v in values.items() if k in mine}, cls.setting_defaults)
-    cfg = RunConfig(**base, settings=settings)
+    cfg = RunConfig(**base, settings=settings, given=frozenset(values))
     validate(cfg)
     return cfg
 
@@ -306,21 +309,55 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"--comm-timeout must be positive, got {cfg.comm_timeout}")
     if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
         raise UserError(f"unknown device {cfg.device!r}; use auto, cpu, cuda or cuda:N")
+    if not 0 <= cfg.seed < 2**63:
+        raise UserError(f"--seed must be a whole number in [0, 2^63), got {cfg.seed}")
+    if cfg.labels != "fine" and canonical != "cifar100":
+        raise UserError(f"--labels {cfg.labels} applies to --dataset cifar100 only, not {canonical}")
+    check_data_dir(cfg, spec)
     if cfg.peers is not None:
         check_peers(cfg, cfg.peers)
     check_out(cfg)
+
+
+def check_data_dir(cfg: RunConfig, spec) -> None:
+    """--data-dir must be a folder, and only for datasets read from files."""
+    if cfg.data_dir is None:
+        return
+    if spec.generated:
+        raise UserError(f"--data-dir does not apply to --dataset {spec.name}, which is generated, not read from files")
+    if not Path(cfg.data_dir).is_dir():
+        raise UserError(f"--data-dir {cfg.data_dir} is not a folder")
 
 
 def check_out(cfg: RunConfig) -> None:
     """A run folder is never clobbered by accident: --out must be new, empty, or given with --overwrite."""
     if cfg.out is None:
         return
+    if not str(cfg.out).strip():
+        raise UserError("--out must name a folder, got an empty name")
     path = Path(cfg.out)
     if path.exists() and not path.is_dir():
         raise UserError(f"--out {cfg.out} is a file, not a folder")
     if path.is_dir() and any(path.iterdir()) and not cfg.overwrite:
         raise UserError(f"--out {cfg.out} already holds files (a finished run?); choose a new folder or add "
                         f"--overwrite")
+    _check_writable(path)
+
+
+def _check_writable(path: Path) -> None:
+    """The run folder can be made (or written into): tried with a throwaway folder in the nearest existing
+    ancestor, removed at once, so that a bad --out fails here and not after the data has loaded."""
+    import tempfile
+
+    target = path if path.is_dir() else path.parent
+    while not target.exists():
+        target = target.parent
+    if not target.is_dir():
+        raise UserError(f"--out {path} cannot be made: {target} is a file")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".p2pfl-write-test-", dir=target))
+    except OSError as exc:
+        raise UserError(f"--out {path} cannot be made in {target} ({exc.strerror or exc.__class__.__name__})")
 
 
 def check_peers(cfg: RunConfig, peers: int) -> None:
@@ -333,9 +370,41 @@ def check_peers(cfg: RunConfig, peers: int) -> None:
         raise UserError(f"--peers must be at least 1, got {peers}")
     if REGISTRY[cfg.algo].centralized:  # a star of the clients around the server always exists
         if getattr(cfg.settings, "clients_per_round", 0) > peers:
-            raise UserError(f"--clients-per-round {cfg.settings.clients_per_round} exceeds the {peers} clients")
+            if "clients_per_round" in cfg.given:
+                raise UserError(f"--clients-per-round {cfg.settings.clients_per_round} exceeds the {peers} clients")
+            cfg.settings = dataclasses.replace(cfg.settings, clients_per_round=peers)  # the default: at most all
         return
     check_graph(cfg.topology, peers, cfg.kappa)
+
+
+def check_data_fit(cfg: RunConfig, train_samples: int, test_samples: int) -> None:
+    """Options that must fit the data, checked once it is loaded and before anything is made of it."""
+    if cfg.peers > train_samples:
+        raise UserError(f"--peers {cfg.peers} exceeds the {train_samples:,} training samples of {cfg.dataset}: "
+                        "a peer needs at least one")
+    if cfg.test_samples is not None and cfg.test_samples > test_samples:
+        raise UserError(f"--test-samples {cfg.test_samples} exceeds the {test_samples:,} test samples of {cfg.dataset}")
+
+
+STACK_COPIES = 4  # a peer's weights, its update or gradient, an optimizer buffer and a received copy
+
+
+def check_model_memory(cfg: RunConfig, n_params: int, peers_here: int) -> None:
+    """Refuse a model that could not be held for the peers on this machine (float32, STACK_COPIES copies)
+    before it is allocated: a typo such as --hidden 100000000 ends in one line, not an allocator error."""
+    need = STACK_COPIES * 4 * n_params * max(1, peers_here)
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise UserError(f"--model {cfg.model} has {n_params:,} parameters; {peers_here} peers on this machine would "
+                        f"need about {need / 2**30:,.1f} GiB, more than its {have / 2**30:,.1f} GiB of memory")
+
+
+def check_shards(cfg: RunConfig, sizes: list[int]) -> None:
+    """A --batch-size no peer can fill is a mistake, not a request for full batches (defaults are exempt)."""
+    largest = max(sizes)
+    if "batch_size" in cfg.given and cfg.batch_size > largest:
+        raise UserError(f"--batch-size {cfg.batch_size} exceeds every peer's samples (the most any peer holds is "
+                        f"{largest}); use a batch of at most {largest}")
 
 
 def resolve(cfg: RunConfig, world_size: int) -> RunConfig:

@@ -8,13 +8,19 @@ from __future__ import annotations
 import os
 
 
+def _ranks_on_this_machine() -> int | None:
+    """How many ranks mpirun started on this machine (None without mpirun)."""
+    local = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or os.environ.get("MPI_LOCALNRANKS")
+    return int(local) if local else None
+
+
 def _threads_per_rank() -> None:
     """Thread pools, set before torch starts them (numpy's BLAS is on one thread: p2pfl/__init__.py).
     Under mpirun, ranks on one machine share its cores, so OpenMP (torch) gets each rank's share
     instead of all cores, which would make the pools spin against each other."""
-    local = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or os.environ.get("MPI_LOCALNRANKS")
+    local = _ranks_on_this_machine()
     if local:
-        share = str(max(1, (os.cpu_count() or 1) // int(local)))
+        share = str(max(1, (os.cpu_count() or 1) // local))
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(var, share)
 
@@ -63,7 +69,8 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     from p2pfl.algorithms import REGISTRY
     from p2pfl.algorithms.base import RunContext
     from p2pfl.data import DataRequest, load_dataset, partition
-    from p2pfl.models import PeerStack, build_model, initial_parameters
+    from p2pfl.config import check_data_fit, check_model_memory, check_shards
+    from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
     from p2pfl.tasks import TASKS
     from topologies import TopologySchedule
 
@@ -72,12 +79,17 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     data = load_dataset(cfg.dataset, DataRequest(cfg.data_dir, cfg.labels, cfg.peers, cfg.samples_per_peer, cfg.seed))
     if cfg.train_samples:
         data.keep_training_samples(cfg.train_samples, cfg.seed)
+    check_data_fit(cfg, len(data.train_y), len(data.test_y))
     cls.prepare_data(data, cfg)
+    transport = make_transport(cfg.peers, 1 if cls.centralized else 0, cfg.comm_timeout)
+    peers = transport.placement.peers_of(transport.rank)
+    with torch.device("meta"):  # counted before it is allocated
+        n_params = count_parameters(build_model(cfg.model, data.input_shape, data.n_classes, cfg))
+    check_model_memory(cfg, n_params, len(peers) * (_ranks_on_this_machine() or 1))
     shards = partition(data.train_y.numpy(), data.train_classes, cfg.peers, cfg.partition, per_peer=cfg.samples_per_peer,
                        alpha=cfg.alpha, classes=cfg.classes_per_peer, style=cfg.dirichlet_style,
                        classes_style=cfg.classes_style, groups=data.groups, seed=cfg.seed)
-    transport = make_transport(cfg.peers, 1 if cls.centralized else 0, cfg.comm_timeout)
-    peers = transport.placement.peers_of(transport.rank)
+    check_shards(cfg, [len(s) for s in shards])
     model = build_model(cfg.model, data.input_shape, data.n_classes, cfg)
     flat = initial_parameters(model, peers, cfg.seed, cfg.init, device)
     data.train_x, data.train_y = data.train_x.to(device), data.train_y.to(device)

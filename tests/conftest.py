@@ -15,7 +15,7 @@ os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 
 
 def write_idx(path: Path, array: np.ndarray, gz: bool = True) -> Path:
-    codes = {np.dtype(np.uint8): 0x08}
+    codes = {np.dtype(np.uint8): 0x08, np.dtype(np.int8): 0x09}
     header = bytes([0, 0, codes[array.dtype], array.ndim]) + struct.pack(">" + "I" * array.ndim, *array.shape)
     raw = header + array.tobytes()
     if gz:

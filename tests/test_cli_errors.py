@@ -34,13 +34,156 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("argv,needle", BAD, ids=[" ".join(a) for a, _ in BAD])
+# Hostile input as a new user would type it; {tmp} is a scratch folder holding the files of FILES.
+SYN = ["--dataset", "synthetic", "--rounds", "1", "--local-epochs", "1"]
+HOSTILE = [
+    # numbers that are not finite, not whole, or out of range
+    ([*SYN, "--kappa", "nan"], "--kappa takes a finite number"),
+    ([*SYN, "--kappa", "inf"], "--kappa takes a finite number"),
+    ([*SYN, "--lr", "nan"], "--lr takes a finite number"),
+    ([*SYN, "--lr", "inf"], "--lr takes a finite number"),
+    ([*SYN, "--lr", "1e400"], "--lr takes a finite number"),
+    ([*SYN, "--weight-decay", "nan"], "--weight-decay takes a finite number"),
+    ([*SYN, "--weight-decay", "-1"], "--weight-decay must be non-negative"),
+    ([*SYN, "--lr-decay", "nan"], "--lr-decay takes a finite number"),
+    ([*SYN, "--lr-decay", "-0.5"], "--lr-decay must be non-negative"),
+    ([*SYN, "--momentum", "nan"], "--momentum takes a finite number"),
+    ([*SYN, "--comm-timeout", "nan"], "--comm-timeout takes a finite number"),
+    ([*SYN, "--comm-timeout", "0"], "--comm-timeout must be positive"),
+    ([*SYN, "--alpha", "nan"], "--alpha takes a finite number"),
+    ([*SYN, "--seed", "-1"], "--seed must be a whole number"),
+    ([*SYN, "--seed", "99999999999999999999"], "--seed must be a whole number"),
+    ([*SYN, "--seed", "1.5"], "invalid int value"),
+    ([*SYN, "--rounds", "1e9"], "invalid int value"),
+    ([*SYN, "--peers=4=5"], "invalid int value"),
+    ([*SYN, "--batch-size", "0"], "--batch-size must be positive"),
+    ([*SYN, "--local-epochs", "0"], "--local-epochs must be positive"),
+    ([*SYN, "--eval-every", "0"], "--eval-every must be at least 1"),
+    ([*SYN, "--test-samples", "0"], "--test-samples must be at least 1"),
+    ([*SYN, "--train-samples", "0"], "--train-samples must be at least 1"),
+    ([*SYN, "--samples-per-peer", "-1"], "--samples-per-peer must be at least 1"),
+    ([*SYN, "--hidden", "0"], "--hidden needs at least one positive width"),
+    ([*SYN, "--hidden", ""], "--hidden needs at least one positive width"),
+    # sizes that do not fit the data or the machine
+    ([*SYN, "--hidden", "100000000"], "more than its"),
+    ([*SYN, "--peers", "100000000"], "exceeds the 6,000 training samples"),
+    ([*SYN, "--test-samples", "99999999"], "exceeds the 1,000 test samples"),
+    ([*SYN, "--batch-size", "100000"], "exceeds every peer's samples"),
+    ([*SYN, "--train-samples", "9999999"], "exceeds the 6000 training samples"),
+    ([*SYN, "--algo", "ntk-dfl", "--ntk-batches", "100000"], "every Jacobian batch needs at least one sample"),
+    ([*SYN, "--algo", "ntk-dfl", "--ntk-subsample", "1000"], "every Jacobian batch needs at least one sample"),
+    ([*SYN, "--algo", "ntk-dfl", "--ntk-taus", "0"], "--ntk-taus needs positive integers"),
+    ([*SYN, "--algo", "ntk-dfl", "--ntk-topk", "1.5"], "--ntk-topk must be in (0, 1]"),
+    ([*SYN, "--algo", "ntk-dfl", "--ntk-quant-bits", "9"], "--ntk-quant-bits must be between"),
+    ([*SYN, "--algo", "ntk-dfl", "--ntk-ode", "rk45"], "--ntk-ode must be one of"),
+    ([*SYN, "--algo", "fedavg", "--clients-per-round", "50", "--peers", "10"], "exceeds the 10 clients"),
+    ([*SYN, "--algo", "fedprox", "--prox-mu", "-1"], "--prox-mu must be non-negative"),
+    ([*SYN, "--algo", "dispfl", "--dispfl-density", "2"], "--dispfl-density must be in (0, 1]"),
+    # graphs that cannot exist or would not connect
+    ([*SYN, "--kappa", "-1"], "whole degree"),
+    ([*SYN, "--topology", "erdos-renyi", "--kappa", "0"], "mean degree must be in"),
+    ([*SYN, "--topology", "erdos-renyi", "--kappa", "0.01", "--peers", "10"], "almost never connected"),
+    ([*SYN, "--topology", "erdos-renyi", "--kappa", "3", "--peers", "300"], "almost never connected"),
+    ([*SYN, "--topology", "chain", "--peers", "1"], "at least 2 peers"),
+    ([*SYN, "--topology", "full", "--peers", "1"], "at least 2 peers"),
+    # options that do not apply here, names that do not exist, prefixes
+    ([*SYN, "--pe", "4"], "unrecognized arguments: --pe"),
+    ([*SYN, "-p", "4"], "unrecognized arguments"),
+    ([*SYN, "--algo", "ntk-fl", "--ntk-batches", "2"], "does not apply to --algo ntk-fl"),
+    ([*SYN, "--labels", "coarse"], "applies to --dataset cifar100 only"),
+    ([*SYN, "--data-dir", "{tmp}"], "does not apply to --dataset synthetic"),
+    ([*SYN, "--model", "resnet8"], "needs images"),
+    ([*SYN, "--device", "gpu"], "unknown device"),
+    ([*SYN, "--algo", ""], "unknown algorithm ''"),
+    ([*SYN, "--mixing", "x"], "unknown mixing"),
+    # config files
+    (["--config", "{tmp}"], "cannot be read"),
+    (["--config", "{tmp}/not-utf8.toml"], "is not valid TOML"),
+    (["--config", "{tmp}/broken.toml"], "is not valid TOML"),
+    (["--config", "{tmp}/lr-string.toml"], "--lr takes a finite number, not '0.1'"),
+    (["--config", "{tmp}/save-edges-no.toml"], "--save-edges takes true or false, not 'no'"),
+    (["--config", "{tmp}/peers-float.toml"], "--peers takes an integer, not 4.5"),
+    (["--config", "{tmp}/rounds-bool.toml"], "--rounds takes an integer, not True"),
+    (["--config", "{tmp}/kappa-nan.toml"], "--kappa takes a finite number"),
+    (["--config", "{tmp}/table.toml"], "unknown setting(s): section"),
+    (["--config", "{tmp}/algo-int.toml"], "unknown algorithm 5"),
+    (["--config", "{tmp}/hidden-text.toml"], "--hidden takes comma-separated integers"),
+    (["--config", "{tmp}/taus-other-algo.toml"], "does not apply to --algo dfedavg"),
+    # data folders
+    (["--dataset", "mnist", "--data-dir", "{tmp}/absent"], "is not a folder"),
+    (["--dataset", "mnist", "--data-dir", "{tmp}/not-utf8.toml"], "is not a folder"),
+    (["--dataset", "mnist", "--data-dir", "{tmp}/sizes"], "differ from training images"),
+    (["--dataset", "mnist", "--data-dir", "{tmp}/label-11"], "lie outside 0..9"),
+    (["--dataset", "mnist", "--data-dir", "{tmp}/label-negative"], "lie outside 0..9"),
+    (["--dataset", "mnist", "--data-dir", "{tmp}/counts"], "disagree"),
+    (["--dataset", "mnist", "--data-dir", "{tmp}/not-idx"], "not an IDX file"),
+    # output paths
+    ([*SYN, "--out", "{tmp}/not-utf8.toml"], "is a file, not a folder"),
+    ([*SYN, "--out", "{tmp}/not-utf8.toml/run"], "cannot be made"),
+    ([*SYN, "--out", "/proc/p2pfl-run"], "cannot be made"),
+    ([*SYN, "--out", ""], "must name a folder"),
+    ([*SYN, "--out", "{tmp}/finished"], "already holds files"),
+]
+FILES = {
+    "not-utf8.toml": b"\xff\xfe\x00 = 1",
+    "broken.toml": b"lr = [0.1",
+    "lr-string.toml": b'lr = "0.1"',
+    "save-edges-no.toml": b'save_edges = "no"',
+    "peers-float.toml": b"peers = 4.5",
+    "rounds-bool.toml": b"rounds = true",
+    "kappa-nan.toml": b"kappa = nan",
+    "table.toml": b"[section]\na = 1",
+    "algo-int.toml": b"algo = 5",
+    "hidden-text.toml": b'hidden = "abc"',
+    "taus-other-algo.toml": b"ntk_taus = [100]",
+    "finished/metrics.jsonl": b"{}",
+}
+
+
+def _hostile_tree(root):
+    """The files the HOSTILE table names: config files, an unfinished run folder and bad MNIST folders."""
+    import numpy as np
+
+    from tests.conftest import write_idx
+
+    for name, raw in FILES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(raw)
+    rng = np.random.default_rng(0)
+
+    def mnist(folder, test_shape=(28, 28), label_at=None, label_dtype=np.uint8, test_labels=20):
+        folder.mkdir()
+        for split, n, shape in (("train", 60, (28, 28)), ("t10k", 20, test_shape)):
+            labels = (np.arange(n if split == "train" else test_labels) % 10).astype(label_dtype)
+            if label_at is not None and split == "train":
+                labels[3] = label_at
+            write_idx(folder / f"{split}-images-idx3-ubyte", rng.integers(0, 255, (n, *shape)).astype(np.uint8))
+            write_idx(folder / f"{split}-labels-idx1-ubyte", labels)
+
+    mnist(root / "sizes", test_shape=(32, 32))
+    mnist(root / "label-11", label_at=11)
+    mnist(root / "label-negative", label_at=-1, label_dtype=np.int8)
+    mnist(root / "counts", test_labels=19)
+    mnist(root / "not-idx")
+    (root / "not-idx" / "train-images-idx3-ubyte.gz").unlink()
+    (root / "not-idx" / "train-images-idx3-ubyte").write_bytes(b"PK\x03\x04 a zip file")
+
+
+@pytest.mark.parametrize("argv,needle", BAD + HOSTILE, ids=[" ".join(a) for a, _ in BAD + HOSTILE])
 def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys, tmp_path):
-    code = main([*argv, "--out", str(tmp_path / "run"), "--no-progress"])
+    """Exit 2 with one line naming the problem, no traceback, and nothing written: no run folder, and
+    the files it was given unchanged."""
+    _hostile_tree(tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    out = [] if "--out" in argv else ["--out", str(tmp_path / "run")]
+    code = main([*argv, *out, "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1, err
     assert err[0].startswith("p2pfl: error:") and needle in err[0], err[0]
+    assert not (tmp_path / "run").exists()
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
 def test_unknown_toml_key(tmp_path, capsys):

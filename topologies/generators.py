@@ -1,12 +1,21 @@
 """Graph generators. Every graph is a pure function of (kind, n, kappa, seed)."""
 from __future__ import annotations
 
+import math
+
 import networkx as nx
 import numpy as np
 
 from p2pfl.errors import UserError
 
-MAX_CONNECT_TRIES = 100
+MAX_CONNECT_TRIES = 1000
+MIN_CONNECTED_SHARE = 0.02  # an Erdos-Renyi draw must be connected this often, or the graph is refused
+
+
+def connected_share(n: int, kappa: float) -> float:
+    """About how often G(n, p = kappa/(n-1)) is connected: exp(-expected isolated peers), the classic
+    limit (isolated peers are what disconnects a sparse random graph)."""
+    return math.exp(-n * (1 - kappa / (n - 1)) ** (n - 1))
 
 
 def check_graph(kind: str, n: int, kappa: float) -> None:
@@ -21,6 +30,10 @@ def check_graph(kind: str, n: int, kappa: float) -> None:
     elif kind == "erdos-renyi":
         if not 0 < kappa <= n - 1:
             raise UserError(f"an Erdos-Renyi mean degree must be in (0, peers-1] = (0, {n - 1}], got {kappa}")
+        if connected_share(n, kappa) < MIN_CONNECTED_SHARE:
+            least = math.log(n / -math.log(MIN_CONNECTED_SHARE))
+            raise UserError(f"an Erdos-Renyi graph of mean degree {kappa:g} on {n} peers is almost never connected "
+                            f"(about {100 * connected_share(n, kappa):.2g}% of draws); use kappa >= {least:.1f}")
     elif kind == "ring" and n < 3:
         raise UserError(f"a ring needs at least 3 peers, got {n}")
     elif kind in ("star", "chain", "full") and n < 2:
@@ -39,6 +52,9 @@ def build_graph(kind: str, n: int, kappa: float, seed: int) -> nx.Graph:
             graph = nx.gnp_random_graph(n, p, seed=int(rng.integers(2**31)))
             if nx.is_connected(graph):
                 break
+        else:
+            raise UserError(f"no connected Erdos-Renyi graph of mean degree {kappa:g} on {n} peers in "
+                            f"{MAX_CONNECT_TRIES} draws; use a larger kappa")
     elif kind in ("ring", "chain"):
         order = rng.permutation(n).tolist()
         graph = nx.Graph()

@@ -27,8 +27,9 @@ import torch
 
 from p2pfl.algorithms.base import Algorithm, RunContext, neighbour_average
 from p2pfl.algorithms.ntk_options import NTKOptions, check_memory, make_codec, project_inputs
-from p2pfl.algorithms.settings import option
+from p2pfl.algorithms.settings import option, positive
 from p2pfl.comm import Message, Weights
+from p2pfl.errors import UserError
 from p2pfl.final_averaging import final_averaging
 from p2pfl.ntk.codec import JacobianMessage, tau_histogram
 from p2pfl.ntk.step import NTKProblem, ntk_steps
@@ -41,6 +42,9 @@ EVOLVE_CHUNK = 8  # peers whose kernels are held at once: their evolutions share
 
 @dataclass(frozen=True)
 class NTKDFLSettings(NTKOptions):
+    ntk_batches: int = option(1, "Jacobian batching m1: evolve m1 times a round, each on 1/m1 of the samples",
+                              positive)
+    ntk_subsample: int = option(1, "data subsampling m2: peers use 1/m2 of their samples each round", positive)
     ntk_no_avg: bool = option(False, "skip the per-round weight averaging (ablation of fig. 6)")
 
 
@@ -58,6 +62,10 @@ class NTKDFL(Algorithm):
         self.batches = self.settings.ntk_batches
         self.subsample = self.settings.ntk_subsample
         self.taus_chosen: list[int] = []
+        smallest = min(len(s) for s in ctx.shards)
+        if self.batches * self.subsample > smallest:
+            raise UserError(f"--ntk-batches {self.batches} x --ntk-subsample {self.subsample} exceeds the {smallest} "
+                            "samples of the smallest peer: every Jacobian batch needs at least one sample")
         graph = ctx.schedule.graph(0)
         per_peer = max(len(s) for s in ctx.shards) // self.subsample
         touched = sum(graph.degree(p) + 1 for p in ctx.peers) * math.ceil(per_peer / self.batches)

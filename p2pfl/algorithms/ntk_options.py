@@ -30,9 +30,6 @@ class NTKOptions:
     ntk_jacobian: str = option("auto", "Jacobian path: auto (factored for MLPs, else dense), factored (exact, "
                                "fast, MLPs only) or dense (any model; needed by compression)",
                                choices=("auto", "factored", "dense"))
-    ntk_batches: int = option(1, "Jacobian batching m1: evolve m1 times a round, each on 1/m1 of the samples",
-                              positive)
-    ntk_subsample: int = option(1, "data subsampling m2: peers use 1/m2 of their samples each round", positive)
     ntk_topk: float = option(1.0, "Jacobian compression: keep this fraction of entries (top-k by magnitude)",
                              fraction)
     ntk_quant_bits: int = option(0, "Jacobian compression: quantize kept entries to this many bits (0 = off)", bits)
@@ -66,7 +63,8 @@ def check_memory(codec: JacobianCodec, options: NTKOptions, n_classes: int, samp
     if need > options.ntk_memory_gb * GB:
         raise UserError(f"dense Jacobians of {codec.n_params:,} parameters for {samples_held:,} samples would take "
                         f"about {need / GB:.1f} GB on one rank, above --ntk-memory-gb {options.ntk_memory_gb:g}; use "
-                        "fewer --samples-per-peer or --peers per rank, --ntk-batches, --ntk-subsample, or a larger cap")
+                        "fewer --samples-per-peer or --peers per rank, a larger cap, or, in NTK-DFL, --ntk-batches or "
+                        "--ntk-subsample")
 
 
 def project_inputs(data, cfg) -> None:

@@ -151,7 +151,7 @@ def load_idx(name: str, req: DataRequest) -> Dataset:
     _check_splits(name, folder, arrays)
     labels = [torch.from_numpy(arrays[k].astype(np.int64)) for k in ("train_y", "test_y")]
     n_classes = 10
-    if max(int(l.max()) for l in labels) >= n_classes:
+    if max(int(l.max()) for l in labels) >= n_classes or min(int(l.min()) for l in labels) < 0:
         raise UserError(f"{name} labels in {folder} lie outside 0..9")
     images = [_images(arrays[k][:, None], name) for k in ("train_x", "test_x")]
     return Dataset(name, images[0], labels[0], images[1], labels[1], n_classes)
@@ -232,6 +232,7 @@ class DatasetSpec:
     task: str = "classification"
     images: bool = True  # (C, H, W) inputs; False: flat feature vectors
     natural_split: bool = False  # each sample has an owner (--partition writers)
+    generated: bool = False  # made in memory, not read from files (--data-dir does not apply)
 
 
 DATASETS = {s.name: s for s in [
@@ -240,8 +241,8 @@ DATASETS = {s.name: s for s in [
     DatasetSpec("cifar10", load_cifar, ("cifar-10", "cifar_10"), "lenet5"),
     DatasetSpec("cifar100", load_cifar, ("cifar-100", "cifar_100"), "resnet8"),
     DatasetSpec("femnist", load_femnist, (), "cnn-femnist", "writers", natural_split=True),
-    DatasetSpec("synthetic", synthetic_dataset, images=False),
-    DatasetSpec("linear-rep", linear_rep_dataset, ("linear_rep",), "linear-rep", "writers", "regression", False, True),
+    DatasetSpec("synthetic", synthetic_dataset, images=False, generated=True),
+    DatasetSpec("linear-rep", linear_rep_dataset, ("linear_rep",), "linear-rep", "writers", "regression", False, True, True),
 ]}
 ALIASES = {alias: s.name for s in DATASETS.values() for alias in (s.name, *s.aliases)}
 
