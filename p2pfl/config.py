@@ -69,6 +69,8 @@ class RunConfig:
     save_edges: bool = False
     batched: bool = True
     comm_timeout: float = 600.0
+    checkpoint_every: int | None = None  # None: after a round when a minute has passed since the last; 0: never
+    resume: str | None = None  # a run folder to continue from its checkpoint
     progress: bool = True
     settings: Any = None  # the algorithm's own settings (an instance of its Settings dataclass)
     given: frozenset = frozenset()  # the settings the user gave (flags or TOML), not defaults
@@ -153,6 +155,9 @@ def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
                    help="train a rank's peers one by one instead of as one vmap batch")
     p.add_argument("--comm-timeout", type=float, help="seconds to wait for a peer's message (default 600)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--checkpoint-every", type=int, help="checkpoint every N rounds, 0 never (default: after a "
+                   "round when a minute has passed since the last checkpoint, and on Ctrl-C)")
+    p.add_argument("--resume", help="continue the run in this folder from its last checkpoint, with its config.toml")
     if algo in REGISTRY:
         cls = REGISTRY[algo]
         add_flags(p.add_argument_group(f"settings of --algo {algo}"), cls.Settings, cls.setting_defaults)
@@ -191,8 +196,13 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     pre = _OneLineParser(add_help=False, allow_abbrev=False, argument_default=argparse.SUPPRESS)
     pre.add_argument("--config")
     pre.add_argument("--algo")
+    pre.add_argument("--resume")
     known, _ = pre.parse_known_args(argv)
-    values: dict[str, Any] = load_toml(known.config) if getattr(known, "config", None) else {}
+    resume = getattr(known, "resume", None)
+    if resume is not None:
+        values = _resume_values(resume, argv)
+    else:
+        values = load_toml(known.config) if getattr(known, "config", None) else {}
     algo = getattr(known, "algo", values.get("algo", "dfedavg"))
     for token in argv:
         if token.startswith("--"):
@@ -203,6 +213,28 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     args.pop("config", None)
     values.update(args)
     return make_config(values)
+
+
+RESUME_FLAGS = ("--resume", "--comm-timeout", "--no-progress", "--checkpoint-every")  # change no result
+
+
+def _resume_values(run_dir: str, argv: list[str]) -> dict[str, Any]:
+    """A resumed run's settings: its own config.toml, its folder as --out; only flags that change no
+    number may be added."""
+    from p2pfl.checkpoint import latest_round
+
+    folder = Path(run_dir)
+    if not (folder / "config.toml").is_file():
+        raise UserError(f"--resume {run_dir}: no run folder there (it has no config.toml)")
+    for token in argv:
+        if token.startswith("--") and token.split("=")[0] not in RESUME_FLAGS:
+            raise UserError(f"--resume continues {run_dir} exactly as configured; {token.split('=')[0]} cannot "
+                            f"change (start a new run with --config {folder / 'config.toml'} instead)")
+    if latest_round(folder) is None:
+        raise UserError(f"--resume {run_dir}: the run has no checkpoint to continue from")
+    values = load_toml(str(folder / "config.toml"))
+    values.update(out=run_dir, resume=run_dir)
+    return values
 
 
 def make_config(values: dict[str, Any]) -> RunConfig:
@@ -305,6 +337,8 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"--weight-decay must be non-negative, got {cfg.weight_decay}")
     if cfg.lr_decay is not None and cfg.lr_decay < 0:
         raise UserError(f"--lr-decay must be non-negative, got {cfg.lr_decay}")
+    if cfg.checkpoint_every is not None and cfg.checkpoint_every < 0:
+        raise UserError(f"--checkpoint-every must be 0 (never) or a number of rounds, got {cfg.checkpoint_every}")
     if cfg.comm_timeout <= 0:
         raise UserError(f"--comm-timeout must be positive, got {cfg.comm_timeout}")
     if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
@@ -338,7 +372,7 @@ def check_out(cfg: RunConfig) -> None:
     path = Path(cfg.out)
     if path.exists() and not path.is_dir():
         raise UserError(f"--out {cfg.out} is a file, not a folder")
-    if path.is_dir() and any(path.iterdir()) and not cfg.overwrite:
+    if path.is_dir() and any(path.iterdir()) and not (cfg.overwrite or cfg.resume):
         raise UserError(f"--out {cfg.out} already holds files (a finished run?); choose a new folder or add "
                         f"--overwrite")
     _check_writable(path)
@@ -426,9 +460,9 @@ def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
 
 
 def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
-    """Every setting as resolved, the algorithm's own included; not `out` (nor `overwrite`), so that
-    --config on a run's config.toml never writes into that run's folder."""
-    out = {k: v for k, v in cfg.to_dict().items() if v is not None and k not in ("out", "overwrite")}
+    """Every setting as resolved, the algorithm's own included; not `out` (nor `overwrite`, `resume`), so
+    that --config on a run's config.toml never writes into that run's folder."""
+    out = {k: v for k, v in cfg.to_dict().items() if v is not None and k not in ("out", "overwrite", "resume")}
     out.update(dataclasses.asdict(cfg.settings))
     return out
 

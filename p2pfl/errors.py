@@ -7,3 +7,7 @@ class UserError(Exception):
 
 class DivergenceError(Exception):
     """A peer's model became NaN/inf; the message names the round and the peers."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM stopped the run; the message says where and how to resume (exit 130)."""

@@ -88,6 +88,12 @@ class MetricsLog:
         if self.path is not None:
             self.path.write_text("")
 
+    def restore(self, rows: list[dict]) -> None:
+        """A resumed run's rows so far (rank 0), metrics.jsonl rewritten to hold exactly them."""
+        self.rows = list(rows)
+        if self.path is not None:
+            self.path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
     def evaluate_all(self) -> tuple[torch.Tensor | None, dict[str, torch.Tensor] | None]:
         """Gathered weights (P, D) and each peer's test metrics {metric: (P,)}, on rank 0."""
         ctx = self.ctx

@@ -28,6 +28,8 @@ def _threads_per_rank() -> None:
 _threads_per_rank()
 
 import json  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -36,9 +38,13 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
+from p2pfl import checkpoint  # noqa: E402
 from p2pfl.comm import make_transport, mpi_world  # noqa: E402
 from p2pfl.config import RunConfig, parse_config, resolve, resolved_dict, write_toml  # noqa: E402
-from p2pfl.errors import DivergenceError, UserError  # noqa: E402
+from p2pfl.comm.transport import CommTimeout  # noqa: E402
+from p2pfl.errors import DivergenceError, Interrupted, UserError  # noqa: E402
+
+CHECKPOINT_SECONDS = 60.0  # the default --checkpoint-every: after a round when this long has passed
 
 
 def pick_device(choice: str, local_rank: int) -> torch.device:
@@ -51,6 +57,8 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
 
 
 def make_run_dir(cfg: RunConfig) -> Path:
+    if cfg.resume:
+        return Path(cfg.resume)
     if cfg.out:
         path = Path(cfg.out)
     else:
@@ -61,6 +69,7 @@ def make_run_dir(cfg: RunConfig) -> Path:
             suffix += 1
     path.mkdir(parents=True, exist_ok=True)
     (path / "edges.jsonl").unlink(missing_ok=True)  # appended to round by round: a replaced run's must go
+    shutil.rmtree(path / checkpoint.FOLDER, ignore_errors=True)  # nor may a replaced run's checkpoint be resumed
     return path
 
 
@@ -146,25 +155,48 @@ def run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
         for note in notes:
             print(f"p2pfl: {note}", file=sys.stderr)
     log = MetricsLog(ctx, run_dir if rank == 0 else None, algorithm)
-    bar = tqdm(range(cfg.rounds), desc=f"{cfg.algo} {cfg.peers} peers", disable=rank != 0 or not cfg.progress,
-               unit="round", file=sys.stderr)
+    first, saved = 0, 0
+    if cfg.resume:
+        first, rows = checkpoint.load(ctx, algorithm, run_dir)
+        saved = first
+        log.restore(rows)
+        if rank == 0 and cfg.save_edges:
+            (run_dir / "edges.jsonl").write_text("".join(_edges_line(ctx, k) for k in range(first)))
+    stop = StopRequest(rank)
+    bar = tqdm(range(first, cfg.rounds), desc=f"{cfg.algo} {cfg.peers} peers", disable=rank != 0 or not cfg.progress,
+               unit="round", file=sys.stderr, initial=first, total=cfg.rounds)
+    last_save, k = time.monotonic(), first
     try:
         for k in bar:
+            ctx.transport.round_index = k
             start = time.perf_counter()
             losses = algorithm.round(k)
             if rank == 0 and cfg.save_edges:
                 with (run_dir / "edges.jsonl").open("a") as fh:
-                    fh.write(json.dumps({"round": k + 1, "edges": sorted(ctx.schedule.graph(k).edges)}) + "\n")
+                    fh.write(_edges_line(ctx, k))
             last = k == cfg.rounds - 1
             row = log.record(k, losses, time.perf_counter() - start, last or (k + 1) % cfg.eval_every == 0)
             head = ctx.stack.task.headline
             if row and f"test_{head}" in row:
                 bar.set_postfix({head: ctx.stack.task.format(row[f"test_{head}"]),
                                  "clients": ctx.stack.task.format(row[f"client_{head}_mean"])})
+            if last:
+                break
+            due = checkpoint_due(cfg.checkpoint_every, k + 1, time.monotonic() - last_save)
+            stopping, due = ctx.transport.agree(stop.requested, due)  # every rank takes the same turn
+            if (due or stopping) and algorithm.resumable_after(k + 1):
+                checkpoint.save(ctx, algorithm, log.rows, k + 1, run_dir)
+                saved, last_save = k + 1, time.monotonic()
+            if stopping:
+                raise Interrupted(f"stopped after round {k + 1}; {_resume_hint(run_dir, saved)}")
         final = algorithm.finish(run_dir if rank == 0 else None)
         if rank == 0:
             save_final(ctx, log, run_dir, final)
+            shutil.rmtree(run_dir / checkpoint.FOLDER, ignore_errors=True)  # a finished run needs none
+    except KeyboardInterrupt:
+        raise Interrupted(f"stopped in round {k + 1}; {_resume_hint(run_dir, saved)}") from None
     finally:
+        stop.uninstall()
         bar.close()
         if rank == 0 and log.rows:
             graph = "star" if cfg.topology == "star" else f"{cfg.topology} kappa={cfg.kappa:g}"
@@ -173,6 +205,43 @@ def run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
     if rank == 0:
         print(summary_line(log.rows, ctx.stack.task, run_dir), file=sys.stderr)
     return 0
+
+
+class StopRequest:
+    """Ctrl-C asks the run to finish its round, write a checkpoint and stop (exit 130); a second Ctrl-C,
+    or SIGTERM (what mpirun sends the other ranks when one dies), stops at once."""
+
+    def __init__(self, rank: int):
+        self.requested, self.rank = False, rank
+        self.previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def on_signal(self, signum, frame) -> None:
+        if self.requested or signum == signal.SIGTERM:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.rank == 0:
+            print("\np2pfl: interrupted: finishing this round, then a checkpoint (Ctrl-C again stops at once)",
+                  file=sys.stderr)
+
+    def uninstall(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def checkpoint_due(every: int | None, rounds_done: int, since_last: float) -> bool:
+    if every is None:
+        return since_last >= CHECKPOINT_SECONDS
+    return every > 0 and rounds_done % every == 0
+
+
+def _resume_hint(run_dir: Path, saved: int) -> str:
+    if not saved:
+        return f"no checkpoint was written; run folder: {run_dir}"
+    return f"checkpoint after round {saved}; continue with: python -m p2pfl.run --resume {run_dir}"
+
+
+def _edges_line(ctx, k: int) -> str:
+    return json.dumps({"round": k + 1, "edges": sorted(ctx.schedule.graph(k).edges)}) + "\n"
 
 
 def save_final(ctx, log, run_dir: Path, final: dict | None) -> None:
@@ -213,8 +282,19 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(f"p2pfl: diverged: {exc}", file=sys.stderr)
         return 3
-    except KeyboardInterrupt:
+    except Interrupted as exc:
+        if rank == 0:
+            print(f"p2pfl: {exc}", file=sys.stderr)
         return 130
+    except KeyboardInterrupt:  # before the run started
+        return 130
+    except CommTimeout as exc:
+        if exc.reporter == rank:
+            print(f"p2pfl: stopped: {exc}", file=sys.stderr)
+        if _under_mpi_world():
+            sys.stderr.flush()
+            os._exit(4)  # MPI_Finalize would wait for the missing rank
+        return 4
     except Exception:
         traceback.print_exc()
         if _under_mpi_world():

@@ -65,6 +65,12 @@ class Algorithm:
     centralized = False
     tasks = ("classification", "regression")  # what it can learn
     round_flags: tuple[str, ...] = ()  # flags whose values fix --rounds (see fixed_rounds)
+    # What a checkpoint saves besides ctx.flat and ctx.global_weights (p2pfl.checkpoint), as attribute
+    # names: tensors with one row per peer of this rank, the server's state (held on rank 0), and lists
+    # whose order does not matter, pooled over ranks.
+    peer_state: tuple[str, ...] = ()
+    server_state: tuple[str, ...] = ()
+    pooled_state: tuple[str, ...] = ()
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
@@ -109,6 +115,10 @@ class Algorithm:
         """The run's aggregated model from all peers' weights (P, D), on rank 0, where the algorithm
         defines its own (DisPFL's mask-wise average); None: the --aggregate average."""
         return None
+
+    def resumable_after(self, rounds_done: int) -> bool:
+        """Whether everything the next round depends on is in the declared state after this many rounds."""
+        return True
 
     def finish(self, run_dir: Path | None) -> dict | None:
         """After the last round: extra results for the run folder (rank 0 writes them)."""

@@ -63,6 +63,18 @@ class Cyclic(ServerAlgorithm):
             raise UserError(f"--rounds {cfg.rounds} leaves no phase 2 after --cyclic-rounds "
                             f"{cfg.settings.cyclic_rounds}; give --rounds above it")
 
+    @property
+    def peer_state(self):
+        return tuple(f"then.{name}" for name in self.then.peer_state)
+
+    @property
+    def server_state(self):
+        return tuple(f"then.{name}" for name in self.then.server_state)
+
+    @property
+    def pooled_state(self):
+        return tuple(f"then.{name}" for name in self.then.pooled_state)
+
     def visits(self) -> int:
         return max(1, math.floor(self.settings.cyclic_fraction * self.ctx.cfg.peers))
 

@@ -113,6 +113,7 @@ class Scaffold(FedAvg):
     name = "scaffold"
     summary = "SCAFFOLD: control variates correct client drift"
     Download, Upload = ScaffoldDownload, ScaffoldUpload
+    peer_state, server_state = ("c_local",), ("c_global",)
 
     def __init__(self, ctx):
         super().__init__(ctx)

@@ -94,6 +94,7 @@ class FedAvgFT(FedAvg):
     Settings = FedAvgFTSettings
     setting_defaults = {"clients_per_round": 0, "local_steps": 2}
     training = {"lr": 0.1, "batch_size": 50, "local_epochs": 1, "momentum": 0.0}
+    server_state = ("history",)  # the rep_dist and grad_norm curve its figures draw
 
     @classmethod
     def prepare_data(cls, data, cfg):

@@ -28,15 +28,16 @@ class Moon(FedAvg):
     summary = "MOON: FedAvg with a model-contrastive loss on the representation"
     Settings = MoonSettings
     training = {"lr": 0.01, "batch_size": 32, "local_epochs": 5, "momentum": 0.0}
+    peer_state = ("trained",)
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.trained: set[int] = set()  # this rank's clients that have a previous local model
+        self.trained = torch.zeros(len(ctx.peers), dtype=torch.bool)  # this rank's clients with a previous model
 
     def terms(self, clients, received) -> StepTerms:
         global_weights = torch.stack([received[c].weights for c in clients])
-        previous = torch.stack([self.ctx.flat[self.row[c]] if c in self.trained else received[c].weights
+        previous = torch.stack([self.ctx.flat[self.row[c]] if self.trained[self.row[c]] else received[c].weights
                                 for c in clients])
-        self.trained.update(clients)
+        self.trained[[self.row[c] for c in clients]] = True
         return StepTerms(contrast=Contrast(global_weights, previous, self.settings.moon_mu,
                                            self.settings.moon_temperature))

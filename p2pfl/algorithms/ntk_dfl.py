@@ -52,6 +52,7 @@ class NTKDFL(Algorithm):
     name = "ntk-dfl"
     summary = "NTK-DFL: averaging, Jacobian exchange, local NTK evolution"
     Settings = NTKDFLSettings
+    pooled_state = ("taus_chosen",)
     tasks = ("classification",)
     training = {"lr": 0.01, "lr_decay": 0.07}
 

@@ -60,6 +60,7 @@ class NTKFL(ServerAlgorithm):
     trains_locally = False
     shuffle = False  # CP-NTK-FL's shuffling server
     Upload = NTKUpload
+    pooled_state = ("taus_chosen",)
 
     def __init__(self, ctx):
         super().__init__(ctx)

@@ -192,6 +192,9 @@ class TCT(FedAvg):
     def row_fields(self, round_index):
         return {"stage": 1 if round_index < self.stage1 else 2}
 
+    def resumable_after(self, rounds_done):
+        return rounds_done <= self.stage1  # stage 2's features and Grams are not checkpointed (too large)
+
     def round(self, round_index):
         if round_index < self.stage1:
             return super().round(round_index)

@@ -2,7 +2,10 @@
 
 Each buffer holds a small int64 header (who sent what to whom, dtypes, shapes) and the raw tensor
 bytes: no pickling on the hot path. Messages carry a tag made from (round, phase); receives poll
-with Iprobe so a missing peer ends in a CommTimeout that names it instead of a silent hang.
+with Iprobe so a missing peer ends in a CommTimeout that names it instead of a silent hang. The
+bookkeeping collectives (gather to rank 0, broadcast from it) are point-to-point messages polled
+the same way, so a rank that dies or stalls stops the others there too, within --comm-timeout.
+Under `mpirun --with-ft ulfm` a dead rank is reported by MPI itself, at once.
 """
 from __future__ import annotations
 
@@ -22,7 +25,10 @@ _ALIGN = 8
 
 
 def _tag(phase: str, round_index: int) -> int:
-    return (round_index % 1000) * 32 + zlib.crc32(phase.encode()) % 32  # < 32767, MPI's guaranteed bound
+    return (round_index % 1000) * 32 + zlib.crc32(phase.encode()) % 32  # < 32000
+
+
+COLLECTIVE_TAG = 32001  # above every exchange tag, within MPI's guaranteed bound 32767
 
 
 def _raw(t: torch.Tensor) -> np.ndarray:
@@ -92,56 +98,103 @@ class MpiTransport(Transport):
         for m in remote:
             by_rank[self.placement.rank_of(m.dst)].append(m)
         buffers = {r: pack(msgs) for r, msgs in by_rank.items()}
+        what = f"round {round_index + 1}, {phase}"
         sends = [comm.Isend([buf, MPI.BYTE], dest=r, tag=tag) for r, buf in buffers.items()]
-        waiting = {self.placement.rank_of(s) for s, _ in pending}
+        senders = {self.placement.rank_of(s) for s, _ in pending}
+
+        def receive(r: int, status) -> None:
+            buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
+            comm.Recv([buf, MPI.BYTE], source=r, tag=tag)
+            for src, dst, tensors in unpack(buf):
+                inbox[dst][src] = kind.from_tensors(tensors)
+
+        deadline = self._poll(senders, tag, receive, what, lambda ranks: sorted({s for s, _ in pending
+                                                                              if self.placement.rank_of(s) in ranks}))
+        self._complete(sends, sorted(buffers), what, deadline)
+
+    def _poll(self, sources, tag: int, receive, what: str, peers_on=None) -> float:
+        """receive(rank, status) for one message from each source rank, polling until --comm-timeout."""
+        MPI, comm = self.MPI, self.comm
+        waiting = set(sources)
         deadline, nap, status = time.monotonic() + self.timeout, 1e-5, MPI.Status()
         while waiting:
             got = False
             for r in sorted(waiting):
-                if comm.Iprobe(source=r, tag=tag, status=status):
-                    buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
-                    comm.Recv([buf, MPI.BYTE], source=r, tag=tag)
-                    for src, dst, tensors in unpack(buf):
-                        inbox[dst][src] = kind.from_tensors(tensors)
+                try:
+                    arrived = comm.Iprobe(source=r, tag=tag, status=status)
+                except MPI.Exception as exc:  # ULFM: rank r has failed; the rank that saw it says so
+                    self._missing(what, {r}, peers_on, f"rank failed ({exc.Get_error_string()})", self.rank)
+                if arrived:
+                    receive(r, status)
                     waiting.discard(r)
                     got = True
             if waiting and not got:
                 if time.monotonic() > deadline:
-                    missing = sorted(s for s, d in pending if self.placement.rank_of(s) in waiting)
-                    raise CommTimeout(f"rank {self.rank}, {phase} of round {round_index}: no message after "
-                                      f"{self.timeout:.0f} s from peers {missing[:20]} on ranks {sorted(waiting)}")
+                    self._missing(what, waiting, peers_on, f"no message after {self.timeout:g} s")
                 time.sleep(nap)
                 nap = min(nap * 2, 2e-3)
             else:
                 nap = 1e-5
-        while not MPI.Request.Testall(sends):
+        return deadline
+
+    def _complete(self, requests, dests, what: str, deadline: float) -> None:
+        while not self.MPI.Request.testall(requests)[0]:
             if time.monotonic() > deadline:
-                raise CommTimeout(f"rank {self.rank}, {phase} of round {round_index}: sends to ranks "
-                                  f"{sorted(buffers)} not completed after {self.timeout:.0f} s")
+                self._missing(what, set(dests), None, f"sends not completed after {self.timeout:g} s")
             time.sleep(1e-4)
 
+    def _missing(self, what: str, ranks: set[int], peers_on, why: str, reporter: int | None = None):
+        peers = peers_on(ranks) if peers_on else sorted(p for r in ranks for p in self.placement.nodes_of(r))
+        shown = f"{peers[:20]}{' ...' if len(peers) > 20 else ''}"
+        alive = [r for r in range(self.size) if r not in ranks]
+        raise CommTimeout(f"{what}: {why} from peers {shown} on ranks {sorted(ranks)}",
+                          (alive[0] if alive else 0) if reporter is None else reporter)
+
+    # Bookkeeping collectives, as polled point-to-point messages (see the module's docstring).
+    def _gather_objects(self, obj, what: str) -> list | None:
+        if self.rank != 0:
+            self._complete([self.comm.isend(obj, dest=0, tag=COLLECTIVE_TAG)], [0], what,
+                           time.monotonic() + self.timeout)
+            return None
+        got = {0: obj}
+        self._poll(range(1, self.size), COLLECTIVE_TAG,
+                   lambda r, status: got.__setitem__(r, self.comm.recv(source=r, tag=COLLECTIVE_TAG)), what)
+        return [got[r] for r in range(self.size)]
+
+    def _bcast_object(self, obj, what: str):
+        if self.rank == 0:
+            sends = [self.comm.isend(obj, dest=r, tag=COLLECTIVE_TAG) for r in range(1, self.size)]
+            self._complete(sends, list(range(1, self.size)), what, time.monotonic() + self.timeout)
+            return obj
+        got = []
+        self._poll([0], COLLECTIVE_TAG, lambda r, status: got.append(self.comm.recv(source=0, tag=COLLECTIVE_TAG)),
+                   what)
+        return got[0]
+
+    def _what(self, name: str) -> str:
+        return f"round {self.round_index + 1}, {name}"
+
     def gather_rows(self, rows: torch.Tensor) -> torch.Tensor | None:
-        MPI = self.MPI
-        send = np.ascontiguousarray(rows.detach().cpu().numpy())
-        width = send.shape[1] if send.ndim > 1 else 1
-        counts = [c * width for c in self.placement.counts()]
-        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
-        recv = np.empty((self.placement.peers,) + send.shape[1:], dtype=send.dtype) if self.rank == 0 else None
-        mpi_type = MPI._typedict[send.dtype.char]
-        self.comm.Gatherv(send, [recv, counts, displs, mpi_type] if self.rank == 0 else None, root=0)
-        return torch.from_numpy(recv) if self.rank == 0 else None
+        parts = self._gather_objects(rows.detach().cpu().numpy(), self._what("gather to rank 0"))
+        return torch.from_numpy(np.concatenate(parts)) if parts is not None else None
 
     def gather(self, obj):
-        return self.comm.gather(obj, root=0)
+        return self._gather_objects(obj, self._what("gather to rank 0"))
 
     def bcast(self, obj):
-        return self.comm.bcast(obj, root=0)
+        return self._bcast_object(obj, self._what("broadcast from rank 0"))
 
     def allreduce_sum(self, value):
-        return self.comm.allreduce(value)
+        parts = self.gather(value)
+        return self.bcast(sum(parts) if parts is not None else None)
+
+    def agree(self, flag, rank0_flag):
+        flags = self.gather(bool(flag))
+        return self.bcast((any(flags), bool(rank0_flag)) if flags is not None else None)
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        self.gather(None)
+        self.bcast(None)
 
     def abort(self, code: int) -> None:
         self.comm.Abort(code)

@@ -126,12 +126,18 @@ class ByteCounter:
 
 
 class CommTimeout(RuntimeError):
-    pass
+    """A peer's message did not come within --comm-timeout (a rank died or stalls). `reporter` is the rank
+    that prints it: the lowest rank not among the missing ones, so that one line is printed."""
+
+    def __init__(self, message: str, reporter: int = 0):
+        super().__init__(message)
+        self.reporter = reporter
 
 
 class Transport:
     rank = 0
     size = 1
+    round_index = 0  # the round under way (0-based), for messages about it
 
     def __init__(self, placement: Placement, timeout: float = 600.0):
         self.placement = placement
@@ -161,7 +167,7 @@ class Transport:
             self._remote_exchange(phase, round_index, remote, pending, inbox, kind)
         missing = [(s, d) for s, d in expect if d in self.local_nodes and s not in inbox.get(d, {})]
         if missing:
-            raise CommTimeout(f"{phase} (round {round_index}): no message for {missing[:10]}")
+            raise CommTimeout(f"round {round_index + 1}, {phase}: no message for {missing[:10]}", self.rank)
         return inbox
 
     def _remote_exchange(self, phase, round_index, remote, pending, inbox, kind) -> None:
@@ -180,6 +186,10 @@ class Transport:
 
     def allreduce_sum(self, value: float) -> float:
         return value
+
+    def agree(self, flag: bool, rank0_flag: bool) -> tuple[bool, bool]:
+        """(flag on any rank, rank 0's rank0_flag) on every rank: one decision for all ranks."""
+        return flag, rank0_flag
 
     def barrier(self) -> None:
         pass

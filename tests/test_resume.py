@@ -1,0 +1,157 @@
+"""Checkpoints, --resume and faults: a run stopped by Ctrl-C, by a stalled or a killed rank, resumes to
+exactly the numbers of the uninterrupted run, also on another number of ranks."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, mpirun, run_cli
+from tests.helpers import metric_lines
+
+BASE = ["--dataset", "synthetic", "--peers", "12", "--rounds", "6", "--no-progress", "--checkpoint-every", "1"]
+SLOW = ["--local-epochs", "40"]  # rounds long enough to be interrupted mid-run
+
+
+def _start(args, out, ranks=0, mpi_options=()):
+    cmd = [sys.executable, "-m", "p2pfl.run", *args, "--out", str(out)]
+    if ranks:
+        cmd = [mpirun(), "-n", str(ranks), "--oversubscribe", *mpi_options, *cmd]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_rows(proc, out, rows, limit=300):
+    """Until metrics.jsonl holds `rows` rounds (the run is mid-way), or fail."""
+    path, start = out / "metrics.jsonl", time.monotonic()
+    while not (path.exists() and len(path.read_text().splitlines()) >= rows):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() - start < limit
+        time.sleep(0.05)
+
+
+def _rank_pid(rank):
+    """The pid of MPI rank `rank` of the one p2pfl job running (from the processes' environments)."""
+    for pid in subprocess.run(["pgrep", "-f", "p2pfl.run"], capture_output=True, text=True).stdout.split():
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env and b"mpirun" not in cmdline:
+            return int(pid)
+    raise AssertionError(f"no process of rank {rank}")
+
+
+def _same_run(a, b):
+    assert metric_lines(a) == metric_lines(b)
+    full, resumed = torch.load(a / "model.pt"), torch.load(b / "model.pt")
+    assert full.keys() == resumed.keys() and all(torch.equal(full[k], resumed[k]) for k in full)
+    if (a / "final.json").exists():
+        assert json.loads((a / "final.json").read_text()) == json.loads((b / "final.json").read_text())
+
+
+def _interrupt_and_resume(tmp_path, args, resume_ranks=0):
+    full = run_cli(*args, "--out", str(tmp_path / "full"))
+    assert full.returncode == 0, full.stderr
+    proc = _start(args, tmp_path / "cut")
+    _wait_for_rows(proc, tmp_path / "cut", 2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert "continue with: python -m p2pfl.run --resume" in err and "Traceback" not in err
+    assert (tmp_path / "cut" / "accuracy.png").exists()
+    done = json.loads((tmp_path / "cut" / "checkpoint" / "latest.json").read_text())["round"]
+    assert len((tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()) == done
+    resumed = run_cli("--resume", str(tmp_path / "cut"), "--no-progress", ranks=resume_ranks)
+    assert resumed.returncode == 0, resumed.stderr
+    _same_run(tmp_path / "full", tmp_path / "cut")
+    assert not (tmp_path / "cut" / "checkpoint").exists()  # a finished run keeps none
+
+
+def test_ctrl_c_on_one_process_then_resume_on_three_ranks(tmp_path):
+    _interrupt_and_resume(tmp_path, [*BASE, *SLOW, "--algo", "dfedavg", "--kappa", "3", "--save-edges"], resume_ranks=3)
+    full = (tmp_path / "full" / "edges.jsonl").read_text()
+    assert full == (tmp_path / "cut" / "edges.jsonl").read_text()
+
+
+@pytest.mark.parametrize("args", [
+    ["--algo", "scaffold", "--local-epochs", "30"],  # control variates on clients and server
+    ["--algo", "dispfl", "--kappa", "3", "--local-epochs", "20"],  # masks
+    ["--algo", "moon", "--local-epochs", "20"],  # which clients have a previous model
+    ["--algo", "ntk-dfl", "--kappa", "3", "--ntk-taus", "50,100", "--lr", "0.1"],  # the chosen t, pooled
+    ["--algo", "cyclic", "--then", "scaffold", "--cyclic-rounds", "2", "--local-epochs", "30"],  # state of phase 2
+], ids=["scaffold", "dispfl", "moon", "ntk-dfl", "cyclic-scaffold"])
+def test_resume_restores_algorithm_state(tmp_path, args):
+    _interrupt_and_resume(tmp_path, [*BASE, *args])
+
+
+def test_a_stalled_rank_stops_the_job_with_one_line_and_exit_4(tmp_path):
+    """Rank 2 is stopped (SIGSTOP) mid-run: the others give up after --comm-timeout with one line naming
+    the round, the phase, the missing peers and their rank; the checkpoint resumes on one process."""
+    args = [*BASE, *SLOW, "--algo", "dfedavg", "--kappa", "3", "--comm-timeout", "3"]
+    proc = _start(args, tmp_path / "cut", ranks=3)
+    _wait_for_rows(proc, tmp_path / "cut", 2)
+    victim = _rank_pid(2)
+    os.kill(victim, signal.SIGSTOP)
+    start = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        subprocess.run(["kill", "-9", str(victim)], capture_output=True)
+    assert time.monotonic() - start < 3 + 10
+    assert proc.returncode == 4, err
+    ours = [line for line in err.splitlines() if line.startswith("p2pfl:")]
+    assert len(ours) == 1 and ours[0].startswith("p2pfl: stopped: round "), err
+    assert "no message after 3 s from peers [8, 9, 10, 11] on ranks [2]" in ours[0]
+    assert "Traceback" not in err
+    full = run_cli(*args, "--out", str(tmp_path / "full"))
+    assert run_cli("--resume", str(tmp_path / "cut"), "--no-progress").returncode == 0
+    _same_run(tmp_path / "full", tmp_path / "cut")
+
+
+def test_a_killed_rank_is_named_under_ulfm_and_the_run_resumes(tmp_path):
+    """Rank 1 is killed mid-run under mpirun --with-ft ulfm: MPI reports the failure at once, one line
+    names the rank's peers, exit 4; the checkpoint resumes on two ranks."""
+    args = [*BASE, *SLOW, "--algo", "dfedavg", "--kappa", "3"]
+    proc = _start(args, tmp_path / "cut", ranks=3, mpi_options=("--with-ft", "ulfm"))
+    _wait_for_rows(proc, tmp_path / "cut", 2)
+    os.kill(_rank_pid(1), signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4, err
+    ours = [line for line in err.splitlines() if line.startswith("p2pfl:")]
+    assert len(ours) == 1 and "rank failed" in ours[0] and "on ranks [1]" in ours[0], err
+    full = run_cli(*args, "--out", str(tmp_path / "full"))
+    assert run_cli("--resume", str(tmp_path / "cut"), "--no-progress", ranks=2).returncode == 0
+    _same_run(tmp_path / "full", tmp_path / "cut")
+
+
+def test_resume_refuses_changes_and_folders_without_a_checkpoint(tmp_path):
+    args = [*BASE, "--algo", "dfedavg", "--kappa", "3", "--local-epochs", "1", "--out", str(tmp_path / "run")]
+    assert run_cli(*args).returncode == 0
+    changed = run_cli("--resume", str(tmp_path / "run"), "--lr", "0.5")
+    assert changed.returncode == 2 and "--lr cannot change" in changed.stderr
+    finished = run_cli("--resume", str(tmp_path / "run"))
+    assert finished.returncode == 2 and "no checkpoint" in finished.stderr
+    nothing = run_cli("--resume", str(tmp_path / "nowhere"))
+    assert nothing.returncode == 2 and "no config.toml" in nothing.stderr
+
+
+def test_checkpoints_load_without_unpickling_objects(tmp_path):
+    """What a checkpoint holds loads with weights_only=True: tensors, numbers, strings, lists, dicts."""
+    from p2pfl import checkpoint
+
+    args = [*BASE, *SLOW, "--algo", "scaffold"]
+    proc = _start(args, tmp_path / "cut")
+    _wait_for_rows(proc, tmp_path / "cut", 2)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=300)
+    files = sorted((tmp_path / "cut" / checkpoint.FOLDER).glob("slot*.pt"))
+    assert files
+    for path in files:
+        state = torch.load(path, weights_only=True)
+        assert state["peers"] == list(range(12)) and state["flat"].shape[0] == 12
+        assert set(state["peer_state"]) == {"c_local"} and set(state["server"]) == {"c_global"}
