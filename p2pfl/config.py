@@ -69,6 +69,11 @@ class RunConfig:
     save_edges: bool = False
     batched: bool = True
     comm_timeout: float = 600.0
+    drop_peers: float = 0.0  # simulated faults (p2pfl.faults)
+    drop_links: float = 0.0
+    slow_peers: float = 0.0
+    slow_factor: float = 4.0
+    round_deadline: float = 2.0
     checkpoint_every: int | None = None  # None: after a round when a minute has passed since the last; 0: never
     resume: str | None = None  # a run folder to continue from its checkpoint
     progress: bool = True
@@ -155,6 +160,15 @@ def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
                    help="train a rank's peers one by one instead of as one vmap batch")
     p.add_argument("--comm-timeout", type=float, help="seconds to wait for a peer's message (default 600)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--drop-peers", type=float, help="simulated faults: probability that a peer is offline for a "
+                   "round (neither trains nor sends) (default 0)")
+    p.add_argument("--drop-links", type=float, help="simulated faults: probability that a message is lost (default 0)")
+    p.add_argument("--slow-peers", type=float, help="simulated faults: probability that a peer straggles in a round "
+                   "(default 0)")
+    p.add_argument("--slow-factor", type=float, help="a straggler's local work takes this many time units, a "
+                   "peer's 1 (default 4)")
+    p.add_argument("--round-deadline", type=float, help="messages arriving after this many simulated time units "
+                   "are dropped (default 2)")
     p.add_argument("--checkpoint-every", type=int, help="checkpoint every N rounds, 0 never (default: after a "
                    "round when a minute has passed since the last checkpoint, and on Ctrl-C)")
     p.add_argument("--resume", help="continue the run in this folder from its last checkpoint, with its config.toml")
@@ -337,6 +351,17 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"--weight-decay must be non-negative, got {cfg.weight_decay}")
     if cfg.lr_decay is not None and cfg.lr_decay < 0:
         raise UserError(f"--lr-decay must be non-negative, got {cfg.lr_decay}")
+    for name in ("drop_peers", "drop_links", "slow_peers"):
+        if not 0 <= getattr(cfg, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} is a probability in [0, 1), got {getattr(cfg, name)}")
+    if cfg.slow_factor < 1:
+        raise UserError(f"--slow-factor must be at least 1 (a straggler is not faster), got {cfg.slow_factor}")
+    if cfg.round_deadline < 1:
+        raise UserError(f"--round-deadline must be at least 1 (the time a peer's work takes), got {cfg.round_deadline}")
+    if (cfg.drop_peers or cfg.drop_links or cfg.slow_peers) and not REGISTRY[cfg.algo].tolerates_faults:
+        able = ", ".join(name for name, c in REGISTRY.items() if c.tolerates_faults)
+        raise UserError(f"--algo {cfg.algo} does not simulate faults yet; --drop-peers, --drop-links and --slow-peers "
+                        f"work with: {able}")
     if cfg.checkpoint_every is not None and cfg.checkpoint_every < 0:
         raise UserError(f"--checkpoint-every must be 0 (never) or a number of rounds, got {cfg.checkpoint_every}")
     if cfg.comm_timeout <= 0:
@@ -431,14 +456,6 @@ def check_model_memory(cfg: RunConfig, n_params: int, peers_here: int) -> None:
     if need > have:
         raise UserError(f"--model {cfg.model} has {n_params:,} parameters; {peers_here} peers on this machine would "
                         f"need about {need / 2**30:,.1f} GiB, more than its {have / 2**30:,.1f} GiB of memory")
-
-
-def check_shards(cfg: RunConfig, sizes: list[int]) -> None:
-    """A --batch-size no peer can fill is a mistake, not a request for full batches (defaults are exempt)."""
-    largest = max(sizes)
-    if "batch_size" in cfg.given and cfg.batch_size > largest:
-        raise UserError(f"--batch-size {cfg.batch_size} exceeds every peer's samples (the most any peer holds is "
-                        f"{largest}); use a batch of at most {largest}")
 
 
 def resolve(cfg: RunConfig, world_size: int) -> RunConfig:

@@ -75,6 +75,15 @@ def check_finite(ctx, round_index: int) -> None:
                               f"have NaN/inf weights; lower --lr")
 
 
+def fault_fields(faults, round_index: int, peers: int, lost: int) -> dict:
+    """Who took part in a round under simulated faults, and its simulated time."""
+    everyone = range(peers)
+    return {"offline": [p for p in everyone if faults.offline(round_index, p)],
+            "stragglers": [p for p in faults.taking_part(round_index, everyone)
+                           if faults.finish_time(round_index, p) > 1.0],
+            "messages_lost": lost, "sim_time": faults.simulated_time(round_index, everyone)}
+
+
 class MetricsLog:
     def __init__(self, ctx, run_dir: Path | None, algorithm):
         self.ctx = ctx
@@ -118,9 +127,9 @@ class MetricsLog:
     def record(self, round_index: int, train_losses: torch.Tensor | None, wall_s: float, evaluate_now: bool) -> dict | None:
         ctx = self.ctx
         check_finite(ctx, round_index)
-        sent, dense = ctx.transport.counter.take()
+        sent, dense, lost = ctx.transport.counter.take()
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-        gathered = ctx.transport.gather((sent, dense, rss))
+        gathered = ctx.transport.gather((sent, dense, rss, lost))
         train = ctx.transport.gather_rows(train_losses[:, None].double()) if train_losses is not None else None
         custom = self.algorithm.test_scores(self.test_x, self.test_y) if evaluate_now else None
         weights, clients = self.evaluate_all() if evaluate_now and custom is None else (None, None)
@@ -128,11 +137,13 @@ class MetricsLog:
             return None
         phases: dict[str, int] = {}
         dense_total = 0
-        for s, d, _ in gathered:
+        for s, d, _, _ in gathered:
             for k, v in s.items():
                 phases[k] = phases.get(k, 0) + v
             dense_total += sum(d.values())
         row: dict = {"round": round_index + 1, **self.algorithm.row_fields(round_index)}
+        if ctx.faults is not None:
+            row.update(fault_fields(ctx.faults, round_index, ctx.cfg.peers, sum(g[3] for g in gathered)))
         aggregated: dict = {}
         if custom is not None:
             aggregated, clients = custom
@@ -150,7 +161,7 @@ class MetricsLog:
             row["train_loss"] = float(train.nanmean())  # the peers that trained this round
         row.update(bytes_sent=int(sum(phases.values())), bytes_dense=int(dense_total),
                    bytes_by_phase=phases, wall_s=round(wall_s, 4),
-                   peak_rss_mb=round(sum(r for _, _, r in gathered) / 1024))
+                   peak_rss_mb=round(sum(g[2] for g in gathered) / 1024))
         self.rows.append(row)
         if self.path is not None:
             with self.path.open("a") as fh:

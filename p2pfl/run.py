@@ -78,7 +78,8 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     from p2pfl.algorithms import REGISTRY
     from p2pfl.algorithms.base import RunContext
     from p2pfl.data import DataRequest, load_dataset, partition
-    from p2pfl.config import check_data_fit, check_model_memory, check_shards
+    from p2pfl.faults import Faults
+    from p2pfl.config import check_data_fit, check_model_memory
     from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
     from p2pfl.tasks import TASKS
     from topologies import TopologySchedule
@@ -91,6 +92,9 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     check_data_fit(cfg, len(data.train_y), len(data.test_y))
     cls.prepare_data(data, cfg)
     transport = make_transport(cfg.peers, 1 if cls.centralized else 0, cfg.comm_timeout)
+    faults = Faults(cfg.seed, cfg.peers, cfg.drop_peers, cfg.drop_links, cfg.slow_peers, cfg.slow_factor,
+                    cfg.round_deadline)
+    transport.faults = faults if faults.active else None
     peers = transport.placement.peers_of(transport.rank)
     with torch.device("meta"):  # counted before it is allocated
         n_params = count_parameters(build_model(cfg.model, data.input_shape, data.n_classes, cfg))
@@ -98,7 +102,6 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     shards = partition(data.train_y.numpy(), data.train_classes, cfg.peers, cfg.partition, per_peer=cfg.samples_per_peer,
                        alpha=cfg.alpha, classes=cfg.classes_per_peer, style=cfg.dirichlet_style,
                        classes_style=cfg.classes_style, groups=data.groups, seed=cfg.seed)
-    check_shards(cfg, [len(s) for s in shards])
     model = build_model(cfg.model, data.input_shape, data.n_classes, cfg)
     flat = initial_parameters(model, peers, cfg.seed, cfg.init, device)
     data.train_x, data.train_y = data.train_x.to(device), data.train_y.to(device)
@@ -107,7 +110,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
                      schedule=TopologySchedule(cfg.topology, cfg.peers + cls.centralized, cfg.kappa, cfg.seed,
                                                cfg.static),
                      stack=PeerStack(model.to(device), cfg.batched, TASKS[data.task]), peers=peers, flat=flat,
-                     device=device)
+                     device=device, faults=transport.faults)
     return ctx, cls(ctx)
 
 

@@ -68,7 +68,7 @@ HOSTILE = [
     ([*SYN, "--hidden", "100000000"], "more than its"),
     ([*SYN, "--peers", "100000000"], "exceeds the 6,000 training samples"),
     ([*SYN, "--test-samples", "99999999"], "exceeds the 1,000 test samples"),
-    ([*SYN, "--batch-size", "100000"], "exceeds every peer's samples"),
+    ([*SYN, "--algo", "ntk-dfl", "--ntk-projection", "64"], "does not reduce the 64 input features"),
     ([*SYN, "--train-samples", "9999999"], "exceeds the 6000 training samples"),
     ([*SYN, "--algo", "ntk-dfl", "--ntk-batches", "100000"], "every Jacobian batch needs at least one sample"),
     ([*SYN, "--algo", "ntk-dfl", "--ntk-subsample", "1000"], "every Jacobian batch needs at least one sample"),

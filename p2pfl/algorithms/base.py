@@ -10,8 +10,9 @@ import torch
 from p2pfl.comm import Message, Transport, Weights
 from p2pfl.config import RunConfig
 from p2pfl.data import Dataset
+from p2pfl.faults import Faults
 from p2pfl.models import PeerStack
-from p2pfl.training import SGDSettings
+from p2pfl.training import SGDSettings, train_epochs
 from topologies import TopologySchedule, mixing_weights
 
 
@@ -27,6 +28,13 @@ class RunContext:
     flat: torch.Tensor  # (len(peers), D) their parameters
     device: torch.device
     global_weights: torch.Tensor | None = None  # a star's server model (rank 0); None: average all peers
+    faults: Faults | None = None  # simulated faults, where any are asked for
+
+    def online_rows(self, round_index: int) -> list[int]:
+        """Rows of this rank's peers that take part in the round (all of them without faults)."""
+        if self.faults is None:
+            return list(range(len(self.peers)))
+        return [i for i, p in enumerate(self.peers) if not self.faults.offline(round_index, p)]
 
     @property
     def local_shards(self) -> list[torch.Tensor]:
@@ -71,6 +79,7 @@ class Algorithm:
     peer_state: tuple[str, ...] = ()
     server_state: tuple[str, ...] = ()
     pooled_state: tuple[str, ...] = ()
+    tolerates_faults = False  # proceeds with what arrived under --drop-peers/--drop-links/--slow-peers
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
@@ -125,9 +134,27 @@ class Algorithm:
         return None
 
 
+def train_taking_part(ctx: RunContext, round_index: int, opt: SGDSettings) -> torch.Tensor:
+    """Local epochs of SGD for this rank's peers that take part in the round (all of them without
+    simulated faults), in place on ctx.flat; an offline peer keeps its weights and reports a NaN loss."""
+    rows = ctx.online_rows(round_index)
+    args = (ctx.data.train_x, ctx.data.train_y, opt, ctx.lr(round_index), ctx.cfg.seed, round_index)
+    if len(rows) == len(ctx.peers):
+        return train_epochs(ctx.stack, ctx.flat, ctx.local_shards, ctx.peers, *args)
+    losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)
+    if rows:
+        part = ctx.flat[rows]
+        losses[rows] = train_epochs(ctx.stack, part, [ctx.local_shards[i] for i in rows],
+                                    [ctx.peers[i] for i in rows], *args)
+        ctx.flat[rows] = part
+    return losses
+
+
 def neighbour_average(ctx: RunContext, round_index: int, flat: torch.Tensor, phase: str = "average") -> torch.Tensor:
     """Each peer sends its weights to its neighbours and takes the mixing-weighted average of its
-    neighbourhood, synchronously: x_i <- sum_j W_ij x_j over j in N(i) + {i}, summed in peer order."""
+    neighbourhood, synchronously: x_i <- sum_j W_ij x_j over j in N(i) + {i}, summed in peer order.
+    Under simulated faults a peer averages what arrived, its weights renormalised to sum to 1 (an
+    offline peer hears nothing and keeps its own weights)."""
     graph = ctx.schedule.graph(round_index)
     weights = mixing_weights(graph, ctx.cfg.mixing, ctx.sample_counts)
     row_of = {p: i for i, p in enumerate(ctx.peers)}
@@ -136,8 +163,12 @@ def neighbour_average(ctx: RunContext, round_index: int, flat: torch.Tensor, pha
     inbox = ctx.transport.exchange(phase, round_index, messages, expect, Weights)
     out = torch.empty_like(flat)
     for p in ctx.peers:
+        heard = [(j, w) for j, w in weights[p] if j == p or j in inbox[p]]
+        if len(heard) < len(weights[p]):  # lost messages (simulated faults): the weights of what arrived
+            total = sum(w for _, w in heard)
+            heard = [(j, w / total) for j, w in heard]
         acc = torch.zeros_like(flat[0])
-        for j, w in weights[p]:
+        for j, w in heard:
             acc += w * (flat[row_of[p]] if j == p else inbox[p][j].weights.to(flat.device))
         out[row_of[p]] = acc
     return out

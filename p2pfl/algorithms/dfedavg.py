@@ -6,19 +6,18 @@ Its "D-PSGD" (one local epoch of batch 10, then averaging) is this class with
 """
 import torch
 
-from p2pfl.algorithms.base import Algorithm, neighbour_average
-from p2pfl.training import train_epochs
+from p2pfl.algorithms.base import Algorithm, neighbour_average, train_taking_part
 
 
 class DFedAvg(Algorithm):
     name = "dfedavg"
     summary = "local epochs of SGD, then averaging with neighbours"
     training = {"lr": 0.1, "batch_size": 25, "local_epochs": 20, "momentum": 0.0}
+    tolerates_faults = True  # offline peers skip the round; the others average what arrived
 
     def round(self, round_index: int) -> torch.Tensor:
         ctx = self.ctx
-        losses = train_epochs(ctx.stack, ctx.flat, ctx.local_shards, ctx.peers, ctx.data.train_x,
-                              ctx.data.train_y, ctx.sgd(), ctx.lr(round_index), ctx.cfg.seed, round_index)
+        losses = train_taking_part(ctx, round_index, ctx.sgd())
         ctx.flat = neighbour_average(ctx, round_index, ctx.flat)
         return losses
 

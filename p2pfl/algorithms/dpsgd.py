@@ -11,6 +11,7 @@ class DPSGD(Algorithm):
     name = "dpsgd"
     summary = "D-PSGD (Lian et al. 2017): one SGD step per gossip round"
     training = {"lr": 0.1, "batch_size": 10, "momentum": 0.0}
+    tolerates_faults = True  # an offline peer neither steps nor averages; the others average what arrived
 
     def round(self, round_index: int) -> torch.Tensor:
         ctx = self.ctx
@@ -20,5 +21,9 @@ class DPSGD(Algorithm):
         noise = ctx.stack.dropout_noise(ctx.peers, opt.batch_size, ctx.cfg.seed, round_index) if ctx.stack.dropouts else None
         grad, losses = gradients(ctx.stack, ctx.flat, ctx.data.train_x[index], ctx.data.train_y[index], mask, noise)
         ctx.flat = neighbour_average(ctx, round_index, ctx.flat)
-        apply_step(ctx.flat, grad, mask.sum(1) > 0, opt, ctx.lr(round_index), None)
+        stepping = mask.sum(1) > 0
+        offline = [i for i in range(len(ctx.peers)) if i not in set(ctx.online_rows(round_index))]
+        stepping[offline] = False
+        losses[offline] = float("nan")
+        apply_step(ctx.flat, grad, stepping, opt, ctx.lr(round_index), None)
         return losses

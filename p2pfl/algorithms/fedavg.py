@@ -61,6 +61,7 @@ class FedAvg(ServerAlgorithm):
     summary = "FedAvg: local SGD, sample-weighted average of the sampled clients"
     Settings = FedAvgSettings
     training = {"lr": 0.1, "batch_size": 50, "local_epochs": 5, "momentum": 0.0}
+    tolerates_faults = True  # the server averages the clients whose uploads arrived
 
     def local_train(self, round_index, clients, received, losses, terms=None) -> torch.Tensor:
         ctx = self.ctx
@@ -175,6 +176,7 @@ class Centralized(FedAvg):
     model on the union, with the same local settings."""
 
     name = "central"
+    tolerates_faults = False
     summary = "upper bound: the server trains on the sampled clients' data"
     trains_locally = False
     Upload = Samples
@@ -199,6 +201,7 @@ class DataShare(FedAvg):
     phase 'share'); each round a client trains on its shard plus as many samples drawn from it."""
 
     name = "datashare"
+    tolerates_faults = False
     summary = "FedAvg with a shared global set mixed into local training"
     Settings = DataShareSettings
 

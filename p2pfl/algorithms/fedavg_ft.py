@@ -90,6 +90,7 @@ def linear_gd(B: torch.Tensor, w: torch.Tensor, residual_gradient, lr: float, st
 
 class FedAvgFT(FedAvg):
     name = "fedavg-ft"
+    tolerates_faults = False
     summary = "FedAvg with fine-tuning: local steps learn a representation; new clients fine-tune it"
     Settings = FedAvgFTSettings
     setting_defaults = {"clients_per_round": 0, "local_steps": 2}

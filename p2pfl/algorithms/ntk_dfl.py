@@ -53,6 +53,7 @@ class NTKDFL(Algorithm):
     summary = "NTK-DFL: averaging, Jacobian exchange, local NTK evolution"
     Settings = NTKDFLSettings
     pooled_state = ("taus_chosen",)
+    tolerates_faults = True  # offline peers skip the round; the others evolve with the Jacobians that arrived
     tasks = ("classification",)
     training = {"lr": 0.01, "lr_decay": 0.07}
 
@@ -102,30 +103,32 @@ class NTKDFL(Algorithm):
         eta = ctx.lr(round_index)
         row = {p: i for i, p in enumerate(ctx.peers)}
         n_classes = ctx.data.n_classes
+        faults = ctx.faults
+        online = [p for p in ctx.peers if faults is None or not faults.offline(round_index, p)]
         # 'weights': every peer's neighbours learn the weights their Jacobians are to be taken at
         msgs = [Message(p, j, Weights(weights[row[p]])) for p in ctx.peers for j in graph.neighbors(p)]
-        inbox = ctx.transport.exchange("weights", round_index, msgs,
+        heard = ctx.transport.exchange("weights", round_index, msgs,
                                        [(j, p) for p in ctx.peers for j in graph.neighbors(p)], Weights)
-        at = {p: weights[row[p]] for p in ctx.peers}
-        at.update({j: w.weights.to(ctx.device) for p in ctx.peers for j, w in inbox[p].items()})
-        # 'jacobians': J of my samples at each neighbour's weights, with my labels and outputs
+        # 'jacobians': J of my samples at each neighbour's weights (those that reached me), with my labels
+        # and outputs
         own, msgs = {}, []
-        for i in ctx.peers:
+        for i in online:
             x, y = ctx.data.train_x[data[i].to(ctx.device)], ctx.data.train_y[data[i].to(ctx.device)]
-            for j in hood[i]:
-                jac, f = self.codec.compute(at[j], x)
-                if j == i:
-                    own[i] = (jac, f.detach(), y)
-                else:
-                    payload, dense = self.codec.pack(jac, f, y)
-                    msgs.append(Message(i, j, payload, dense_nbytes=dense))
-        inbox = ctx.transport.exchange("jacobians", round_index, msgs,
-                                       [(j, p) for p in ctx.peers for j in graph.neighbors(p)], JacobianMessage)
+            jac, f = self.codec.compute(weights[row[i]], x)
+            own[i] = (jac, f.detach(), y)
+            for j, w in heard[i].items():
+                jac, f = self.codec.compute(w.weights.to(ctx.device), x)
+                payload, dense = self.codec.pack(jac, f, y)
+                msgs.append(Message(i, j, payload, dense_nbytes=dense))
+        expect = [(j, p) for p in ctx.peers for j in graph.neighbors(p)
+                  if faults is None or faults.delivered(round_index, p, j, "weights")]
+        inbox = ctx.transport.exchange("jacobians", round_index, msgs, expect, JacobianMessage)
         new = ctx.flat.clone()
-        losses = torch.zeros(len(ctx.peers), device=ctx.device)
-        for chunk in range(0, len(ctx.peers), EVOLVE_CHUNK):
-            peers = ctx.peers[chunk:chunk + EVOLVE_CHUNK]
-            problems = [self.problem(p, hood[p], own, inbox, weights[row[p]], data) for p in peers]
+        losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)  # NaN: offline this round
+        for chunk in range(0, len(online), EVOLVE_CHUNK):
+            peers = online[chunk:chunk + EVOLVE_CHUNK]
+            members = {p: [j for j in hood[p] if j == p or j in inbox[p]] for p in peers}  # what arrived
+            problems = [self.problem(p, members[p], own, inbox, weights[row[p]], data) for p in peers]
             results = ntk_steps(problems, self.codec.shape, n_classes, eta, self.step_settings)
             for p, result in zip(peers, results):
                 new[row[p]] = result.weights

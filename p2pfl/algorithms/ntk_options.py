@@ -75,4 +75,8 @@ def project_inputs(data, cfg) -> None:
     if cfg.settings.ntk_projection:
         if MODELS[cfg.model].images:
             raise UserError(f"--ntk-projection turns images into vectors; --model {cfg.model} needs images")
+        features = data.train_x[0].numel()
+        if cfg.settings.ntk_projection >= features:
+            raise UserError(f"--ntk-projection {cfg.settings.ntk_projection} does not reduce the {features} input "
+                            f"features of {data.name}; use fewer dimensions (or 0 for none)")
         project_dataset(data, cfg.settings.ntk_projection, cfg.seed)

@@ -55,25 +55,30 @@ class ServerAlgorithm(Algorithm):
         got = self.star_round(round_index, clients, lambda c: self.download(round_index, c),
                               lambda mine, received: self.client_work(round_index, mine, received, losses),
                               self.Download, self.Upload)
-        if self.is_server:
-            ctx.global_weights = self.server_update(round_index, clients, got)
+        heard = [c for c in clients if c in got]  # every sampled client, unless simulated faults lost some
+        if self.is_server and heard:
+            ctx.global_weights = self.server_update(round_index, heard, got)
         return losses if self.trains_locally else None
 
     def star_round(self, round_index, clients, download, work, Download, Upload,
                    phases=("download", "upload")) -> dict:
         """Server -> clients -> server: download(client) is what the server sends each client;
         work(this rank's clients, {client: received}) returns {client: (upload, dense bytes or None)}.
-        Returns {client: upload} on the server, {} elsewhere."""
-        ctx = self.ctx
+        Returns {client: upload} on the server, {} elsewhere; under simulated faults only the clients the
+        download reached work, and only the uploads that arrived are returned."""
+        ctx, faults = self.ctx, self.ctx.faults
         mine = [c for c in clients if c in self.row]
         down = [Message(self.server, c, download(c)) for c in clients] if self.is_server else []
         inbox = ctx.transport.exchange(phases[0], round_index, down, [(self.server, c) for c in mine], Download)
+        mine = [c for c in mine if self.server in inbox[c]]  # under simulated faults, the clients reached
         received = {c: inbox[c][self.server].to(ctx.device) for c in mine}
         uploads = work(mine, received) if mine else {}
         up = [Message(c, self.server, payload, dense) for c, (payload, dense) in uploads.items()]
-        expect = [(c, self.server) for c in clients] if self.is_server else []
+        expect = [(c, self.server) for c in clients if faults is None or
+                  faults.delivered(round_index, self.server, c, phases[0])] if self.is_server else []
         inbox = ctx.transport.exchange(phases[1], round_index, up, expect, Upload)
-        return {c: inbox[self.server][c].to(ctx.device) for c in clients} if self.is_server else {}
+        return {c: inbox[self.server][c].to(ctx.device) for c in clients if c in inbox[self.server]} \
+            if self.is_server else {}
 
     def download(self, round_index: int, client: int) -> Payload:
         return Weights(self.ctx.global_weights)

@@ -152,6 +152,7 @@ def client_round(Z: StandardFeatures, gram: torch.Tensor | None, Y, theta, h, pr
 
 class TCT(FedAvg):
     name = "tct"
+    tolerates_faults = False
     summary = "TCT: FedAvg, then the eNTK-convexified problem solved with SCAFFOLD"
     Settings = TCTSettings
     training = {"lr": 0.01, "batch_size": 64, "local_epochs": 5, "momentum": 0.0, "weight_decay": 1e-5}

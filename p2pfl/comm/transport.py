@@ -107,22 +107,24 @@ class Placement:
 
 
 class ByteCounter:
-    """Bytes this rank's peers sent, per phase, since the last take()."""
+    """Bytes this rank's peers sent, per phase, since the last take(); and messages lost (simulated)."""
 
     def __init__(self):
         self.sent: dict[str, int] = defaultdict(int)
         self.dense: dict[str, int] = defaultdict(int)
+        self.lost = 0
 
     def record(self, phase: str, messages: Iterable[Message]) -> None:
         for m in messages:
             self.sent[phase] += m.nbytes
             self.dense[phase] += m.nbytes if m.dense_nbytes is None else m.dense_nbytes
 
-    def take(self) -> tuple[dict[str, int], dict[str, int]]:
-        sent, dense = dict(self.sent), dict(self.dense)
+    def take(self) -> tuple[dict[str, int], dict[str, int], int]:
+        sent, dense, lost = dict(self.sent), dict(self.dense), self.lost
         self.sent.clear()
         self.dense.clear()
-        return sent, dense
+        self.lost = 0
+        return sent, dense, lost
 
 
 class CommTimeout(RuntimeError):
@@ -138,6 +140,7 @@ class Transport:
     rank = 0
     size = 1
     round_index = 0  # the round under way (0-based), for messages about it
+    faults = None  # p2pfl.faults.Faults: simulated offline peers, lost and late messages
 
     def __init__(self, placement: Placement, timeout: float = 600.0):
         self.placement = placement
@@ -154,7 +157,15 @@ class Transport:
         for m in messages:
             if m.src not in self.local_nodes:
                 raise ValueError(f"peer {m.src} is not on rank {self.rank}")
-        self.counter.record(phase, messages)
+        if self.faults is not None:  # offline peers send nothing; lost and late messages never arrive
+            messages = [m for m in messages if self.faults.sends(round_index, m.src)]
+            self.counter.record(phase, messages)
+            arriving = [m for m in messages if self.faults.delivered(round_index, m.src, m.dst, phase)]
+            self.counter.lost += len(messages) - len(arriving)
+            messages = arriving
+            expect = [(s, d) for s, d in expect if self.faults.delivered(round_index, s, d, phase)]
+        else:
+            self.counter.record(phase, messages)
         inbox: Inbox = defaultdict(dict)
         remote: list[Message] = []
         for m in messages:
