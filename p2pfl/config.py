@@ -74,7 +74,7 @@ class RunConfig:
     slow_peers: float = 0.0
     slow_factor: float = 4.0
     round_deadline: float = 2.0
-    checkpoint_every: int | None = None  # None: after a round when a minute has passed since the last; 0: never
+    checkpoint_every: int | None = None  # None: after a round when 30 s have passed since the last; 0: never
     resume: str | None = None  # a run folder to continue from its checkpoint
     progress: bool = True
     settings: Any = None  # the algorithm's own settings (an instance of its Settings dataclass)
@@ -170,7 +170,7 @@ def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
     p.add_argument("--round-deadline", type=float, help="messages arriving after this many simulated time units "
                    "are dropped (default 2)")
     p.add_argument("--checkpoint-every", type=int, help="checkpoint every N rounds, 0 never (default: after a "
-                   "round when a minute has passed since the last checkpoint, and on Ctrl-C)")
+                   "round when 30 s have passed since the last checkpoint, and on Ctrl-C)")
     p.add_argument("--resume", help="continue the run in this folder from its last checkpoint, with its config.toml")
     if algo in REGISTRY:
         cls = REGISTRY[algo]

@@ -44,7 +44,7 @@ from p2pfl.config import RunConfig, parse_config, resolve, resolved_dict, write_
 from p2pfl.comm.transport import CommTimeout  # noqa: E402
 from p2pfl.errors import DivergenceError, Interrupted, UserError  # noqa: E402
 
-CHECKPOINT_SECONDS = 60.0  # the default --checkpoint-every: after a round when this long has passed
+CHECKPOINT_SECONDS = 30.0  # the default --checkpoint-every: after a round when this long has passed
 
 
 def pick_device(choice: str, local_rank: int) -> torch.device:

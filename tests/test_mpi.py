@@ -61,3 +61,28 @@ def test_centralized_under_mpi_equals_single_process(tmp_path, algo, ranks):
     multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=ranks)
     assert multi.returncode == 0, multi.stderr
     assert metric_lines(tmp_path / "single") == metric_lines(tmp_path / "multi")
+
+
+@pytest.mark.parametrize("algo,peers,seed,ranks,extra", [
+    ("fedavg", 13, 5, 4, ["--clients-per-round", "7"]),
+    ("moon", 9, 1, 2, ["--clients-per-round", "0"]),
+    ("dispfl", 10, 9, 3, ["--kappa", "3"]),
+    ("dfedavgm", 15, 9, 4, ["--kappa", "4", "--mixing", "metropolis", "--topology", "erdos-renyi"]),
+    ("fednova", 11, 2, 3, ["--clients-per-round", "0", "--momentum", "0.5"]),
+    ("cyclic", 10, 4, 3, ["--cyclic-rounds", "1", "--then", "scaffold"]),
+    ("dpsgd", 7, 8, 2, ["--topology", "ring", "--aggregate", "sample-weighted", "--partition", "iid"]),
+])
+def test_every_metric_is_the_same_on_any_layout(tmp_path, algo, peers, seed, ranks, extra):
+    """Peer counts that do not divide evenly over the ranks, other seeds, topologies and algorithms:
+    every metrics.jsonl field but timings and memory, and final.json, equal one process's."""
+    args = ["--dataset", "synthetic", "--peers", str(peers), "--seed", str(seed), "--rounds", "2",
+            "--local-epochs", "1", "--samples-per-peer", "60", "--algo", algo, "--no-progress", *extra]
+    single = run_cli(*args, "--out", str(tmp_path / "single"))
+    assert single.returncode == 0, single.stderr
+    multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=ranks)
+    assert multi.returncode == 0, multi.stderr
+    assert metric_lines(tmp_path / "single") == metric_lines(tmp_path / "multi")
+    single_final, multi_final = (tmp_path / run / "final.json" for run in ("single", "multi"))
+    assert single_final.exists() == multi_final.exists()
+    if single_final.exists():
+        assert single_final.read_text() == multi_final.read_text()
