@@ -391,6 +391,7 @@ def check_data_dir(cfg: RunConfig, spec) -> None:
 def check_out(cfg: RunConfig) -> None:
     """A run folder is never clobbered by accident: --out must be new, empty, or given with --overwrite."""
     if cfg.out is None:
+        _check_writable(Path("runs"))  # where the default run folder goes
         return
     if not str(cfg.out).strip():
         raise UserError("--out must name a folder, got an empty name")

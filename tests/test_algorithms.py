@@ -14,7 +14,7 @@ def test_full_graph_uniform_average_is_the_global_mean():
     ctx, _ = make_context(topology="full", init="different")
     out = neighbour_average(ctx, 0, ctx.flat)
     assert torch.allclose(out, ctx.flat.mean(0, keepdim=True).expand_as(out), atol=1e-6)
-    sent, _ = ctx.transport.counter.take()
+    sent, _, _ = ctx.transport.counter.take()
     assert sent["average"] == 8 * 7 * ctx.flat.shape[1] * 4  # every peer sends its weights to 7 others
 
 

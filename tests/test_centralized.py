@@ -121,7 +121,7 @@ def test_datashare_sends_the_shared_set_once_and_mixes_it_in(tmp_path):
     ctx, alg = make_context(**{**BASE, "algo": "datashare"})
     assert len(alg.shared) == round(0.1 * len(torch.cat(ctx.shards).unique()))
     alg.round(0)
-    sent, _ = ctx.transport.counter.take()
+    sent, _, _ = ctx.transport.counter.take()
     per_sample = ctx.data.train_x.shape[1] * 4 + 8
     assert sent["share"] == 6 * len(alg.shared) * per_sample
     alg.round(1)

@@ -30,6 +30,6 @@ def test_local_exchange_delivers_and_counts_bytes():
             Message(3, 0, Tensors((torch.ones(4),)), dense_nbytes=100)]
     inbox = t.exchange("x", 0, msgs, [(0, 1), (2, 1), (3, 0)])
     assert torch.equal(inbox[1][0].items[0], torch.ones(10)) and len(inbox[1][2].items) == 2
-    sent, dense = t.counter.take()
+    sent, dense, _ = t.counter.take()
     assert sent == {"x": 40 + 20 + 8 + 16} and dense == {"x": 40 + 28 + 100}
-    assert t.counter.take() == ({}, {})
+    assert t.counter.take() == ({}, {}, 0)
