@@ -50,6 +50,10 @@ def test_no_faults_changes_nothing(tmp_path):
     ("ntk-dfl", 3, ["--kappa", "3", "--ntk-taus", "50,100", "--lr", "0.1"]),
     ("fedavg", 2, ["--clients-per-round", "6", "--slow-peers", "0.2"]),
     ("dpsgd", 4, ["--kappa", "3", "--rounds", "12"]),
+    ("moon", 3, ["--clients-per-round", "0"]),
+    ("ntk-fl", 2, ["--clients-per-round", "8", "--ntk-taus", "50,100", "--lr", "0.1"]),
+    ("cyclic", 3, ["--cyclic-rounds", "2", "--then", "scaffold", "--clients-per-round", "0"]),
+    ("central", 2, ["--clients-per-round", "0", "--slow-peers", "0.2"]),
 ])
 def test_faulty_runs_learn_and_equal_across_rank_counts(tmp_path, algo, ranks, extra):
     args = ["--dataset", "synthetic", "--peers", "12", "--rounds", "5", "--local-epochs", "2", "--no-progress",

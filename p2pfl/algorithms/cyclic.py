@@ -46,6 +46,7 @@ class Cyclic(ServerAlgorithm):
     Settings = CyclicSettings
     setting_defaults = {"clients_per_round": 10}  # phase 2: the paper's 10% of 100 clients
     training = {"lr": 0.01, "batch_size": 32, "local_epochs": 5, "momentum": 0.0}
+    tolerates_faults = True  # a phase-1 visit that fails leaves the model as it was; phase 2 as --then
 
     def __init__(self, ctx):
         from p2pfl.algorithms import REGISTRY
@@ -100,7 +101,7 @@ class Cyclic(ServerAlgorithm):
             got = self.star_round(round_index, [client], lambda c: Weights(ctx.global_weights),
                                   lambda mine, received: self.visit(round_index, mine, received, losses),
                                   Weights, Weights, ("cyclic-down", "cyclic-up"))
-            if self.is_server:
+            if self.is_server and client in got:  # under simulated faults a visit may fail: the model stays
                 ctx.global_weights = got[client].weights
         return losses
 

@@ -176,7 +176,6 @@ class Centralized(FedAvg):
     model on the union, with the same local settings."""
 
     name = "central"
-    tolerates_faults = False
     summary = "upper bound: the server trains on the sampled clients' data"
     trains_locally = False
     Upload = Samples

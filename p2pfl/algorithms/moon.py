@@ -25,7 +25,6 @@ class MoonSettings(FedAvgSettings):
 
 class Moon(FedAvg):
     name = "moon"
-    tolerates_faults = False
     summary = "MOON: FedAvg with a model-contrastive loss on the representation"
     Settings = MoonSettings
     training = {"lr": 0.01, "batch_size": 32, "local_epochs": 5, "momentum": 0.0}
