@@ -53,7 +53,7 @@ def save(ctx, algorithm, rows: list[dict], rounds_done: int, run_dir: Path) -> N
     """Called on every rank after round `rounds_done` (1-based) is complete and its metrics recorded."""
     transport = ctx.transport
     folder = run_dir / FOLDER
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)  # every rank writes here: the run folder must be shared
     state = {"round": rounds_done, "peers": list(ctx.peers), "flat": _cpu(ctx.flat),
              "peer_state": {name: _cpu(_get(algorithm, name)) for name in algorithm.peer_state},
              "pooled": {name: list(_get(algorithm, name)) for name in algorithm.pooled_state}}

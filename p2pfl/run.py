@@ -77,9 +77,9 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     """Everything a round needs, for this rank's peers."""
     from p2pfl.algorithms import REGISTRY
     from p2pfl.algorithms.base import RunContext
+    from p2pfl.config import check_data_fit, check_model_memory
     from p2pfl.data import DataRequest, load_dataset, partition
     from p2pfl.faults import Faults
-    from p2pfl.config import check_data_fit, check_model_memory
     from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
     from p2pfl.tasks import TASKS
     from topologies import TopologySchedule
@@ -253,7 +253,7 @@ def save_final(ctx, log, run_dir: Path, final: dict | None) -> None:
 
     if final:
         (run_dir / "final.json").write_text(json.dumps(final, indent=1))
-    if log.last_weights is not None:
+    if log.last_weights is not None or ctx.global_weights is not None:  # a star's server model needs no gather
         model = run_model(ctx, log.last_weights, log.algorithm)
         state = {k: v.clone() for k, v in ctx.stack.layout.views(model).items()}
         torch.save(state, run_dir / "model.pt")

@@ -155,3 +155,29 @@ def test_checkpoints_load_without_unpickling_objects(tmp_path):
         state = torch.load(path, weights_only=True)
         assert state["peers"] == list(range(12)) and state["flat"].shape[0] == 12
         assert set(state["peer_state"]) == {"c_local"} and set(state["server"]) == {"c_global"}
+
+
+def test_tct_interrupted_in_stage_2_resumes_from_the_end_of_stage_1(tmp_path):
+    """TCT checkpoints stage 1 only: a stop in stage 2 resumes at the switch, convexifies again, and
+    ends with the uninterrupted run's numbers and linear model."""
+    from tests.conftest import write_stripes
+
+    (tmp_path / "digits").mkdir()
+    digits = write_stripes(tmp_path / "digits", 4, 120, 40)
+    args = ["--algo", "tct", "--dataset", "mnist", "--data-dir", str(digits), "--model", "simple-cnn", "--peers", "4",
+            "--partition", "classes", "--classes-style", "niid-bench", "--classes-per-peer", "1",
+            "--tct-stage1-rounds", "2", "--tct-stage2-rounds", "5", "--tct-features", "2000", "--tct-local-steps",
+            "400", "--tct-lr", "1e-5", "--local-epochs", "1", "--batch-size", "16", "--no-progress",
+            "--checkpoint-every", "1"]
+    full = run_cli(*args, "--out", str(tmp_path / "full"))
+    assert full.returncode == 0, full.stderr
+    proc = _start(args, tmp_path / "cut")
+    _wait_for_rows(proc, tmp_path / "cut", 3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert json.loads((tmp_path / "cut" / "checkpoint" / "latest.json").read_text())["round"] == 2
+    assert run_cli("--resume", str(tmp_path / "cut"), "--no-progress", ranks=2).returncode == 0
+    _same_run(tmp_path / "full", tmp_path / "cut")
+    linear = [torch.load(tmp_path / run / "tct_linear.pt", weights_only=True) for run in ("full", "cut")]
+    assert all(torch.equal(linear[0][k], linear[1][k]) for k in linear[0])
