@@ -54,6 +54,8 @@ def test_no_faults_changes_nothing(tmp_path):
     ("ntk-fl", 2, ["--clients-per-round", "8", "--ntk-taus", "50,100", "--lr", "0.1"]),
     ("cyclic", 3, ["--cyclic-rounds", "2", "--then", "scaffold", "--clients-per-round", "0"]),
     ("central", 2, ["--clients-per-round", "0", "--slow-peers", "0.2"]),
+    ("dispfl", 3, ["--kappa", "3", "--lr", "0.05"]),
+    ("datashare", 2, ["--clients-per-round", "0"]),
 ])
 def test_faulty_runs_learn_and_equal_across_rank_counts(tmp_path, algo, ranks, extra):
     args = ["--dataset", "synthetic", "--peers", "12", "--rounds", "5", "--local-epochs", "2", "--no-progress",
@@ -73,8 +75,20 @@ def test_faulty_runs_learn_and_equal_across_rank_counts(tmp_path, algo, ranks, e
     assert "drop_peers = 0.2" in config and "drop_links = 0.1" in config
 
 
+def test_fedavg_ft_under_faults_learns_and_equals_across_rank_counts(tmp_path):
+    args = ["--algo", "fedavg-ft", "--dataset", "linear-rep", "--peers", "12", "--rounds", "60", "--ft-trials", "2",
+            "--drop-peers", "0.2", "--drop-links", "0.1", "--no-progress"]
+    single = run_cli(*args, "--out", str(tmp_path / "single"))
+    assert single.returncode == 0, single.stderr
+    multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=3)
+    assert multi.returncode == 0, multi.stderr
+    rows = metric_lines(tmp_path / "single")
+    assert rows == metric_lines(tmp_path / "multi")
+    assert rows[-1]["rep_dist"] < rows[0]["rep_dist"] and rows[-1]["test_loss"] < 0.95 * rows[0]["test_loss"]
+
+
 def test_algorithms_that_do_not_simulate_faults_refuse_them(capsys):
-    assert main(["--dataset", "synthetic", "--algo", "dispfl", "--drop-peers", "0.1", "--no-progress"]) == 2
+    assert main(["--dataset", "synthetic", "--algo", "tct", "--drop-peers", "0.1", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "does not simulate faults yet" in err and "dfedavg" in err
 

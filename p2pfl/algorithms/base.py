@@ -12,7 +12,7 @@ from p2pfl.config import RunConfig
 from p2pfl.data import Dataset
 from p2pfl.faults import Faults
 from p2pfl.models import PeerStack
-from p2pfl.training import SGDSettings, train_epochs
+from p2pfl.training import SGDSettings, StepTerms, train_epochs
 from topologies import TopologySchedule, mixing_weights
 
 
@@ -134,19 +134,21 @@ class Algorithm:
         return None
 
 
-def train_taking_part(ctx: RunContext, round_index: int, opt: SGDSettings) -> torch.Tensor:
+def train_taking_part(ctx: RunContext, round_index: int, flat: torch.Tensor, opt: SGDSettings,
+                      terms: StepTerms | None = None) -> torch.Tensor:
     """Local epochs of SGD for this rank's peers that take part in the round (all of them without
-    simulated faults), in place on ctx.flat; an offline peer keeps its weights and reports a NaN loss."""
+    simulated faults), in place on flat (one row per peer of the rank); an offline peer keeps its
+    weights and reports a NaN loss."""
     rows = ctx.online_rows(round_index)
     args = (ctx.data.train_x, ctx.data.train_y, opt, ctx.lr(round_index), ctx.cfg.seed, round_index)
     if len(rows) == len(ctx.peers):
-        return train_epochs(ctx.stack, ctx.flat, ctx.local_shards, ctx.peers, *args)
+        return train_epochs(ctx.stack, flat, ctx.local_shards, ctx.peers, *args, terms)
     losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)
     if rows:
-        part = ctx.flat[rows]
+        part = flat[rows]
         losses[rows] = train_epochs(ctx.stack, part, [ctx.local_shards[i] for i in rows],
-                                    [ctx.peers[i] for i in rows], *args)
-        ctx.flat[rows] = part
+                                    [ctx.peers[i] for i in rows], *args, terms.rows(rows) if terms else None)
+        flat[rows] = part
     return losses
 
 

@@ -17,7 +17,7 @@ class DFedAvg(Algorithm):
 
     def round(self, round_index: int) -> torch.Tensor:
         ctx = self.ctx
-        losses = train_taking_part(ctx, round_index, ctx.sgd())
+        losses = train_taking_part(ctx, round_index, ctx.flat, ctx.sgd())
         ctx.flat = neighbour_average(ctx, round_index, ctx.flat)
         return losses
 

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
-from p2pfl.algorithms.base import Algorithm
+from p2pfl.algorithms.base import Algorithm, train_taking_part
 from p2pfl.algorithms.settings import fraction, non_negative, option, positive
 from p2pfl.comm import Message, Payload
 from p2pfl.ntk.compression import pack_mask, unpack_mask
 from p2pfl.seeding import torch_generator
-from p2pfl.training import StepTerms, gradients, sample_batch, train_epochs
+from p2pfl.training import StepTerms, gradients, sample_batch
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class DisPFL(Algorithm):
     summary = "DisPFL: personalized sparse masks, mask-wise neighbour averaging"
     Settings = DisPFLSettings
     peer_state = ("mask", "trained_mask")
+    tolerates_faults = True  # offline peers keep weights and masks; the others average what arrived
     # lr x0.998 a round (lr_decay = -ln 0.998 to 4 digits): DisPFL's own schedule
     training = {"lr": 0.1, "lr_decay": 0.002002, "batch_size": 10, "local_epochs": 10, "momentum": 0.0,
                 "weight_decay": 5e-4}
@@ -101,16 +102,21 @@ class DisPFL(Algorithm):
 
     def round(self, round_index: int) -> torch.Tensor:
         ctx = self.ctx
+        online = set(ctx.online_rows(round_index))
+        offline = [i for i in range(len(ctx.peers)) if i not in online]  # simulated faults: they keep all
         personal = self.aggregate(round_index)
         personal[:, : self.width] *= self.mask
-        self.trained_mask = self.mask.clone()
+        personal[offline] = ctx.flat[offline]
+        trained_mask = self.mask.clone()
+        trained_mask[offline] = self.trained_mask[offline]
+        self.trained_mask = trained_mask
         opt = ctx.sgd()
         opt.clip = self.settings.dispfl_clip
-        losses = train_epochs(ctx.stack, personal, ctx.local_shards, ctx.peers, ctx.data.train_x, ctx.data.train_y,
-                              opt, ctx.lr(round_index), ctx.cfg.seed, round_index,
-                              StepTerms(mask=self.mask.to(personal.dtype)))
+        losses = train_taking_part(ctx, round_index, personal, opt, StepTerms(mask=self.mask.to(personal.dtype)))
         ctx.flat = personal
-        self.mask = self.next_masks(round_index)
+        mask = self.next_masks(round_index)
+        mask[offline] = self.mask[offline]
+        self.mask = mask
         return losses
 
     def aggregate(self, round_index: int) -> torch.Tensor:
@@ -130,7 +136,8 @@ class DisPFL(Algorithm):
         out = torch.zeros_like(ctx.flat)
         for p in ctx.peers:
             i = row[p]
-            group = [(ctx.flat[i], self.trained_mask[i])] + [self.decode(inbox[p][j]) for j in sorted(graph.neighbors(p))]
+            group = [(ctx.flat[i], self.trained_mask[i])] + [self.decode(inbox[p][j]) for j in sorted(graph.neighbors(p))
+                                                             if j in inbox[p]]  # what arrived
             weights = torch.stack([w for w, _ in group])  # zero off each sender's mask
             count = torch.stack([kept for _, kept in group]).sum(0)
             total = weights[:, :width].sum(0)

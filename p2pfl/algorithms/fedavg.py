@@ -200,7 +200,7 @@ class DataShare(FedAvg):
     phase 'share'); each round a client trains on its shard plus as many samples drawn from it."""
 
     name = "datashare"
-    tolerates_faults = False
+    peer_state = ("has_share",)  # which clients the one-time share reached (simulated faults)
     summary = "FedAvg with a shared global set mixed into local training"
     Settings = DataShareSettings
 
@@ -210,6 +210,7 @@ class DataShare(FedAvg):
         rng = numpy_rng(ctx.cfg.seed, "share")
         size = max(1, int(round(self.settings.share_fraction * len(union))))
         self.shared = torch.from_numpy(np.sort(rng.choice(union.numpy(), size, replace=False)))
+        self.has_share = torch.zeros(len(ctx.peers), dtype=torch.bool)
 
     def round(self, round_index):
         if round_index == 0:
@@ -220,12 +221,15 @@ class DataShare(FedAvg):
         ctx, index = self.ctx, self.shared.to(self.ctx.device)
         payload = Samples(ctx.data.train_x[index], ctx.data.train_y[index])
         msgs = [Message(self.server, c, payload) for c in range(ctx.cfg.peers)] if self.is_server else []
-        ctx.transport.exchange("share", 0, msgs, [(self.server, c) for c in ctx.peers], Samples)
+        inbox = ctx.transport.exchange("share", 0, msgs, [(self.server, c) for c in ctx.peers], Samples)
+        self.has_share = torch.tensor([self.server in inbox[c] for c in ctx.peers], dtype=torch.bool)
 
     def local_train(self, round_index, clients, received, losses, terms=None):
         ctx, original = self.ctx, self.ctx.shards
         mixed = list(original)
         for c in clients:
+            if not self.has_share[self.row[c]]:  # the share did not reach it (simulated faults)
+                continue
             rng = numpy_rng(ctx.cfg.seed, "share-mix", round_index, c)
             extra = self.shared[rng.choice(len(self.shared), min(len(original[c]), len(self.shared)), False)]
             mixed[c] = torch.cat([original[c], extra])

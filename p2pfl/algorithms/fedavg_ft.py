@@ -75,22 +75,28 @@ def sample_gradient(X: torch.Tensor, y: torch.Tensor, beta: torch.Tensor) -> tor
     return (X * residuals(X, y, beta)[:, None]).sum(0) / len(y)
 
 
+def betas(B: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """beta = B w for rows of peers, B (L, d, k), w (L, k), as products and sums: each row's bits do
+    not depend on which other rows are in the batch (a batched BLAS product's can), so a run gives
+    the same numbers on any number of ranks."""
+    return (B * w[:, None, :]).sum(2)
+
+
 def linear_gd(B: torch.Tensor, w: torch.Tensor, residual_gradient, lr: float, steps: int,
               first: torch.Tensor | None = None):
     """Simultaneous gradient steps on (B, w) of rows of peers, B (L, d, k), w (L, k): with g the gradient
-    of the loss in beta = B w, grad_B = g w^T and grad_w = B^T g, both at the same iterate. `first` is
-    g at the start, where the caller has it already."""
+    of the loss in beta = B w, grad_B = g w^T and grad_w = B^T g (as products and sums, as betas), both at
+    the same iterate. `first` is g at the start, where the caller has it already."""
     g = residual_gradient(B, w) if first is None else first
     for step in range(steps):
         if step:
             g = residual_gradient(B, w)
-        B, w = B - lr * g[:, :, None] * w[:, None, :], w - lr * torch.einsum("ldk,ld->lk", B, g)
+        B, w = B - lr * g[:, :, None] * w[:, None, :], w - lr * (B * g[:, :, None]).sum(1)
     return B, w
 
 
 class FedAvgFT(FedAvg):
     name = "fedavg-ft"
-    tolerates_faults = False
     summary = "FedAvg with fine-tuning: local steps learn a representation; new clients fine-tune it"
     Settings = FedAvgFTSettings
     setting_defaults = {"clients_per_round": 0, "local_steps": 2}
@@ -144,13 +150,13 @@ class FedAvgFT(FedAvg):
         """g(B, w): the gradient of each client's loss in beta = B w, population or full-batch."""
         ctx = self.ctx
         if self.settings.ft_gradients == "population":  # f_i = 1/2 ||B w - B* w*_i||^2
-            targets = self.w_star[clients] @ self.B_star.T
-            return lambda B, w: torch.einsum("ldk,lk->ld", B, w) - targets
+            targets = (self.B_star * self.w_star[clients][:, None, :]).sum(2)
+            return lambda B, w: betas(B, w) - targets
         X = [ctx.data.train_x[ctx.shards[c].to(ctx.device)] for c in clients]
         y = [ctx.data.train_y[ctx.shards[c].to(ctx.device)] for c in clients]
 
         def samples(B, w):  # f_i = 1/(2 n_i) sum_j (y_ij - <B w, x_ij>)^2
-            beta = torch.einsum("ldk,lk->ld", B, w)
+            beta = betas(B, w)
             return torch.stack([sample_gradient(Xi, yi, beta[i]) for i, (Xi, yi) in enumerate(zip(X, y))])
 
         return samples
@@ -221,7 +227,7 @@ class FedAvgFT(FedAvg):
                 X = torch.randn(n, d, generator=gen, dtype=torch.float64)
                 y = X @ beta + self.truth["noise"] * torch.randn(n, generator=gen, dtype=torch.float64)
                 B, w = linear_gd(views["B"].cpu()[None], views["w"].cpu()[None],
-                                 lambda B, w: sample_gradient(X, y, torch.einsum("ldk,lk->ld", B, w)[0])[None],
+                                 lambda B, w: sample_gradient(X, y, betas(B, w)[0])[None],
                                  s.ft_lr or ctx.cfg.lr, s.ft_steps)
                 errors[n].append(float(((B[0] @ w[0] - beta) ** 2).sum()))
         return summarise(errors)
