@@ -358,10 +358,6 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"--slow-factor must be at least 1 (a straggler is not faster), got {cfg.slow_factor}")
     if cfg.round_deadline < 1:
         raise UserError(f"--round-deadline must be at least 1 (the time a peer's work takes), got {cfg.round_deadline}")
-    if (cfg.drop_peers or cfg.drop_links or cfg.slow_peers) and not REGISTRY[cfg.algo].tolerates_faults:
-        able = ", ".join(name for name, c in REGISTRY.items() if c.tolerates_faults)
-        raise UserError(f"--algo {cfg.algo} does not simulate faults yet; --drop-peers, --drop-links and --slow-peers "
-                        f"work with: {able}")
     if cfg.checkpoint_every is not None and cfg.checkpoint_every < 0:
         raise UserError(f"--checkpoint-every must be 0 (never) or a number of rounds, got {cfg.checkpoint_every}")
     if cfg.comm_timeout <= 0:

@@ -87,10 +87,32 @@ def test_fedavg_ft_under_faults_learns_and_equals_across_rank_counts(tmp_path):
     assert rows[-1]["rep_dist"] < rows[0]["rep_dist"] and rows[-1]["test_loss"] < 0.95 * rows[0]["test_loss"]
 
 
-def test_algorithms_that_do_not_simulate_faults_refuse_them(capsys):
-    assert main(["--dataset", "synthetic", "--algo", "tct", "--drop-peers", "0.1", "--no-progress"]) == 2
-    err = capsys.readouterr().err
-    assert "does not simulate faults yet" in err and "dfedavg" in err
+def test_tct_under_faults_learns_and_equals_across_rank_counts(tmp_path):
+    """Stage 1 and stage 2 average what arrived; the one-time convexification is exchanged reliably."""
+    from tests.conftest import write_stripes
+
+    (tmp_path / "digits").mkdir()
+    digits = write_stripes(tmp_path / "digits", 4, 120, 40)
+    args = ["--algo", "tct", "--dataset", "mnist", "--data-dir", str(digits), "--model", "simple-cnn", "--peers", "4",
+            "--partition", "classes", "--classes-style", "niid-bench", "--classes-per-peer", "1",
+            "--tct-stage1-rounds", "2", "--tct-stage2-rounds", "3", "--tct-features", "2000", "--tct-local-steps", "20",
+            "--tct-lr", "1e-5", "--local-epochs", "1", "--batch-size", "16", "--no-progress", "--seed", "3",
+            "--drop-peers", "0.1", "--drop-links", "0.2"]
+    single = run_cli(*args, "--out", str(tmp_path / "single"))
+    assert single.returncode == 0, single.stderr
+    multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=3)
+    assert multi.returncode == 0, multi.stderr
+    rows = metric_lines(tmp_path / "single")
+    assert rows == metric_lines(tmp_path / "multi")
+    assert [r["stage"] for r in rows] == [1, 1, 2, 2, 2]
+    assert rows[-1]["test_acc"] > 0.5 and sum(r["messages_lost"] for r in rows) > 0
+
+
+def test_fault_flags_are_checked(capsys):
+    assert main(["--dataset", "synthetic", "--drop-peers", "1", "--no-progress"]) == 2
+    assert "--drop-peers is a probability in [0, 1)" in capsys.readouterr().err
+    assert main(["--dataset", "synthetic", "--slow-peers", "0.1", "--slow-factor", "0.5", "--no-progress"]) == 2
+    assert "--slow-factor must be at least 1" in capsys.readouterr().err
 
 
 def test_resume_under_faults_equals_the_uninterrupted_run(tmp_path):

@@ -79,7 +79,6 @@ class Algorithm:
     peer_state: tuple[str, ...] = ()
     server_state: tuple[str, ...] = ()
     pooled_state: tuple[str, ...] = ()
-    tolerates_faults = False  # proceeds with what arrived under --drop-peers/--drop-links/--slow-peers
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx

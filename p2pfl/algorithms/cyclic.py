@@ -46,7 +46,6 @@ class Cyclic(ServerAlgorithm):
     Settings = CyclicSettings
     setting_defaults = {"clients_per_round": 10}  # phase 2: the paper's 10% of 100 clients
     training = {"lr": 0.01, "batch_size": 32, "local_epochs": 5, "momentum": 0.0}
-    tolerates_faults = True  # a phase-1 visit that fails leaves the model as it was; phase 2 as --then
 
     def __init__(self, ctx):
         from p2pfl.algorithms import REGISTRY

@@ -13,7 +13,6 @@ class DFedAvg(Algorithm):
     name = "dfedavg"
     summary = "local epochs of SGD, then averaging with neighbours"
     training = {"lr": 0.1, "batch_size": 25, "local_epochs": 20, "momentum": 0.0}
-    tolerates_faults = True  # offline peers skip the round; the others average what arrived
 
     def round(self, round_index: int) -> torch.Tensor:
         ctx = self.ctx

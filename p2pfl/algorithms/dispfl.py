@@ -70,7 +70,6 @@ class DisPFL(Algorithm):
     summary = "DisPFL: personalized sparse masks, mask-wise neighbour averaging"
     Settings = DisPFLSettings
     peer_state = ("mask", "trained_mask")
-    tolerates_faults = True  # offline peers keep weights and masks; the others average what arrived
     # lr x0.998 a round (lr_decay = -ln 0.998 to 4 digits): DisPFL's own schedule
     training = {"lr": 0.1, "lr_decay": 0.002002, "batch_size": 10, "local_epochs": 10, "momentum": 0.0,
                 "weight_decay": 5e-4}

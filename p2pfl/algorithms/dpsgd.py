@@ -11,7 +11,6 @@ class DPSGD(Algorithm):
     name = "dpsgd"
     summary = "D-PSGD (Lian et al. 2017): one SGD step per gossip round"
     training = {"lr": 0.1, "batch_size": 10, "momentum": 0.0}
-    tolerates_faults = True  # an offline peer neither steps nor averages; the others average what arrived
 
     def round(self, round_index: int) -> torch.Tensor:
         ctx = self.ctx

@@ -61,7 +61,6 @@ class FedAvg(ServerAlgorithm):
     summary = "FedAvg: local SGD, sample-weighted average of the sampled clients"
     Settings = FedAvgSettings
     training = {"lr": 0.1, "batch_size": 50, "local_epochs": 5, "momentum": 0.0}
-    tolerates_faults = True  # the server averages the clients whose uploads arrived
 
     def local_train(self, round_index, clients, received, losses, terms=None) -> torch.Tensor:
         ctx = self.ctx

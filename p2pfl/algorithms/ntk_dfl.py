@@ -53,7 +53,6 @@ class NTKDFL(Algorithm):
     summary = "NTK-DFL: averaging, Jacobian exchange, local NTK evolution"
     Settings = NTKDFLSettings
     pooled_state = ("taus_chosen",)
-    tolerates_faults = True  # offline peers skip the round; the others evolve with the Jacobians that arrived
     tasks = ("classification",)
     training = {"lr": 0.01, "lr_decay": 0.07}
 

@@ -61,7 +61,6 @@ class NTKFL(ServerAlgorithm):
     shuffle = False  # CP-NTK-FL's shuffling server
     Upload = NTKUpload
     pooled_state = ("taus_chosen",)
-    tolerates_faults = True  # the server evolves with the Jacobians of the clients whose uploads arrived
 
     def __init__(self, ctx):
         super().__init__(ctx)

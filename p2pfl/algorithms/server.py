@@ -61,22 +61,24 @@ class ServerAlgorithm(Algorithm):
         return losses if self.trains_locally else None
 
     def star_round(self, round_index, clients, download, work, Download, Upload,
-                   phases=("download", "upload")) -> dict:
+                   phases=("download", "upload"), reliable: bool = False) -> dict:
         """Server -> clients -> server: download(client) is what the server sends each client;
         work(this rank's clients, {client: received}) returns {client: (upload, dense bytes or None)}.
         Returns {client: upload} on the server, {} elsewhere; under simulated faults only the clients the
-        download reached work, and only the uploads that arrived are returned."""
+        download reached work, and only the uploads that arrived are returned (reliable: no faults apply,
+        for one-time setup exchanges)."""
         ctx, faults = self.ctx, self.ctx.faults
         mine = [c for c in clients if c in self.row]
         down = [Message(self.server, c, download(c)) for c in clients] if self.is_server else []
-        inbox = ctx.transport.exchange(phases[0], round_index, down, [(self.server, c) for c in mine], Download)
+        inbox = ctx.transport.exchange(phases[0], round_index, down, [(self.server, c) for c in mine], Download,
+                                       reliable)
         mine = [c for c in mine if self.server in inbox[c]]  # under simulated faults, the clients reached
         received = {c: inbox[c][self.server].to(ctx.device) for c in mine}
         uploads = work(mine, received) if mine else {}
         up = [Message(c, self.server, payload, dense) for c, (payload, dense) in uploads.items()]
-        expect = [(c, self.server) for c in clients if faults is None or
+        expect = [(c, self.server) for c in clients if faults is None or reliable or
                   faults.delivered(round_index, self.server, c, phases[0])] if self.is_server else []
-        inbox = ctx.transport.exchange(phases[1], round_index, up, expect, Upload)
+        inbox = ctx.transport.exchange(phases[1], round_index, up, expect, Upload, reliable)
         return {c: inbox[self.server][c].to(ctx.device) for c in clients if c in inbox[self.server]} \
             if self.is_server else {}
 

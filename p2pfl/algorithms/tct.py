@@ -9,6 +9,7 @@ h_k, only the model travelling each way, aggregated with weights n_k/n.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -152,7 +153,6 @@ def client_round(Z: StandardFeatures, gram: torch.Tensor | None, Y, theta, h, pr
 
 class TCT(FedAvg):
     name = "tct"
-    tolerates_faults = False
     summary = "TCT: FedAvg, then the eNTK-convexified problem solved with SCAFFOLD"
     Settings = TCTSettings
     training = {"lr": 0.01, "batch_size": 64, "local_epochs": 5, "momentum": 0.0, "weight_decay": 1e-5}
@@ -207,7 +207,10 @@ class TCT(FedAvg):
     # -- convexify ------------------------------------------------------------------------------------
     def convexify(self, round_index: int) -> None:
         """The server sends the stage-1 network to every client; each computes its eNTK features and,
-        with normalisation, sends their sums; the server returns the global mean and 1/sd."""
+        with normalisation, sends their sums; the server returns the global mean and 1/sd. This one-time
+        setup is exchanged reliably under simulated faults (as a protocol that retries until every
+        client has answered): statistics from a subset of clients leave the others' features badly
+        scaled, and the stage-2 steps diverge."""
         ctx, s = self.ctx, self.settings
         clients = list(range(ctx.cfg.peers))
         network = ctx.global_weights if self.is_server else None
@@ -227,7 +230,7 @@ class TCT(FedAvg):
 
         phases = ("convexify", "normalize")
         got = self.star_round(round_index, clients, lambda c: Weights(network), features_of, Weights, Moments,
-                              phases)
+                              phases, reliable=True)
         stats = None
         if self.is_server:
             stats = global_standardisation([got[c] for c in clients]) if s.tct_normalize else \
@@ -235,7 +238,7 @@ class TCT(FedAvg):
         if s.tct_normalize:  # one more download: the global statistics
             msgs = [Message(self.server, c, stats) for c in clients] if self.is_server else []
             inbox = ctx.transport.exchange("normalize", round_index, msgs, [(self.server, c) for c in raw],
-                                           Standardisation)
+                                           Standardisation, reliable=True)
             received = {c: inbox[c][self.server].to(ctx.device) for c in raw}
         else:
             identity = no_standardisation(next(iter(raw.values())).shape[1] if raw else 0, ctx.device)
@@ -261,7 +264,7 @@ class TCT(FedAvg):
     def stage2_round(self, round_index: int) -> torch.Tensor:
         ctx, s = self.ctx, self.settings
         clients = list(range(ctx.cfg.peers))
-        losses = torch.zeros(len(ctx.peers), device=ctx.device)
+        losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)  # NaN: no download (faults)
         shape = (self.test_features.raw.shape[1] + 1, self.C) if self.is_server else None
 
         def local(mine, received):
@@ -280,20 +283,27 @@ class TCT(FedAvg):
 
         got = self.star_round(round_index, clients, lambda c: Weights(self.linear.reshape(-1)), local,
                               Weights, Weights)
-        if self.is_server:
-            p = self.weights_of(clients)
-            self.linear = sum(p[i] * got[c].weights for i, c in enumerate(clients)).view(shape)
+        heard = [c for c in clients if c in got]
+        if self.is_server and heard:
+            p = self.weights_of(heard)
+            self.linear = sum(p[i] * got[c].weights for i, c in enumerate(heard)).view(shape)
         if ctx.transport.bcast(bool(not torch.isfinite(self.linear).all()) if self.is_server else None):
-            raise DivergenceError(f"round {round_index}: the stage-2 linear model holds NaN/inf; the local steps "
+            raise DivergenceError(f"round {round_index + 1}: the stage-2 linear model holds NaN/inf; the local steps "
                                   f"are unstable when --tct-lr exceeds 2 / (largest eigenvalue of a client's "
                                   f"Z^T Z / n_k): lower --tct-lr (now {s.tct_lr:g})")
         return losses
+
+    def width(self) -> int:
+        """Entries of the stage-2 linear model: (p + 1) x C."""
+        _, layout, _ = self.convexified(torch.zeros(self.ctx.stack.layout.size))
+        return (min(self.settings.tct_features, layout.trainable) + 1) * self.C
 
     def test_scores(self, x, y):
         if self.stage == 1:
             return None
         ctx = self.ctx
-        mine = torch.stack([self.previous[c].reshape(-1) for c in ctx.peers]) if ctx.peers else None
+        zero = torch.zeros(self.width(), device=ctx.device)  # a client that never ran stage 2 (faults)
+        mine = torch.stack([self.previous[c].reshape(-1) if c in self.previous else zero for c in ctx.peers])
         clients = ctx.transport.gather_rows(mine)
         if not self.is_server:
             return {}, {}

@@ -149,15 +149,16 @@ class Transport:
         self.local_nodes = set(placement.nodes_of(self.rank))
 
     def exchange(self, phase: str, round_index: int, messages: Sequence[Message],
-                 expect: Iterable[tuple[int, int]], kind: type[Payload] = Tensors) -> Inbox:
+                 expect: Iterable[tuple[int, int]], kind: type[Payload] = Tensors, reliable: bool = False) -> Inbox:
         """Send messages from this rank's peers; return what this rank's peers receive, as payloads of
         class kind (what the phase carries).
 
-        expect lists the (src, dst) pairs with dst on this rank; the call returns when all arrived."""
+        expect lists the (src, dst) pairs with dst on this rank; the call returns when all arrived.
+        Simulated faults drop messages (and the matching expectations) unless the phase is reliable."""
         for m in messages:
             if m.src not in self.local_nodes:
                 raise ValueError(f"peer {m.src} is not on rank {self.rank}")
-        if self.faults is not None:  # offline peers send nothing; lost and late messages never arrive
+        if self.faults is not None and not reliable:  # offline peers send nothing; lost and late ones never arrive
             messages = [m for m in messages if self.faults.sends(round_index, m.src)]
             self.counter.record(phase, messages)
             arriving = [m for m in messages if self.faults.delivered(round_index, m.src, m.dst, phase)]
