@@ -197,7 +197,7 @@ def run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
             save_final(ctx, log, run_dir, final)
             shutil.rmtree(run_dir / checkpoint.FOLDER, ignore_errors=True)  # a finished run needs none
     except KeyboardInterrupt:
-        raise Interrupted(f"stopped in round {k + 1}; {_resume_hint(run_dir, saved)}") from None
+        raise Interrupted(f"stopped in round {k + 1} by {stop.by}; {_resume_hint(run_dir, saved)}") from None
     finally:
         stop.uninstall()
         bar.close()
@@ -215,10 +215,12 @@ class StopRequest:
     or SIGTERM (what mpirun sends the other ranks when one dies), stops at once."""
 
     def __init__(self, rank: int):
-        self.requested, self.rank = False, rank
+        self.requested, self.rank, self.by = False, rank, "Ctrl-C"
         self.previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGTERM:
+            self.by = "SIGTERM (under mpirun: the job was stopped, or a rank died)"
         if self.requested or signum == signal.SIGTERM:
             raise KeyboardInterrupt
         self.requested = True
@@ -292,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before the run started
         return 130
     except CommTimeout as exc:
-        if exc.reporter == rank:
-            print(f"p2pfl: stopped: {exc}", file=sys.stderr)
+        if exc.reporter != rank and exc.notify is not None:
+            exc.notify()  # the reporter prints the line and ends the job; if it cannot, this rank does
+        print(f"p2pfl: stopped: {exc}", file=sys.stderr)
         if _under_mpi_world():
             sys.stderr.flush()
             os._exit(4)  # MPI_Finalize would wait for the missing rank

@@ -11,6 +11,17 @@ from tests.conftest import run_cli
 from tests.helpers import make_context, metric_lines
 
 
+def rows_on_one_and_more_ranks(tmp_path, args, ranks):
+    """The run's metrics rows, checked equal (every field but timings and memory) on 1 and `ranks` ranks."""
+    single = run_cli(*args, "--out", str(tmp_path / "single"))
+    assert single.returncode == 0, single.stderr
+    multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=ranks)
+    assert multi.returncode == 0, multi.stderr
+    rows = metric_lines(tmp_path / "single")
+    assert rows == metric_lines(tmp_path / "multi")
+    return rows
+
+
 def test_fault_draws_have_their_rates_and_depend_only_on_their_keys():
     faults = Faults(seed=3, peers=50, drop_peers=0.2, drop_links=0.1, slow_peers=0.3, slow_factor=4, deadline=2)
     offline = np.mean([faults.offline(k, p) for k in range(100) for p in range(50)])
@@ -60,12 +71,7 @@ def test_no_faults_changes_nothing(tmp_path):
 def test_faulty_runs_learn_and_equal_across_rank_counts(tmp_path, algo, ranks, extra):
     args = ["--dataset", "synthetic", "--peers", "12", "--rounds", "5", "--local-epochs", "2", "--no-progress",
             "--algo", algo, "--drop-peers", "0.2", "--drop-links", "0.1", "--seed", "4", *extra]
-    single = run_cli(*args, "--out", str(tmp_path / "single"))
-    assert single.returncode == 0, single.stderr
-    multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=ranks)
-    assert multi.returncode == 0, multi.stderr
-    rows = metric_lines(tmp_path / "single")
-    assert rows == metric_lines(tmp_path / "multi")
+    rows = rows_on_one_and_more_ranks(tmp_path, args, ranks)
     assert rows[-1]["test_acc"] > max(0.3, rows[0]["test_acc"])  # it learns (10 classes: chance is 0.1)
     assert sum(len(r["offline"]) for r in rows) > 0 and sum(r["messages_lost"] for r in rows) > 0
     assert all(1.0 <= r["sim_time"] <= 2.0 for r in rows)
@@ -78,12 +84,7 @@ def test_faulty_runs_learn_and_equal_across_rank_counts(tmp_path, algo, ranks, e
 def test_fedavg_ft_under_faults_learns_and_equals_across_rank_counts(tmp_path):
     args = ["--algo", "fedavg-ft", "--dataset", "linear-rep", "--peers", "12", "--rounds", "60", "--ft-trials", "2",
             "--drop-peers", "0.2", "--drop-links", "0.1", "--no-progress"]
-    single = run_cli(*args, "--out", str(tmp_path / "single"))
-    assert single.returncode == 0, single.stderr
-    multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=3)
-    assert multi.returncode == 0, multi.stderr
-    rows = metric_lines(tmp_path / "single")
-    assert rows == metric_lines(tmp_path / "multi")
+    rows = rows_on_one_and_more_ranks(tmp_path, args, 3)
     assert rows[-1]["rep_dist"] < rows[0]["rep_dist"] and rows[-1]["test_loss"] < 0.95 * rows[0]["test_loss"]
 
 
@@ -98,12 +99,7 @@ def test_tct_under_faults_learns_and_equals_across_rank_counts(tmp_path):
             "--tct-stage1-rounds", "2", "--tct-stage2-rounds", "3", "--tct-features", "2000", "--tct-local-steps", "20",
             "--tct-lr", "1e-5", "--local-epochs", "1", "--batch-size", "16", "--no-progress", "--seed", "3",
             "--drop-peers", "0.1", "--drop-links", "0.2"]
-    single = run_cli(*args, "--out", str(tmp_path / "single"))
-    assert single.returncode == 0, single.stderr
-    multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=3)
-    assert multi.returncode == 0, multi.stderr
-    rows = metric_lines(tmp_path / "single")
-    assert rows == metric_lines(tmp_path / "multi")
+    rows = rows_on_one_and_more_ranks(tmp_path, args, 3)
     assert [r["stage"] for r in rows] == [1, 1, 2, 2, 2]
     assert rows[-1]["test_acc"] > 0.5 and sum(r["messages_lost"] for r in rows) > 0
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections import defaultdict
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -29,6 +30,8 @@ def _tag(phase: str, round_index: int) -> int:
 
 
 COLLECTIVE_TAG = 32001  # above every exchange tag, within MPI's guaranteed bound 32767
+NOTICE_TAG = 32002  # a rank that gave up tells the reporting rank, which prints the one line
+NOTICE_GRACE = 10.0  # seconds a rank that sent a notice waits for the reporter to end the job
 
 
 def _raw(t: torch.Tensor) -> np.ndarray:
@@ -92,7 +95,26 @@ class MpiTransport(Transport):
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         super().__init__(Placement(peers, self.size, extra_on_root), timeout)
 
+    @contextmanager
+    def _failures(self, what: str, peers_on=None):
+        """Under mpirun --with-ft ulfm, an MPI call that touches a dead rank raises: that becomes a
+        CommTimeout naming the failed ranks, printed by the rank that saw it."""
+        try:
+            yield
+        except self.MPI.Exception as exc:
+            try:
+                group = self.comm.Get_failed()
+                failed = set(self.MPI.Group.Translate_ranks(group, list(range(group.Get_size())),
+                                                            self.comm.Get_group()))
+            except self.MPI.Exception:
+                failed = set()
+            self._missing(what, failed, peers_on, f"rank failed ({exc.Get_error_string()})", self.rank)
+
     def _remote_exchange(self, phase, round_index, remote, pending, inbox, kind) -> None:
+        with self._failures(f"round {round_index + 1}, {phase}"):
+            self._exchange_buffers(phase, round_index, remote, pending, inbox, kind)
+
+    def _exchange_buffers(self, phase, round_index, remote, pending, inbox, kind) -> None:
         MPI, comm, tag = self.MPI, self.comm, _tag(phase, round_index)
         by_rank: dict[int, list[Message]] = defaultdict(list)
         for m in remote:
@@ -119,12 +141,10 @@ class MpiTransport(Transport):
         deadline, nap, status = time.monotonic() + self.timeout, 1e-5, MPI.Status()
         while waiting:
             got = False
+            if comm.Iprobe(source=MPI.ANY_SOURCE, tag=NOTICE_TAG, status=status):  # another rank gave up
+                raise CommTimeout(comm.recv(source=status.Get_source(), tag=NOTICE_TAG), self.rank)
             for r in sorted(waiting):
-                try:
-                    arrived = comm.Iprobe(source=r, tag=tag, status=status)
-                except MPI.Exception as exc:  # ULFM: rank r has failed; the rank that saw it says so
-                    self._missing(what, {r}, peers_on, f"rank failed ({exc.Get_error_string()})", self.rank)
-                if arrived:
+                if comm.Iprobe(source=r, tag=tag, status=status):
                     receive(r, status)
                     waiting.discard(r)
                     got = True
@@ -147,8 +167,22 @@ class MpiTransport(Transport):
         peers = peers_on(ranks) if peers_on else sorted(p for r in ranks for p in self.placement.nodes_of(r))
         shown = f"{peers[:20]}{' ...' if len(peers) > 20 else ''}"
         alive = [r for r in range(self.size) if r not in ranks]
-        raise CommTimeout(f"{what}: {why} from peers {shown} on ranks {sorted(ranks)}",
+        exc = CommTimeout(f"{what}: {why} from peers {shown} on ranks {sorted(ranks)}",
                           (alive[0] if alive else 0) if reporter is None else reporter)
+        exc.notify = lambda: self._notify(exc)
+        raise exc
+
+    def _notify(self, exc: CommTimeout) -> None:
+        """Tell the reporting rank why this rank gave up, and give it time to print and end the job
+        (mpirun stops the others when it exits); returns if it did not, so the caller prints instead."""
+        try:
+            request = self.comm.isend(str(exc), dest=exc.reporter, tag=NOTICE_TAG)
+            deadline = time.monotonic() + NOTICE_GRACE
+            while time.monotonic() < deadline:
+                request.test()
+                time.sleep(0.05)
+        except self.MPI.Exception:  # the reporter is gone too
+            pass
 
     # Bookkeeping collectives, as polled point-to-point messages (see the module's docstring).
     def _gather_objects(self, obj, what: str) -> list | None:
@@ -175,14 +209,18 @@ class MpiTransport(Transport):
         return f"round {self.round_index + 1}, {name}"
 
     def gather_rows(self, rows: torch.Tensor) -> torch.Tensor | None:
-        parts = self._gather_objects(rows.detach().cpu().numpy(), self._what("gather to rank 0"))
+        parts = self.gather(rows.detach().cpu().numpy())
         return torch.from_numpy(np.concatenate(parts)) if parts is not None else None
 
     def gather(self, obj):
-        return self._gather_objects(obj, self._what("gather to rank 0"))
+        what = self._what("gather to rank 0")
+        with self._failures(what):
+            return self._gather_objects(obj, what)
 
     def bcast(self, obj):
-        return self._bcast_object(obj, self._what("broadcast from rank 0"))
+        what = self._what("broadcast from rank 0")
+        with self._failures(what):
+            return self._bcast_object(obj, what)
 
     def allreduce_sum(self, value):
         parts = self.gather(value)

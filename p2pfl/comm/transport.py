@@ -129,11 +129,13 @@ class ByteCounter:
 
 class CommTimeout(RuntimeError):
     """A peer's message did not come within --comm-timeout (a rank died or stalls). `reporter` is the rank
-    that prints it: the lowest rank not among the missing ones, so that one line is printed."""
+    that prints it: the lowest rank not among the missing ones; other ranks that give up hand it their
+    message (notify), so that one line is printed."""
 
     def __init__(self, message: str, reporter: int = 0):
         super().__init__(message)
         self.reporter = reporter
+        self.notify = None  # MPI: hands the message to the reporter and waits for it to end the job
 
 
 class Transport:
