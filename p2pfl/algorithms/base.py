@@ -36,6 +36,11 @@ class RunContext:
             return list(range(len(self.peers)))
         return [i for i, p in enumerate(self.peers) if not self.faults.offline(round_index, p)]
 
+    def offline_rows(self, round_index: int) -> list[int]:
+        """Rows of this rank's peers that are offline in the round (simulated faults)."""
+        online = set(self.online_rows(round_index))
+        return [i for i in range(len(self.peers)) if i not in online]
+
     @property
     def local_shards(self) -> list[torch.Tensor]:
         return [self.shards[p] for p in self.peers]

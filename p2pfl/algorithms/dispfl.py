@@ -101,8 +101,7 @@ class DisPFL(Algorithm):
 
     def round(self, round_index: int) -> torch.Tensor:
         ctx = self.ctx
-        online = set(ctx.online_rows(round_index))
-        offline = [i for i in range(len(ctx.peers)) if i not in online]  # simulated faults: they keep all
+        offline = ctx.offline_rows(round_index)  # simulated faults: they keep weights and masks
         personal = self.aggregate(round_index)
         personal[:, : self.width] *= self.mask
         personal[offline] = ctx.flat[offline]

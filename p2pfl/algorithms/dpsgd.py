@@ -21,7 +21,7 @@ class DPSGD(Algorithm):
         grad, losses = gradients(ctx.stack, ctx.flat, ctx.data.train_x[index], ctx.data.train_y[index], mask, noise)
         ctx.flat = neighbour_average(ctx, round_index, ctx.flat)
         stepping = mask.sum(1) > 0
-        offline = [i for i in range(len(ctx.peers)) if i not in set(ctx.online_rows(round_index))]
+        offline = ctx.offline_rows(round_index)
         stepping[offline] = False
         losses[offline] = float("nan")
         apply_step(ctx.flat, grad, stepping, opt, ctx.lr(round_index), None)

@@ -102,8 +102,7 @@ class NTKDFL(Algorithm):
         eta = ctx.lr(round_index)
         row = {p: i for i, p in enumerate(ctx.peers)}
         n_classes = ctx.data.n_classes
-        faults = ctx.faults
-        online = [p for p in ctx.peers if faults is None or not faults.offline(round_index, p)]
+        online = [ctx.peers[i] for i in ctx.online_rows(round_index)]
         # 'weights': every peer's neighbours learn the weights their Jacobians are to be taken at
         msgs = [Message(p, j, Weights(weights[row[p]])) for p in ctx.peers for j in graph.neighbors(p)]
         heard = ctx.transport.exchange("weights", round_index, msgs,
@@ -120,7 +119,7 @@ class NTKDFL(Algorithm):
                 payload, dense = self.codec.pack(jac, f, y)
                 msgs.append(Message(i, j, payload, dense_nbytes=dense))
         expect = [(j, p) for p in ctx.peers for j in graph.neighbors(p)
-                  if faults is None or faults.delivered(round_index, p, j, "weights")]
+                  if ctx.transport.delivered(round_index, p, j, "weights")]  # j answers only if p's weights reached it
         inbox = ctx.transport.exchange("jacobians", round_index, msgs, expect, JacobianMessage)
         new = ctx.flat.clone()
         losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)  # NaN: offline this round

@@ -67,7 +67,7 @@ class ServerAlgorithm(Algorithm):
         Returns {client: upload} on the server, {} elsewhere; under simulated faults only the clients the
         download reached work, and only the uploads that arrived are returned (reliable: no faults apply,
         for one-time setup exchanges)."""
-        ctx, faults = self.ctx, self.ctx.faults
+        ctx = self.ctx
         mine = [c for c in clients if c in self.row]
         down = [Message(self.server, c, download(c)) for c in clients] if self.is_server else []
         inbox = ctx.transport.exchange(phases[0], round_index, down, [(self.server, c) for c in mine], Download,
@@ -76,8 +76,8 @@ class ServerAlgorithm(Algorithm):
         received = {c: inbox[c][self.server].to(ctx.device) for c in mine}
         uploads = work(mine, received) if mine else {}
         up = [Message(c, self.server, payload, dense) for c, (payload, dense) in uploads.items()]
-        expect = [(c, self.server) for c in clients if faults is None or reliable or
-                  faults.delivered(round_index, self.server, c, phases[0])] if self.is_server else []
+        expect = [(c, self.server) for c in clients if reliable or
+                  ctx.transport.delivered(round_index, self.server, c, phases[0])] if self.is_server else []
         inbox = ctx.transport.exchange(phases[1], round_index, up, expect, Upload, reliable)
         return {c: inbox[self.server][c].to(ctx.device) for c in clients if c in inbox[self.server]} \
             if self.is_server else {}

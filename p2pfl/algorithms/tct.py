@@ -293,16 +293,12 @@ class TCT(FedAvg):
                                   f"Z^T Z / n_k): lower --tct-lr (now {s.tct_lr:g})")
         return losses
 
-    def width(self) -> int:
-        """Entries of the stage-2 linear model: (p + 1) x C."""
-        _, layout, _ = self.convexified(torch.zeros(self.ctx.stack.layout.size))
-        return (min(self.settings.tct_features, layout.trainable) + 1) * self.C
-
     def test_scores(self, x, y):
         if self.stage == 1:
             return None
         ctx = self.ctx
-        zero = torch.zeros(self.width(), device=ctx.device)  # a client that never ran stage 2 (faults)
+        width = (next(iter(self.features.values())).raw.shape[1] + 1) * self.C  # every client has features
+        zero = torch.zeros(width, device=ctx.device)  # a client no stage-2 download has reached (faults)
         mine = torch.stack([self.previous[c].reshape(-1) if c in self.previous else zero for c in ctx.peers])
         clients = ctx.transport.gather_rows(mine)
         if not self.is_server:

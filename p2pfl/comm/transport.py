@@ -163,10 +163,10 @@ class Transport:
         if self.faults is not None and not reliable:  # offline peers send nothing; lost and late ones never arrive
             messages = [m for m in messages if self.faults.sends(round_index, m.src)]
             self.counter.record(phase, messages)
-            arriving = [m for m in messages if self.faults.delivered(round_index, m.src, m.dst, phase)]
+            arriving = [m for m in messages if self.delivered(round_index, m.src, m.dst, phase)]
             self.counter.lost += len(messages) - len(arriving)
             messages = arriving
-            expect = [(s, d) for s, d in expect if self.faults.delivered(round_index, s, d, phase)]
+            expect = [(s, d) for s, d in expect if self.delivered(round_index, s, d, phase)]
         else:
             self.counter.record(phase, messages)
         inbox: Inbox = defaultdict(dict)
@@ -183,6 +183,10 @@ class Transport:
         if missing:
             raise CommTimeout(f"round {round_index + 1}, {phase}: no message for {missing[:10]}", self.rank)
         return inbox
+
+    def delivered(self, round_index: int, src: int, dst: int, phase: str) -> bool:
+        """Whether src's message to dst in this round's phase arrives (always, without simulated faults)."""
+        return self.faults is None or self.faults.delivered(round_index, src, dst, phase)
 
     def _remote_exchange(self, phase, round_index, remote, pending, inbox, kind) -> None:
         raise RuntimeError("this transport has a single rank; peers on other ranks cannot exist")
