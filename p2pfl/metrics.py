@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from p2pfl.diagnostics import round_diagnostics
 from p2pfl.errors import DivergenceError
 from p2pfl.seeding import numpy_rng
 from p2pfl.training import evaluate
@@ -130,9 +131,15 @@ class MetricsLog:
         sent, dense, lost = ctx.transport.counter.take()
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
         gathered = ctx.transport.gather((sent, dense, rss, lost))
+        decentralized = not self.algorithm.centralized
+        links = ctx.transport.counter.take_links()
+        links = ctx.transport.gather(links) if decentralized else None
         train = ctx.transport.gather_rows(train_losses[:, None].double()) if train_losses is not None else None
         custom = self.algorithm.test_scores(self.test_x, self.test_y) if evaluate_now else None
         weights, clients = self.evaluate_all() if evaluate_now and custom is None else (None, None)
+        if decentralized and not evaluate_now:  # consensus distance needs every round's weights
+            weights = ctx.transport.gather_rows(ctx.flat.float())
+        extra = self.algorithm.gathered_fields(round_index)
         if ctx.transport.rank != 0:
             return None
         phases: dict[str, int] = {}
@@ -147,7 +154,7 @@ class MetricsLog:
         aggregated: dict = {}
         if custom is not None:
             aggregated, clients = custom
-        elif weights is not None:
+        elif clients is not None:
             self.last_weights = weights
             aggregated = {m: float(v[0]) for m, v in
                           evaluate(ctx.stack, run_model(ctx, weights, self.algorithm)[None], self.test_x, self.test_y).items()}
@@ -155,8 +162,16 @@ class MetricsLog:
         for m, v in (clients or {}).items():
             row.update({f"client_{m}_mean": float(v.mean()), f"client_{m}_min": float(v.min()),
                         f"client_{m}_max": float(v.max())})
-        if weights is not None:
+        if clients is not None and weights is not None:
             row["variance"] = inter_model_variance(weights)
+        if decentralized and weights is not None:
+            merged: dict[tuple[int, int], int] = {}
+            for part in links:
+                for link, size in part.items():
+                    merged[link] = merged.get(link, 0) + size
+            row.update(round_diagnostics(weights, ctx.schedule.graph(round_index), ctx.cfg.mixing,
+                                         ctx.sample_counts, merged))
+        row.update(extra or {})
         if train is not None and not bool(train.isnan().all()):
             row["train_loss"] = float(train.nanmean())  # the peers that trained this round
         row.update(bytes_sent=int(sum(phases.values())), bytes_dense=int(dense_total),

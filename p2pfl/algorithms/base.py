@@ -118,6 +118,11 @@ class Algorithm:
         """Extra fields of this round's metrics row, such as a stage (rank 0)."""
         return {}
 
+    def gathered_fields(self, round_index: int) -> dict | None:
+        """Called on every rank after each round (it may gather): extra fields of the metrics row, returned
+        on rank 0 (NTK-DFL's histogram of the chosen t over all peers)."""
+        return None
+
     def test_scores(self, x: torch.Tensor, y: torch.Tensor) -> tuple[dict, dict] | None:
         """Called on every rank at an evaluation: None to evaluate the networks as usual, or, on rank 0,
         (aggregated {metric: float}, clients {metric: (peers,)}) when the algorithm's model is another

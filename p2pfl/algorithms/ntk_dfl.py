@@ -62,7 +62,8 @@ class NTKDFL(Algorithm):
         self.codec = make_codec(ctx, self.settings)
         self.batches = self.settings.ntk_batches
         self.subsample = self.settings.ntk_subsample
-        self.taus_chosen: list[int] = []
+        self.taus_chosen: list[int] = []  # every peer step's t, for final.json
+        self.round_taus: list[int] = []  # this round's, for its metrics row
         smallest = min(len(s) for s in ctx.shards)
         if self.batches * self.subsample > smallest:
             raise UserError(f"--ntk-batches {self.batches} x --ntk-subsample {self.subsample} exceeds the {smallest} "
@@ -91,6 +92,7 @@ class NTKDFL(Algorithm):
         hood = {p: sorted(list(graph.neighbors(p)) + [p]) for p in range(ctx.cfg.peers)}
         weights = ctx.flat if self.settings.ntk_no_avg else neighbour_average(ctx, round_index, ctx.flat)
         data = {p: self.samples(round_index, p) for p in set(q for p in ctx.peers for q in hood[p])}
+        self.round_taus = []
         losses = torch.zeros(len(ctx.peers), device=ctx.device)
         for b in range(self.batches):
             losses = self.evolve_batch(round_index, graph, hood, weights, {p: d[b] for p, d in data.items()})
@@ -132,8 +134,14 @@ class NTKDFL(Algorithm):
                 new[row[p]] = result.weights
                 losses[row[p]] = result.losses.min()
                 self.taus_chosen.append(result.tau)
+                self.round_taus.append(result.tau)
         ctx.flat = new
         return losses
+
+    def gathered_fields(self, round_index: int) -> dict | None:
+        """ntk_t_hist: how many peer steps of the round chose each candidate t, over all peers."""
+        chosen = self.ctx.transport.gather(self.round_taus)
+        return None if chosen is None else {"ntk_t_hist": tau_histogram([t for part in chosen for t in part])}
 
     def problem(self, peer, hood, own, inbox, w, data) -> NTKProblem:
         """Peer's evolution over its neighbourhood: its own Jacobian and the ones it received, stacked."""

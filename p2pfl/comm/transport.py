@@ -107,17 +107,26 @@ class Placement:
 
 
 class ByteCounter:
-    """Bytes this rank's peers sent, per phase, since the last take(); and messages lost (simulated)."""
+    """Bytes this rank's peers sent, per phase, since the last take(); messages lost (simulated); and
+    bytes per link {(lower peer, higher peer): both directions} since the last take_links()."""
 
     def __init__(self):
         self.sent: dict[str, int] = defaultdict(int)
         self.dense: dict[str, int] = defaultdict(int)
         self.lost = 0
+        self.links: dict[tuple[int, int], int] = defaultdict(int)
 
     def record(self, phase: str, messages: Iterable[Message]) -> None:
         for m in messages:
-            self.sent[phase] += m.nbytes
-            self.dense[phase] += m.nbytes if m.dense_nbytes is None else m.dense_nbytes
+            size = m.nbytes
+            self.sent[phase] += size
+            self.dense[phase] += size if m.dense_nbytes is None else m.dense_nbytes
+            self.links[(min(m.src, m.dst), max(m.src, m.dst))] += size
+
+    def take_links(self) -> dict[tuple[int, int], int]:
+        links = dict(self.links)
+        self.links.clear()
+        return links
 
     def take(self) -> tuple[dict[str, int], dict[str, int], int]:
         sent, dense, lost = dict(self.sent), dict(self.dense), self.lost

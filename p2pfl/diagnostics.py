@@ -1,0 +1,59 @@
+"""Per-round diagnostics of a decentralized run: how far the peers are from agreeing, how fast the
+round's graph mixes, and how evenly traffic spreads over its edges.
+
+All are computed on rank 0 from gathered values in peer order (or from the graph, a pure function of
+seed and round), so they are the same on any number of ranks.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import networkx as nx
+import numpy as np
+import torch
+
+from topologies import mixing_weights
+
+
+def consensus_distance(weights: torch.Tensor) -> float:
+    """(1/n) sum_i ||w_i - wbar||^2 over the peers' weights (n, D), in float64."""
+    w = weights.double()
+    value = float(((w - w.mean(0)) ** 2).sum(1).mean())
+    return float(f"{value:.10g}")  # the last bits of a long float64 sum depend on the thread count
+
+
+def mixing_matrix(graph: nx.Graph, kind: str, sample_counts: Sequence[int] | None = None) -> np.ndarray:
+    """The round's mixing matrix W (n, n): row i holds W_ij for j in i's neighbourhood."""
+    n = graph.number_of_nodes()
+    matrix = np.zeros((n, n))
+    for i, row in mixing_weights(graph, kind, sample_counts).items():
+        for j, w in row:
+            matrix[i, j] = w
+    return matrix
+
+
+def spectral_gap(matrix: np.ndarray) -> float:
+    """1 - |lambda_2|, the second largest eigenvalue modulus of a row-stochastic W: how much one round
+    of averaging shrinks disagreement (0 for a disconnected graph, 1 for the complete graph's mean)."""
+    if len(matrix) < 2:
+        return 1.0
+    moduli = np.sort(np.abs(np.linalg.eigvals(matrix)))[::-1]
+    return float(f"{max(0.0, 1.0 - moduli[1]):.8g}")
+
+
+def edge_bytes(graph: nx.Graph, links: dict[tuple[int, int], int]) -> dict[str, float]:
+    """Bytes sent over each edge of the round's graph (both directions, every phase): min, mean and max.
+    Like bytes_sent, a message lost on the way counts; an edge whose ends were both offline counts 0."""
+    sizes = [links.get((min(a, b), max(a, b)), 0) for a, b in graph.edges]
+    if not sizes:
+        return {}
+    return {"edge_bytes_min": int(min(sizes)), "edge_bytes_mean": round(sum(sizes) / len(sizes), 1),
+            "edge_bytes_max": int(max(sizes))}
+
+
+def round_diagnostics(weights: torch.Tensor, graph: nx.Graph, mixing: str, sample_counts: Sequence[int],
+                      links: dict[tuple[int, int], int]) -> dict:
+    """The fields a decentralized round adds to its metrics row."""
+    return {"consensus_distance": consensus_distance(weights),
+            "spectral_gap": spectral_gap(mixing_matrix(graph, mixing, sample_counts)),
+            **edge_bytes(graph, links)}
