@@ -1,0 +1,23 @@
+"""python -m analysis COMMAND ...: compare runs, draw the papers' figures, draw topologies.
+
+    python -m analysis compare RUN_DIR... [--by algo] [--out FILE]
+    python -m analysis figures RUNS_DIR [--out DIR]
+    python -m analysis topology RUN_DIR|--config FILE [--out DIR]
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {"compare": "analysis.compare", "figures": "analysis.figures", "topology": "analysis.topology_views"}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in COMMANDS:
+        print(__doc__.strip(), file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

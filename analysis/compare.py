@@ -1,0 +1,262 @@
+"""Compare run folders: which method, at what cost, with what spread over seeds.
+
+    python -m analysis compare RUN_DIR... [--by algo] [--target 0.8,0.85] [--band minmax|std] [--out FILE]
+
+Runs whose settings are equal but for the seed form a group, drawn as the mean over its runs with a
+min-max (or +-1 std) band: test accuracy against rounds, against bytes sent and against wall time, the
+aggregated model solid and the mean client dashed. A table (Markdown and CSV) gives each group's final
+accuracy and the rounds and bytes it took to reach each target. Only config.toml and metrics.jsonl of
+each folder are read.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from analysis.plots import plt
+from p2pfl.metrics import read_metrics
+
+# Settings that do not change a run's numbers: never a reason to split groups.
+NOT_RESULTS = {"seed", "progress", "device", "comm_timeout", "checkpoint_every", "save_edges", "batched", "resume"}
+MIB = 2 ** 20
+
+
+@dataclass
+class Run:
+    folder: Path
+    config: dict
+    rows: list[dict]
+
+    def curve(self, key: str) -> dict[int, float]:
+        return {r["round"]: r[key] for r in self.rows if key in r and r[key] is not None}
+
+    def cumulative(self, key: str) -> dict[int, float]:
+        """Running sum of a per-round field (bytes_sent, wall_s), by round."""
+        total, out = 0.0, {}
+        for r in self.rows:
+            total += r.get(key, 0.0)
+            out[r["round"]] = total
+        return out
+
+
+@dataclass
+class Group:
+    label: str
+    runs: list[Run] = field(default_factory=list)
+
+    def rounds(self, key: str) -> list[int]:
+        """Rounds at which every run of the group has the metric."""
+        common = set.intersection(*(set(run.curve(key)) for run in self.runs))
+        return sorted(common)
+
+    def stack(self, key: str, rounds: list[int], cumulative: bool = False) -> np.ndarray:
+        """(runs, rounds) values of a metric, or of a running sum."""
+        curves = [run.cumulative(key) if cumulative else run.curve(key) for run in self.runs]
+        return np.array([[c[k] for k in rounds] for c in curves], dtype=float)
+
+
+def load_run(folder: Path) -> Run:
+    folder = Path(folder)
+    try:
+        config = tomllib.loads((folder / "config.toml").read_text())
+        rows = read_metrics(folder / "metrics.jsonl")
+    except FileNotFoundError as e:
+        raise SystemExit(f"analysis compare: {folder} is not a run folder (no {Path(e.filename).name})")
+    except (tomllib.TOMLDecodeError, ValueError) as e:
+        raise SystemExit(f"analysis compare: {folder}: unreadable run files ({e})")
+    if not rows:
+        raise SystemExit(f"analysis compare: {folder} has no metrics rows yet")
+    return Run(folder, config, rows)
+
+
+def group_runs(runs: list[Run], by: list[str] | None) -> list[Group]:
+    """by: the settings that name a group (seeds and everything else pooled); None: every setting that
+    changes the numbers, labelled by those that differ between groups."""
+    if by:
+        unknown = [k for k in by if not any(k in run.config for run in runs)]
+        if unknown:
+            raise SystemExit(f"analysis compare: --by {','.join(unknown)} is not a setting in any config.toml")
+        keys = by
+    else:
+        keys = sorted({k for run in runs for k in run.config} - NOT_RESULTS)
+    groups: dict[tuple, Group] = {}
+    for run in runs:
+        groups.setdefault(tuple(repr(run.config.get(k)) for k in keys), Group("")).runs.append(run)
+    varying = keys if by else [k for k in keys if len({repr(r.config.get(k)) for r in runs}) > 1]
+    for group in groups.values():
+        config = group.runs[0].config
+        group.label = ", ".join(f"{k}={_short(config.get(k))}" for k in varying) or str(config.get("algo", "runs"))
+    return list(groups.values())
+
+
+def _short(value) -> str:
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def headline(runs: list[Run]) -> str:
+    """test_acc where the runs have it (classification), else test_loss."""
+    return "acc" if all(any("test_acc" in r for r in run.rows) for run in runs) else "loss"
+
+
+def first_reaching(run: Run, key: str, target: float, higher: bool) -> int | None:
+    for k, v in sorted(run.curve(key).items()):
+        if not math.isnan(v) and (v >= target if higher else v <= target):
+            return k
+    return None
+
+
+def table(groups: list[Group], metric: str, targets: list[float]) -> list[dict]:
+    """One row per group: runs, final value (mean, std, min, max), mean client's final value, bytes and
+    wall time in all, and for each target the mean rounds and bytes of the runs that reached it."""
+    higher = metric == "acc"
+    key = f"test_{metric}"
+    out = []
+    for group in groups:
+        finals = np.array([run.curve(key)[max(run.curve(key))] for run in group.runs])
+        clients = [run.curve(f"client_{metric}_mean") for run in group.runs]
+        row = {"group": group.label, "runs": len(group.runs),
+               f"final_{metric}_mean": finals.mean(), f"final_{metric}_std": finals.std(),
+               f"final_{metric}_min": finals.min(), f"final_{metric}_max": finals.max(),
+               f"final_client_{metric}_mean": float(np.mean([c[max(c)] for c in clients if c])) if any(clients) else None,
+               "rounds": max(run.rows[-1]["round"] for run in group.runs),
+               "mib_sent": float(np.mean([run.cumulative("bytes_sent")[run.rows[-1]["round"]] for run in group.runs])) / MIB,
+               "wall_s_per_round": float(np.mean([np.mean([r.get("wall_s", 0.0) for r in run.rows]) for run in group.runs]))}
+        for target in targets:
+            reached = [(run, first_reaching(run, key, target, higher)) for run in group.runs]
+            reached = [(run, k) for run, k in reached if k is not None]
+            row[f"reached_{target:g}"] = f"{len(reached)}/{len(group.runs)}"
+            row[f"rounds_to_{target:g}"] = float(np.mean([k for _, k in reached])) if reached else None
+            row[f"mib_to_{target:g}"] = (float(np.mean([run.cumulative("bytes_sent")[k] for run, k in reached])) / MIB
+                                         if reached else None)
+        out.append(row)
+    return out
+
+
+def _cell(value, percent: bool) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    return f"{100 * value:.2f}" if percent else f"{value:.4g}"
+
+
+def markdown(rows: list[dict], metric: str) -> str:
+    percent = metric == "acc"
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row[h], percent and (h.startswith("final_"))) for h in header) + " |")
+    unit = "% (accuracy)" if percent else ""
+    return "\n".join(lines) + (f"\n\nfinal_* in {unit}; rounds_to_X and mib_to_X average the runs that reached X "
+                               "(reached_X says how many); mib = MiB sent by all peers.\n")
+
+
+def draw(groups: list[Group], metric: str, band: str, path: Path, title: str) -> None:
+    """Three panels: the metric against rounds, against MiB sent, against wall time; per group the mean
+    over its runs (aggregated solid, mean client dashed) and a band over runs."""
+    key, scale = f"test_{metric}", 100 if metric == "acc" else 1
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), sharey=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, group in enumerate(groups):
+        color = colors[i % len(colors)]
+        rounds = group.rounds(key)
+        if not rounds:
+            continue
+        values = scale * group.stack(key, rounds)
+        mean = values.mean(0)
+        if band == "std":
+            low, high = mean - values.std(0), mean + values.std(0)
+        else:
+            low, high = values.min(0), values.max(0)
+        xs = [np.array(rounds, dtype=float), group.stack("bytes_sent", rounds, True).mean(0) / MIB,
+              group.stack("wall_s", rounds, True).mean(0)]
+        client_rounds = group.rounds(f"client_{metric}_mean")
+        for ax, x in zip(axes, xs):
+            ax.plot(x, mean, "-", color=color, label=f"{group.label} (n={len(group.runs)})")
+            if len(group.runs) > 1:
+                ax.fill_between(x, low, high, color=color, alpha=0.18)
+            if client_rounds == rounds:
+                ax.plot(x, scale * group.stack(f"client_{metric}_mean", rounds).mean(0), "--", color=color, lw=1)
+    names = {"acc": "test accuracy (%)", "loss": "test loss"}
+    for ax, xlabel in zip(axes, ["round", "MiB sent (all peers, cumulative)", "wall time (s, cumulative)"]):
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+        if metric != "acc":
+            ax.set_yscale("log")
+    axes[0].set_ylabel(names.get(metric, f"test {metric}"))
+    axes[0].legend(loc="best", fontsize=8)
+    axes[2].plot([], [], "k-", label="aggregated model")
+    axes[2].plot([], [], "k--", lw=1, label="mean client")
+    axes[2].legend(loc="best", fontsize=8)
+    band_name = "min-max over seeds" if band == "minmax" else "+-1 std over seeds"
+    fig.suptitle(f"{title} (band: {band_name})" if title else f"band: {band_name}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def compare(folders: list[Path], by: list[str] | None = None, targets: list[float] | None = None,
+            band: str = "minmax", out: Path = Path("comparison.png"), title: str = "") -> list[dict]:
+    """Draws out (PNG) and writes out.md and out.csv; returns the table rows."""
+    runs = [load_run(f) for f in folders]
+    metric = headline(runs)
+    groups = group_runs(runs, by)
+    if targets is None:
+        targets = [0.8] if metric == "acc" else []
+    rows = table(groups, metric, targets)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    draw(groups, metric, band, out, title)
+    out.with_suffix(".md").write_text(markdown(rows, metric))
+    with out.with_suffix(".csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return rows
+
+
+def run_folders(paths: list[Path]) -> list[Path]:
+    """The given folders; a folder that is not a run folder stands for the run folders below it."""
+    out = []
+    for path in paths:
+        if (path / "metrics.jsonl").exists() or not path.is_dir():
+            out.append(path)
+        else:
+            found = sorted(p.parent for p in path.rglob("metrics.jsonl"))
+            if not found:
+                raise SystemExit(f"analysis compare: no run folder in {path}")
+            out.extend(found)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analysis compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", type=Path, help="run folders, or folders holding run folders")
+    p.add_argument("--by", help="comma-separated settings that name a group (e.g. algo); default: every "
+                                "setting but the seed")
+    p.add_argument("--target", help="comma-separated target accuracies (fractions) for the table; default 0.8")
+    p.add_argument("--band", choices=("minmax", "std"), default="minmax", help="band over seeds")
+    p.add_argument("--out", type=Path, default=Path("comparison.png"),
+                   help="figure path; the table goes beside it as .md and .csv")
+    p.add_argument("--title", default="")
+    args = p.parse_args(argv)
+    try:
+        targets = [float(t) for t in args.target.split(",")] if args.target else None
+    except ValueError:
+        p.error(f"--target takes numbers, got {args.target!r}")
+    rows = compare(run_folders(args.runs), args.by.split(",") if args.by else None, targets, args.band,
+                   args.out, args.title)
+    print(Path(args.out).with_suffix(".md").read_text(), end="")
+    print(f"figure: {args.out}; table: {Path(args.out).with_suffix('.md')}, {Path(args.out).with_suffix('.csv')} "
+          f"({len(rows)} groups)")
+    return 0

@@ -1,0 +1,113 @@
+"""Run a grid of settings over seeds into one folder, then compare the runs.
+
+    python -m launch.sweep PRESET --seeds 0,1,2 [--set key=v1,v2 ...] [--ranks N] [--jobs J] [--out DIR]
+
+PRESET is a run config (TOML, e.g. launch/presets/ntk-dfl-fmnist300.toml, or its name). Every
+combination of the --set values (keys are p2pfl flags without the dashes; values comma-separated) runs
+once per seed, each in OUT/<key=value_...>/seed<s> (default OUT: runs/sweep-<preset name>). A run whose
+metrics already reach its last round is skipped, so an interrupted sweep picks up where it stopped; an
+unfinished one is run again from the start. At the end `python -m analysis compare` draws OUT/compare.png
+and writes OUT/compare.md and .csv, one group per combination.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from analysis.compare import compare  # noqa: E402
+from launch.table import execute  # noqa: E402
+
+PRESETS = ROOT / "launch" / "presets"
+
+
+def preset_path(name: str) -> Path:
+    """A TOML path, or the name of a file in launch/presets/."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    named = PRESETS / f"{name.removesuffix('.toml')}.toml"
+    if named.is_file():
+        return named
+    known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.toml")))
+    raise SystemExit(f"launch.sweep: no preset {name!r} (a TOML file, or one of: {known})")
+
+
+def parse_sets(items: list[str]) -> dict[str, list[str]]:
+    """['alpha=0.1,0.5', 'algo=ntk-dfl'] -> {'alpha': ['0.1', '0.5'], 'algo': ['ntk-dfl']}."""
+    grid: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        key = key.strip().lstrip("-")
+        if not sep or not key or not values.strip():
+            raise SystemExit(f"launch.sweep: --set takes key=v1,v2, got {item!r}")
+        grid[key] = [v.strip() for v in values.split(",") if v.strip()]
+    return grid
+
+
+def mpi_prefix(ranks: int) -> list[str]:
+    return [str(Path(sys.executable).parent / "mpirun"), "-n", str(ranks), "--oversubscribe"] if ranks > 1 else []
+
+
+def plan(preset: Path, seeds: list[int], grid: dict[str, list[str]], out: Path, ranks: int = 1,
+         flags: list[str] | None = None) -> list[dict]:
+    """Every (combination, seed) run: its folder and command line (launch.table's run records)."""
+    runs = []
+    for combo in itertools.product(*grid.values()):
+        settings = dict(zip(grid, combo))
+        name = "_".join(f"{k}={v}" for k, v in settings.items()) or "base"
+        for seed in seeds:
+            folder = out / name / f"seed{seed}"
+            argv = [*mpi_prefix(ranks), sys.executable, "-m", "p2pfl.run", "--config", str(preset),
+                    "--seed", str(seed), *(a for k, v in settings.items() for a in (f"--{k}", v)),
+                    *(flags or []), "--out", str(folder), "--no-progress"]
+            runs.append({"folder": folder, "argv": argv})
+    return runs
+
+
+def run_all(runs: list[dict], jobs: int = 1) -> list[int]:
+    """Runs the plan (completed runs are skipped); exit codes in plan order."""
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        return list(pool.map(execute, runs))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m launch.sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("preset", help="run config (TOML) or the name of one in launch/presets/")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2", help="a setting's values (repeatable)")
+    p.add_argument("--ranks", type=int, default=1, help="MPI ranks per run (default 1: no mpirun)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+    p.add_argument("--out", type=Path, help="sweep folder (default runs/sweep-<preset name>)")
+    p.add_argument("--target", help="target accuracies for the comparison table (default 0.8)")
+    args, extra = p.parse_known_args(argv)
+    preset = preset_path(args.preset)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        p.error(f"--seeds takes integers, got {args.seeds!r}")
+    if args.ranks < 1 or args.jobs < 1:
+        p.error("--ranks and --jobs must be at least 1")
+    out = args.out or ROOT / "runs" / f"sweep-{preset.stem}"
+    runs = plan(preset, seeds, parse_sets(args.set), out, args.ranks, extra)
+    print(f"launch.sweep: {len(runs)} runs into {out}", flush=True)
+    codes = run_all(runs, args.jobs)
+    done = [run["folder"] for run, code in zip(runs, codes) if code == 0]
+    if not done:
+        print("launch.sweep: every run failed; see the .log files beside the run folders", file=sys.stderr)
+        return 1
+    targets = [float(t) for t in args.target.split(",")] if args.target else None
+    compare(done, targets=targets, out=out / "compare.png", title=preset.stem)
+    print((out / "compare.md").read_text(), end="")
+    print(f"figure: {out / 'compare.png'}")
+    return 0 if len(done) == len(runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
