@@ -8,7 +8,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install run test bench data clean
+.PHONY: install run test bench figures figures-quick data clean
 
 install: $(VENV)/.installed data
 
@@ -41,6 +41,13 @@ bench: install
 	$(PY) bench/bench_dfedavg.py
 	$(PY) bench/bench_ntk.py
 	$(PY) bench/bench_cnn.py
+
+# The NTK-DFL paper's figures: runs, then PNGs with captions in runs/<experiment>/figures/.
+figures: install
+	$(PY) -m launch.figures launch/experiments/ntk-dfl-figures-paper.toml --jobs 2
+
+figures-quick: install
+	$(PY) -m launch.figures launch/experiments/ntk-dfl-figures-quick.toml --jobs 2
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -101,9 +101,13 @@ def plot_final_averaging(result: dict, path: Path) -> None:
         ax.plot(result["n"], [100 * a for a in curve["test_acc"]], color=styles.get(name), label=name)
     sel = result["selected"]
     ax.plot([sel["peers"]], [100 * sel["test_acc"]], "k*", ms=10, label=f"selected (n={sel['peers']})")
-    hist = ax.twinx()
-    hist.hist([100 * a for a in result["client_val_acc"]], bins=30, orientation="horizontal", alpha=0.2,
-              color="grey")
-    hist.set_ylabel("")
-    hist.set_yticks([])
+    hist = ax.twiny()  # shares the accuracy axis: each bar is how many peers' own models score that much
+    hist.hist([100 * a for a in result["client_val_acc"]], bins=30, orientation="horizontal", alpha=0.25,
+              color="grey", label="peers' own models (histogram)")
+    hist.set_xlabel("peers in an accuracy bin (histogram of each peer's own validation accuracy, grey)",
+                    color="grey", fontsize=8)
+    hist.tick_params(axis="x", colors="grey", labelsize=8)
+    hist.set_xlim(0, 4 * hist.get_xlim()[1])  # bars in the left quarter, clear of the curves
+    ax.set_zorder(hist.get_zorder() + 1)
+    ax.patch.set_visible(False)
     finish(fig, ax, path, "peers averaged", "test accuracy (%)", "final model averaging")

@@ -1,22 +1,37 @@
-"""A round's graph as a PNG, so a run folder shows who talked to whom."""
+"""Pictures of the peer graph. Small graphs are drawn as nodes and edges; at the papers' scale (300
+peers) a drawing is a hairball, so the views there are matrices, rasters and histograms."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import networkx as nx  # noqa: E402
+import numpy as np  # noqa: E402
+
+DRAWN_UP_TO = 60  # peers; larger graphs get the adjacency view in a run folder
 
 
 def draw_graph(graph: nx.Graph, path: Path, title: str = "") -> None:
+    """A run folder's topology.png: nodes and edges up to DRAWN_UP_TO peers (and any star), else the
+    adjacency matrix ordered by peer beside the degree histogram."""
     n = graph.number_of_nodes()
     kind = graph.graph.get("kind")
+    title = title or f"{kind or 'graph'}: {n} peers, {graph.number_of_edges()} edges"
+    if n > DRAWN_UP_TO and kind != "star":
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5), gridspec_kw={"width_ratios": [1.2, 1]})
+        adjacency_panel(left, graph, "adjacency, ordered by peer")
+        degree_panel(right, [graph])
+        fig.suptitle(title)
+        _save(fig, path)
+        return
     if kind == "star":  # the hub (a centralized run's server) in the middle
         hub = max(graph.nodes, key=graph.degree)
         layout = nx.shell_layout(graph, [[hub], [v for v in graph.nodes if v != hub]])
-    elif kind in ("ring", "regular", "full") or n > 60:
+    elif kind in ("ring", "regular", "full") or n > DRAWN_UP_TO:
         layout = nx.circular_layout(graph)
     else:
         layout = nx.spring_layout(graph, seed=0)
@@ -26,8 +41,84 @@ def draw_graph(graph: nx.Graph, path: Path, title: str = "") -> None:
     nx.draw_networkx_nodes(graph, layout, ax=ax, node_size=size, node_color="tab:blue")
     if n <= 40:
         nx.draw_networkx_labels(graph, layout, ax=ax, font_size=7, font_color="white")
-    ax.set_title(title or f"{graph.graph.get('kind', 'graph')}: {n} peers, {graph.number_of_edges()} edges")
+    ax.set_title(title)
     ax.axis("off")
+    _save(fig, path)
+
+
+def adjacency_panel(ax, graph: nx.Graph, title: str) -> None:
+    n = graph.number_of_nodes()
+    ax.spy(nx.to_numpy_array(graph, nodelist=range(n)), markersize=max(1.0, min(4.0, 400 / n)), color="black")
+    ax.xaxis.set_ticks_position("bottom")
+    ax.set(title=title, xlabel="peer", ylabel="peer")
+
+
+def degree_panel(ax, graphs: list[nx.Graph]) -> None:
+    degrees = [d for g in graphs for _, d in g.degree]
+    ax.hist(degrees, bins=np.arange(min(degrees), max(degrees) + 2) - 0.5, color="tab:blue", alpha=0.8)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set(xlabel="degree (neighbours)", ylabel="peers" + (f" x {len(graphs)} rounds" if len(graphs) > 1 else ""),
+           title=f"degrees: mean {np.mean(degrees):.2f}, min {min(degrees)}, max {max(degrees)}")
+
+
+def draw_rounds(graphs: list[nx.Graph], path: Path, title: str) -> None:
+    """Small multiples: the adjacency matrix of each of the first rounds."""
+    fig, axes = plt.subplots(1, len(graphs), figsize=(3.2 * len(graphs), 3.6), squeeze=False)
+    for k, (ax, graph) in enumerate(zip(axes[0], graphs)):
+        adjacency_panel(ax, graph, f"round {k + 1}")
+        ax.set(xlabel="", ylabel="")
+    fig.suptitle(title)
+    _save(fig, path)
+
+
+def draw_statistics(graphs: list[nx.Graph], gaps: list[float], path: Path, title: str) -> None:
+    """Degree histogram over all rounds, and the histogram of the rounds' spectral gaps."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    degree_panel(left, graphs)
+    right.hist(gaps, bins=min(30, max(5, len(gaps) // 2)), color="tab:green", alpha=0.8)
+    right.set(xlabel="spectral gap 1 - |lambda_2| of the round's mixing matrix", ylabel="rounds",
+              title=f"spectral gap over {len(gaps)} rounds: mean {np.mean(gaps):.3f}, min {min(gaps):.3f}")
+    fig.suptitle(title)
+    _save(fig, path)
+
+
+def draw_neighbourhood(graphs: list[nx.Graph], peer: int, path: Path, title: str) -> None:
+    """One peer's neighbours in each round (a raster: rounds by peers), and how many distinct peers it
+    has met so far."""
+    n = graphs[0].number_of_nodes()
+    raster = np.zeros((len(graphs), n))
+    for k, graph in enumerate(graphs):
+        raster[k, list(graph.neighbors(peer))] = 1
+    met = np.cumsum(raster, 0) > 0
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [2, 1]})
+    left.imshow(raster, aspect="auto", cmap="Greys", interpolation="nearest",
+                extent=(-0.5, n - 0.5, len(graphs) + 0.5, 0.5))
+    left.axvline(peer, color="tab:red", lw=0.8)
+    left.set(xlabel="peer", ylabel="round", title=f"neighbours of peer {peer} (red line: the peer)")
+    right.plot(range(1, len(graphs) + 1), met.sum(1), "o-", ms=3)
+    right.set(xlabel="round", ylabel="distinct peers met", title="peers met so far")
+    right.grid(alpha=0.3)
+    fig.suptitle(title)
+    _save(fig, path)
+
+
+def draw_views(graph_of: Callable[[int], nx.Graph], rounds: int, gap_of: Callable[[nx.Graph], float], out: Path,
+               title: str, peer: int = 0, multiples: int = 6) -> list[Path]:
+    """Every view of a run's topology over its rounds into out/: adjacency.png, rounds.png,
+    statistics.png, neighbourhood.png."""
+    out.mkdir(parents=True, exist_ok=True)
+    graphs = [graph_of(k) for k in range(rounds)]
+    paths = [out / name for name in ("adjacency.png", "rounds.png", "statistics.png", "neighbourhood.png")]
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    adjacency_panel(ax, graphs[0], f"{title}: round 1")
+    _save(fig, paths[0])
+    draw_rounds(graphs[:multiples], paths[1], title)
+    draw_statistics(graphs, [gap_of(g) for g in graphs], paths[2], title)
+    draw_neighbourhood(graphs, peer, paths[3], title)
+    return paths
+
+
+def _save(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -132,6 +132,20 @@ class FactoredJacobian:
                                 [torch.cat(g) for g in zip(*(p.gates for p in parts))])
 
 
+def sample_function(model: nn.Module, layout: ParamLayout, flat: torch.Tensor):
+    """(f, w): f(w, x) is the model's output for one sample x as a function of its trainable parameters
+    w (flat), in evaluation mode with the state buffers of flat held fixed; w is flat's trainable part."""
+    model.eval()
+    buffers = {k: v.detach() for k, v in list(layout.views(flat).items())[layout.n_params:]}
+    params = layout.slots[: layout.n_params]
+
+    def f(w, xi):
+        named = {s.name: w[s.offset:s.offset + s.numel].view(s.shape) for s in params}
+        return functional_call(model, {**named, **buffers}, (xi[None],))[0]
+
+    return f, flat[: layout.trainable]
+
+
 @dataclass
 class DenseJacobian:
     J: torch.Tensor  # (n, C, D)
@@ -145,18 +159,9 @@ class DenseJacobian:
                 chunk: int = 50) -> tuple["DenseJacobian", torch.Tensor]:
         """Per-sample Jacobians with respect to the trainable parameters (torch.func, vmap of jacrev),
         chunk samples at a time, in evaluation mode (batch norm on its running statistics, no dropout)."""
-        model.eval()
-        P = layout.trainable
-        buffers = {k: v.detach() for k, v in list(layout.views(flat).items())[layout.n_params:]}
-        params = layout.slots[: layout.n_params]
-
-        def f(w, xi):
-            named = {s.name: w[s.offset:s.offset + s.numel].view(s.shape) for s in params}
-            return functional_call(model, {**named, **buffers}, (xi[None],))[0]
-
+        f, w = sample_function(model, layout, flat)
         jac = vmap(jacrev(f), in_dims=(None, 0))
         out = vmap(f, in_dims=(None, 0))
-        w = flat[:P]
         parts = [(jac(w, x[s:s + chunk]).detach(), out(w, x[s:s + chunk]).detach()) for s in range(0, len(x), chunk)]
         return DenseJacobian(torch.cat([j for j, _ in parts])), torch.cat([o for _, o in parts])
 
