@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.plots import plt
+from analysis.plots import plt, save
 from p2pfl.metrics import read_metrics
 
 # Settings that do not change a run's numbers: never a reason to split groups.
@@ -200,9 +200,7 @@ def draw(groups: list[Group], metric: str, band: str, path: Path, title: str) ->
     axes[2].legend(loc="best", fontsize=8)
     band_name = "min-max over seeds" if band == "minmax" else "+-1 std over seeds"
     fig.suptitle(f"{title} (band: {band_name})" if title else f"band: {band_name}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def compare(folders: list[Path], by: list[str] | None = None, targets: list[float] | None = None,

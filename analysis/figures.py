@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.compare import MIB, Run, load_run
-from analysis.plots import plot_final_averaging, plt
+from analysis.plots import plot_final_averaging, plt, save
 
 BASELINES = ("dfedavg", "dfedavgm", "dpsgd", "dispfl")
 SPLITS = {"alpha0.1": {"partition": "dirichlet", "alpha": 0.1}, "alpha0.5": {"partition": "dirichlet", "alpha": 0.5},
@@ -78,6 +78,7 @@ class Figures:
 
     def need(self, figure: str, names: list[str]) -> dict[str, Run] | None:
         """The runs, or None (the figure is skipped) when any is missing."""
+        names = list(dict.fromkeys(names))
         missing = [n for n in names if self.run(n) is None]
         if missing:
             self.skipped[figure] = missing
@@ -90,11 +91,7 @@ class Figures:
                 f"seed {c['seed']}")
 
     def save(self, fig, name: str, caption: str) -> None:
-        fig.text(0.01, 0.005, caption, fontsize=7, color="dimgrey", wrap=True, va="bottom")
-        fig.tight_layout(rect=(0, 0.07, 1, 1))
-        path = self.out / f"{name}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        save(fig, self.out / f"{name}.png", caption)
         self.captions[name] = caption
 
     # fig. 2: accuracy against rounds for every method on each split
@@ -188,13 +185,14 @@ class Figures:
             self.skipped["fig5_final_averaging"] = ["alpha0.1/ntk-dfl (final.json)"]
             return
         result = json.loads(path.read_text())
-        plot_final_averaging(result, self.out / "fig5_final_averaging.png")
         sel = result["selected"]
-        self.captions["fig5_final_averaging"] = (
+        caption = (
             "Fig. 5: test accuracy (half of the test set) of the average of the first n peers, ordered by their "
             "accuracy on the other half (high-to-low, the paper's selection), at random, or low-to-high; grey: "
             f"histogram of the peers' own validation accuracies. Selected: {sel['peers']} peers, "
             f"{100 * sel['test_acc']:.2f}%. Run: alpha0.1/ntk-dfl ({self.scale(run['alpha0.1/ntk-dfl'])}).")
+        plot_final_averaging(result, self.out / "fig5_final_averaging.png", caption)
+        self.captions["fig5_final_averaging"] = caption
 
     # fig. 6: with and without per-round averaging
     def averaging_ablation(self) -> None:
@@ -244,20 +242,26 @@ class Figures:
         runs = self.need("fig13_batching_subsampling", names)
         if runs is None:
             return
-        fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), sharey=True)
-        for ax, kind, values, title in ((axes[0], "batches", BATCHES, "Jacobian batching m1"),
-                                        (axes[1], "subsample", SUBSAMPLES, "data subsampling m2")):
+        fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), sharey=True)
+        for col, kind, values, title in ((0, "batches", BATCHES, "Jacobian batching m1"),
+                                         (1, "subsample", SUBSAMPLES, "data subsampling m2")):
             for m in (1, *values):
                 run = runs["alpha0.1/ntk-dfl" if m == 1 else f"{kind}{m}/ntk-dfl"]
                 curve = run.curve("test_acc")
-                ax.plot(list(curve), [100 * v for v in curve.values()], label=f"m = {m}")
-            ax.set(xlabel="round", title=title)
-            ax.grid(alpha=0.3)
-            ax.legend(loc="lower right")
-        axes[0].set_ylabel("aggregated test accuracy (%)")
+                sent = run.cumulative("bytes_sent")
+                acc = [100 * v for v in curve.values()]
+                axes[0, col].plot(list(curve), acc, label=f"m = {m}")
+                axes[1, col].plot([sent[k] / MIB for k in curve], acc, "o-", ms=3, label=f"m = {m}")
+            axes[0, col].set(xlabel="round", title=title)
+            axes[1, col].set(xlabel="MiB sent by all peers (cumulative)", title=f"{title}, by traffic")
+            for ax in axes[:, col]:
+                ax.grid(alpha=0.3)
+                ax.legend(loc="lower right")
+        for ax in axes[:, 0]:
+            ax.set_ylabel("aggregated test accuracy (%)")
         self.save(fig, "fig13_batching_subsampling", "Figs. 13-14: NTK-DFL with m1 Jacobian batches per round (left) "
-                  "and 1/m2 of the samples per round (right). Runs: alpha0.1/ntk-dfl, batches{2,4}/ntk-dfl, "
-                  f"subsample{{2,4}}/ntk-dfl ({self.scale(runs[names[0]])}).")
+                  "and 1/m2 of the samples per round (right), by round (top) and by bytes sent (bottom). Runs: "
+                  f"alpha0.1/ntk-dfl, batches{{2,4}}/ntk-dfl, subsample{{2,4}}/ntk-dfl ({self.scale(runs[names[0]])}).")
 
     # figs. 15-16: compression against bytes, and bytes to accuracy thresholds
     def compression(self) -> None:

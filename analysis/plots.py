@@ -11,7 +11,8 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
-def finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str, per_round: bool = True) -> None:
+def finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str, per_round: bool = True,
+           caption: str = "") -> None:
     """Labels, grid and legend, then save and close. per_round: integer x ticks and the legend at the
     lower right; else (log axes) minor grid lines too and the legend where it fits."""
     ax.set_xlabel(xlabel)
@@ -21,7 +22,14 @@ def finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str, per_round:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3, which="major" if per_round else "both")
     ax.legend(loc="lower right" if per_round else "best")
-    fig.tight_layout()
+    save(fig, path, caption)
+
+
+def save(fig, path: Path, caption: str = "") -> None:
+    """Lay out, save and close; a caption goes in small grey type under the axes."""
+    if caption:
+        fig.text(0.01, 0.005, caption, fontsize=7, color="dimgrey", wrap=True, va="bottom")
+    fig.tight_layout(rect=(0, 0.07, 1, 1) if caption else None)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -92,7 +100,7 @@ def plot_comparison(runs: dict[str, list[dict]], path: Path, key: str = "test_ac
     finish(fig, ax, path, "round", f"{key} (%)", title)
 
 
-def plot_final_averaging(result: dict, path: Path) -> None:
+def plot_final_averaging(result: dict, path: Path, caption: str = "") -> None:
     """NTK-DFL fig. 5: test accuracy of the average of the first n peers, for each averaging order,
     over a histogram of the peers' own validation accuracies."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -110,4 +118,4 @@ def plot_final_averaging(result: dict, path: Path) -> None:
     hist.set_xlim(0, 4 * hist.get_xlim()[1])  # bars in the left quarter, clear of the curves
     ax.set_zorder(hist.get_zorder() + 1)
     ax.patch.set_visible(False)
-    finish(fig, ax, path, "peers averaged", "test accuracy (%)", "final model averaging")
+    finish(fig, ax, path, "peers averaged", "test accuracy (%)", "final model averaging", caption=caption)

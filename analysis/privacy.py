@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.func import grad, jacrev, vmap
 
 # name -> (NTK-DFL settings, the codec path). The factored path sends what the MLP's layers take in.
 CONDITIONS = {
@@ -73,28 +72,26 @@ def received(ctx, x_sent: torch.Tensor):
 
 def invert(ctx, J: torch.Tensor, mask: torch.Tensor, projection: torch.Tensor | None, steps: int,
            box: tuple[float, float]) -> torch.Tensor:
-    """Dummy images (n, 784) whose Jacobians match J on mask: Adam on the relative squared error, the
-    pixels kept in their valid range by a sigmoid."""
-    from p2pfl.ntk.jacobian import sample_function
+    """Dummy images (n, 784) whose Jacobians match J (n, C, D) on mask: Adam on each image's relative
+    squared error, the pixels kept in their valid range by a sigmoid. The dummy Jacobians are built
+    from the MLP's factors (the dense path's numbers, and differentiable in the inputs)."""
+    from p2pfl.ntk.jacobian import FactoredJacobian, MLPShape
 
-    f, w = sample_function(ctx.stack.model, ctx.stack.layout, ctx.flat[1])
-    lo, hi = box
-    P = projection
-
-    def loss(z, target, keep):
-        x = lo + (hi - lo) * torch.sigmoid(z)
-        inputs = x @ P if P is not None else x
-        J_dummy = jacrev(f)(w, inputs)
-        diff = (J_dummy - target) * keep
-        return (diff ** 2).sum() / ((target * keep) ** 2).sum().clamp(min=1e-30)
-
-    step = vmap(grad(loss))
-    z = torch.zeros(len(J), 784)
-    opt = torch.optim.Adam([z.requires_grad_()], lr=0.1)
+    shape = MLPShape.of(ctx.stack.model, ctx.stack.layout)
+    w = ctx.flat[1]
+    n, C, D = J.shape
     keep = mask.float()
+    scale = ((J * keep) ** 2).sum((1, 2)).clamp(min=1e-30)
+    lo, hi = box
+    z = torch.zeros(n, 784, requires_grad=True)
+    opt = torch.optim.Adam([z], lr=0.1)
     for _ in range(steps):
+        x = lo + (hi - lo) * torch.sigmoid(z)
+        factors, _ = FactoredJacobian.compute(shape, w, x @ projection if projection is not None else x)
+        dummy = factors.dense(shape, w)
+        loss = ((((dummy - J) * keep) ** 2).sum((1, 2)) / scale).sum()
         opt.zero_grad()
-        z.grad = step(z.detach(), J, keep)
+        loss.backward()
         opt.step()
     return (lo + (hi - lo) * torch.sigmoid(z)).detach()
 

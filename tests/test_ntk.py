@@ -30,6 +30,7 @@ def test_factored_equals_dense_kernel_and_transpose(hidden):
     assert torch.allclose(fac.kernel(shape, w), den.kernel(), rtol=1e-4, atol=1e-4)
     R = torch.randn(3, 13, 4)
     assert torch.allclose(fac.transpose_apply(shape, w, R), den.transpose_apply(shape, w, R), rtol=1e-4, atol=1e-4)
+    assert torch.allclose(fac.dense(shape, w), den.J, rtol=1e-5, atol=1e-6)  # the privacy attack's dummy Jacobians
 
 
 def test_factored_wire_roundtrip_and_concatenation():

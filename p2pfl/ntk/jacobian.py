@@ -84,6 +84,18 @@ class FactoredJacobian:
             delta = (delta @ shape.weight(flat, l)) * self.gates[l - 1][:, None, :]
         return delta
 
+    def dense(self, shape: MLPShape, flat: torch.Tensor) -> torch.Tensor:
+        """The dense per-sample Jacobians (n, C, D) over the trainable parameters: delta_l a_{l-1}^T for
+        each layer's weights and delta_l for its bias (differentiable in the factors' inputs)."""
+        n, C = self.n, shape.n_classes
+        D = max(s.stop for s in (*shape.weights, *shape.biases))
+        out = torch.zeros(n, C, D, dtype=self.acts[0].dtype, device=self.acts[0].device)
+        for layer in range(len(shape.dims)):
+            delta = self.signals(shape, flat, layer)  # (n, C, out_l)
+            out[:, :, shape.weights[layer]] = (delta[..., None] * self.acts[layer][:, None, None, :]).reshape(n, C, -1)
+            out[:, :, shape.biases[layer]] = delta
+        return out
+
     def kernel(self, shape: MLPShape, flat: torch.Tensor) -> torch.Tensor:
         """H_mn = (1/C) sum_c <J_c(x_m), J_c(x_n)>, summed layer by layer from the factors."""
         L, C = len(shape.dims), shape.n_classes

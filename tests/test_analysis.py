@@ -1,0 +1,121 @@
+"""Comparing runs, sweeps, the NTK-DFL figures, topology views and the privacy study."""
+import csv
+import json
+import subprocess
+import sys
+
+import matplotlib.image as mpimg
+import pytest
+
+from analysis.compare import compare
+from tests.conftest import ROOT
+
+
+def fake_run(folder, algo, seed, accs, bytes_per_round=100, wall=1.0, lr=0.1):
+    """A run folder as p2pfl writes one: config.toml and metrics.jsonl."""
+    folder.mkdir(parents=True)
+    (folder / "config.toml").write_text(f'# model mlp\nalgo = "{algo}"\npeers = 4\nrounds = {len(accs)}\n'
+                                        f'seed = {seed}\nlr = {lr}\nprogress = false\n')
+    rows = [{"round": k + 1, "test_acc": a, "client_acc_mean": a - 0.1, "bytes_sent": bytes_per_round,
+             "wall_s": wall} for k, a in enumerate(accs)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_compare_groups_seeds_and_tabulates_targets(tmp_path):
+    runs = [fake_run(tmp_path / f"a{s}", "ntk-dfl", s, acc, bytes_per_round=2 ** 20)
+            for s, acc in enumerate([[0.5, 0.7, 0.9], [0.6, 0.8, 0.85], [0.4, 0.6, 0.7]])]
+    runs += [fake_run(tmp_path / f"b{s}", "dfedavg", s, [0.3, 0.5, 0.6 + 0.01 * s]) for s in range(3)]
+    rows = compare(runs, targets=[0.8], out=tmp_path / "out" / "cmp.png")
+    a, b = rows
+    assert (a["group"], a["runs"], b["group"]) == ("algo=ntk-dfl", 3, "algo=dfedavg")
+    assert a["final_acc_mean"] == pytest.approx((0.9 + 0.85 + 0.7) / 3)
+    assert (a["final_acc_min"], a["final_acc_max"]) == (0.7, 0.9)
+    assert a["reached_0.8"] == "2/3" and a["rounds_to_0.8"] == pytest.approx(2.5)  # rounds 3 and 2
+    assert a["mib_to_0.8"] == pytest.approx(2.5)  # 1 MiB a round
+    assert b["reached_0.8"] == "0/3" and b["rounds_to_0.8"] is None
+    image = mpimg.imread(tmp_path / "out" / "cmp.png")
+    assert image.shape[1] > 2 * image.shape[0]  # three panels side by side: rounds, bytes, wall time
+    table = (tmp_path / "out" / "cmp.md").read_text()
+    assert "| algo=ntk-dfl | 3 | 81.67 |" in table
+    with (tmp_path / "out" / "cmp.csv").open() as fh:
+        assert [r["group"] for r in csv.DictReader(fh)] == ["algo=ntk-dfl", "algo=dfedavg"]
+
+
+def test_compare_cli_by_setting_and_bad_input(tmp_path):
+    for s in range(2):
+        fake_run(tmp_path / "runs" / f"x{s}", "dfedavg", s, [0.2, 0.4], lr=0.5 if s else 0.1)
+    cli = [sys.executable, "-m", "analysis", "compare", str(tmp_path / "runs"), "--out", str(tmp_path / "c.png")]
+    split = subprocess.run(cli, capture_output=True, text=True, cwd=ROOT)
+    assert split.returncode == 0, split.stderr
+    assert "| lr=0.1 | 1 |" in split.stdout and "| lr=0.5 | 1 |" in split.stdout
+    pooled = subprocess.run([*cli, "--by", "algo"], capture_output=True, text=True, cwd=ROOT)
+    assert "| algo=dfedavg | 2 |" in pooled.stdout
+    missing = subprocess.run([*cli[:4], str(tmp_path / "nothing")], capture_output=True, text=True, cwd=ROOT)
+    assert missing.returncode != 0 and "not a run folder" in missing.stderr
+    unknown = subprocess.run([*cli, "--by", "colour"], capture_output=True, text=True, cwd=ROOT)
+    assert unknown.returncode != 0 and "--by colour" in unknown.stderr
+
+
+def test_sweep_runs_a_grid_over_seeds_then_skips_what_is_done(tmp_path):
+    preset = tmp_path / "tiny.toml"
+    preset.write_text('dataset = "synthetic"\npeers = 6\nkappa = 2\nrounds = 2\nlocal-epochs = 1\n')
+    cmd = [sys.executable, "-m", "launch.sweep", str(preset), "--seeds", "0,1,2", "--set", "algo=dfedavg,dpsgd",
+           "--out", str(tmp_path / "sweep"), "--target", "0.2"]
+    first = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert first.stdout.count("done:") == 6
+    for algo in ("dfedavg", "dpsgd"):
+        for seed in range(3):
+            config = (tmp_path / "sweep" / f"algo={algo}" / f"seed{seed}" / "config.toml").read_text()
+            assert f'algo = "{algo}"' in config and f"seed = {seed}" in config
+    assert "| algo=dfedavg" in first.stdout and (tmp_path / "sweep" / "compare.png").exists()
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert again.returncode == 0 and "done:" not in again.stdout  # nothing run twice
+
+
+def test_figures_pipeline_draws_every_figure(tmp_path):
+    """launch.figures at a toy scale: every run, then every figure of the NTK-DFL paper's set."""
+    experiment = tmp_path / "toy.toml"
+    experiment.write_text('[common]\ndataset = "fashion-mnist"\npeers = 10\nsamples-per-peer = 20\nrounds = 2\n'
+                          'kappa = 4\nalpha = 0.1\ntest-samples = 300\nlocal-epochs = 1\n'
+                          '[compression]\npeers = 4\nsamples-per-peer = 8\nkappa = 2\n')
+    out = tmp_path / "figs"
+    result = subprocess.run([sys.executable, "-m", "launch.figures", str(experiment), "--jobs", "2", "--out", str(out)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=1200)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    expected = {"fig2_convergence": 3, "fig3_aggregated_vs_clients": 3, "fig4_topology_sparsity": 3,
+                "fig5_final_averaging": 1, "fig6_per_round_averaging": 1, "fig7_variance": 1,
+                "fig13_batching_subsampling": 1, "fig15_compression_bytes": 2}
+    least_aspect = {1: 1.2, 2: 2.0, 3: 2.5}  # width / height of one, two and three panels side by side
+    # (fig13 is two by two)
+    for name, panels in expected.items():
+        height, width = mpimg.imread(out / "figures" / f"{name}.png").shape[:2]
+        assert height > 300 and width / height >= least_aspect[panels], name
+    captions = (out / "figures" / "captions.md").read_text()
+    assert all(name in captions for name in expected) and "skipped" not in captions
+    assert "alpha0.1/ntk-dfl" in captions  # each caption names its runs
+
+
+def test_topology_views_from_a_preset(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "analysis", "topology", "launch/presets/ntk-dfl-fmnist300.toml",
+                             "--rounds", "8", "--peer", "3", "--out", str(tmp_path)], capture_output=True, text=True,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    for name in ("adjacency", "rounds", "statistics", "neighbourhood"):
+        assert mpimg.imread(tmp_path / f"{name}.png").shape[0] > 200
+    bad = subprocess.run([sys.executable, "-m", "analysis", "topology", "launch/presets/ntk-dfl-fmnist300.toml",
+                          "--peer", "300"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "--peer" in bad.stderr
+
+
+def test_privacy_study_recovers_uncompressed_and_not_projected(tmp_path, monkeypatch):
+    from analysis import privacy
+
+    keep = ("factored message (default)", "dense, uncompressed", "projection 100")
+    monkeypatch.setattr(privacy, "CONDITIONS", {k: privacy.CONDITIONS[k] for k in keep})
+    rows = {r["condition"]: r for r in privacy.study(images=2, steps=120, out=tmp_path)}
+    assert rows["factored message (default)"]["ssim_min"] > 0.999  # the raw inputs travel
+    assert rows["dense, uncompressed"]["ssim_mean"] > 0.85
+    assert rows["projection 100"]["ssim_mean"] < rows["dense, uncompressed"]["ssim_mean"] - 0.3
+    assert (tmp_path / "privacy.png").exists() and "| projection 100 |" in (tmp_path / "privacy.md").read_text()
