@@ -279,9 +279,11 @@ class Figures:
             if label == "dense":
                 curves["dense"] = ([run.cumulative("bytes_dense")[k] / MIB for k in rounds], acc)
                 curves["dense, factored message (lossless)"] = ([run.cumulative("bytes_sent")[k] / MIB for k in rounds], acc)
+        palette = iter(["tab:green", "tab:purple", "tab:brown", "tab:olive", "tab:cyan", "tab:pink", "tab:gray"])
+        fixed = {"dense": "tab:red", "dense, factored message (lossless)": "tab:orange", "dfedavg": "tab:blue"}
         for label, (mib, acc) in curves.items():
             axes[0].plot(mib, [100 * a for a in acc], "o-", ms=3, label=label,
-                         color="tab:blue" if label == "dfedavg" else None)
+                         color=fixed.get(label) or next(palette))
         axes[0].set_xscale("log")
         axes[0].set(xlabel="MiB sent by all peers (cumulative, log)", ylabel="aggregated test accuracy (%)",
                     title="NTK-DFL variants by traffic")
