@@ -4,7 +4,7 @@
 
 The attacker is a neighbour in NTK-DFL: it receives peer i's message about i's samples, taken at the
 attacker's own weights (so it knows them), and knows the shared projection seed. For every sample it
-optimises a dummy image until the Jacobian the codec would compute from it matches the one received,
+optimises a dummy image until the Jacobian the codec would compute from it matches the one received
 on the entries the message carries (NTK-DFL appendix E, NTK-FL appendix B). Conditions: dense
 Jacobians uncompressed, top-k sparsity, b-bit quantisation, and the random input projection; plus the
 factored message (the default path for MLPs), which carries the first layer's inputs as they are.
@@ -73,27 +73,26 @@ def received(ctx, x_sent: torch.Tensor):
 def invert(ctx, J: torch.Tensor, mask: torch.Tensor, projection: torch.Tensor | None, steps: int,
            box: tuple[float, float]) -> torch.Tensor:
     """Dummy images (n, 784) whose Jacobians match J (n, C, D) on mask: Adam on each image's relative
-    squared error, the pixels kept in their valid range by a sigmoid. The dummy Jacobians are built
-    from the MLP's factors (the dense path's numbers, and differentiable in the inputs)."""
+    squared error, projected onto the valid pixel range after every step, from a mid-grey start (an
+    all-zero start has every ReLU off and no gradient). The dummy Jacobians are built from the MLP's
+    factors: the dense path's numbers, differentiable in the inputs."""
     from p2pfl.ntk.jacobian import FactoredJacobian, MLPShape
 
     shape = MLPShape.of(ctx.stack.model, ctx.stack.layout)
     w = ctx.flat[1]
-    n, C, D = J.shape
     keep = mask.float()
     scale = ((J * keep) ** 2).sum((1, 2)).clamp(min=1e-30)
-    lo, hi = box
-    z = torch.zeros(n, 784, requires_grad=True)
-    opt = torch.optim.Adam([z], lr=0.1)
+    x = torch.full((len(J), 784), sum(box) / 2, requires_grad=True)
+    opt = torch.optim.Adam([x], lr=0.1)
     for _ in range(steps):
-        x = lo + (hi - lo) * torch.sigmoid(z)
         factors, _ = FactoredJacobian.compute(shape, w, x @ projection if projection is not None else x)
-        dummy = factors.dense(shape, w)
-        loss = ((((dummy - J) * keep) ** 2).sum((1, 2)) / scale).sum()
+        loss = ((((factors.dense(shape, w) - J) * keep) ** 2).sum((1, 2)) / scale).sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return (lo + (hi - lo) * torch.sigmoid(z)).detach()
+        with torch.no_grad():
+            x.clamp_(*box)
+    return x.detach()
 
 
 def study(images: int = 16, steps: int = 300, seed: int = 0, out: Path = Path("runs/privacy")) -> list[dict]:
@@ -143,7 +142,7 @@ def write(rows: list[dict], truth: np.ndarray, recovered: dict, out: Path, image
     header = list(rows[0])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        lines.append("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()) + " |")
+        lines.append("| " + " | ".join(f"{v:.3f}" if k.startswith("ssim") else str(v) for k, v in r.items()) + " |")
     (out / "privacy.md").write_text(
         f"Gradient inversion of {images} Fashion-MNIST training images from NTK-DFL Jacobian messages "
         f"(Adam, {steps} steps; SSIM 1 = perfect recovery)\n\n" + "\n".join(lines) + "\n")
