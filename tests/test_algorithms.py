@@ -94,20 +94,24 @@ def test_every_preset_is_a_valid_config():
 
 
 def test_every_run_of_every_experiment_parses(tmp_path):
-    """launch/experiments/*.toml feed launch.table or launch.fedavg_ft: every run they would start must
+    """launch/experiments/*.toml feed launch.table, launch.fedavg_ft or launch.figures: every run they would start must
     be a valid command line (data files are not needed to parse) of the algorithm its method names."""
     import tomllib
     from pathlib import Path
 
-    from launch import fedavg_ft, table
+    from launch import fedavg_ft, figures, table
     from p2pfl.config import parse_config
 
     experiments = sorted(Path(__file__).resolve().parents[1].glob("launch/experiments/*.toml"))
-    assert len(experiments) >= 11
+    assert len(experiments) >= 13
     for path in experiments:
         preset = tomllib.loads(path.read_text())
-        runs = (fedavg_ft.runs_of(preset, tmp_path) if "baseline" in preset
-                else table.runs_of(preset, list(preset["columns"]), tmp_path))
+        if "baseline" in preset:
+            runs = fedavg_ft.runs_of(preset, tmp_path)
+        elif "columns" in preset:
+            runs = table.runs_of(preset, list(preset["columns"]), tmp_path)
+        else:  # the NTK-DFL figures (launch.figures)
+            runs = figures.plan(preset, tmp_path)
         assert len(runs) >= 2, path
         for run in runs:
             cfg = parse_config(run["argv"][3:])
