@@ -88,11 +88,26 @@ def group_runs(runs: list[Run], by: list[str] | None) -> list[Group]:
     groups: dict[tuple, Group] = {}
     for run in runs:
         groups.setdefault(tuple(repr(run.config.get(k)) for k in keys), Group("")).runs.append(run)
-    varying = keys if by else [k for k in keys if len({repr(r.config.get(k)) for r in runs}) > 1]
+    varying = keys if by else label_keys(runs, keys)
     for group in groups.values():
         config = group.runs[0].config
         group.label = ", ".join(f"{k}={_short(config.get(k))}" for k in varying) or str(config.get("algo", "runs"))
     return list(groups.values())
+
+
+def label_keys(runs: list[Run], keys: list[str]) -> list[str]:
+    """The settings that tell groups apart, less those that follow from the algorithm (its own settings,
+    its training defaults): with algo among them, a setting that takes one value per algorithm is left
+    out of the label."""
+    varying = [k for k in keys if len({repr(r.config.get(k)) for r in runs}) > 1]
+    if "algo" not in varying:
+        return varying
+    by_algo: dict[str, list[Run]] = {}
+    for run in runs:
+        by_algo.setdefault(run.config.get("algo"), []).append(run)
+    follows = {k for k in varying if k != "algo"
+               and all(len({repr(r.config.get(k)) for r in part}) == 1 for part in by_algo.values())}
+    return [k for k in varying if k not in follows]
 
 
 def _short(value) -> str:
