@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+MAX_IMAGES = 256
 # name -> (NTK-DFL settings, the codec path). The factored path sends what the MLP's layers take in.
 CONDITIONS = {
     "factored message (default)": ({}, "factored"),
@@ -175,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/privacy"))
     args = p.parse_args(argv)
-    if args.images < 1 or args.steps < 1:
-        p.error("--images and --steps must be at least 1")
+    if not 1 <= args.images <= MAX_IMAGES or args.steps < 1:
+        p.error(f"--images must be in [1, {MAX_IMAGES}] (each holds 3.2 MB of dense Jacobians a step) and --steps "
+                "at least 1")
     study(args.images, args.steps, args.seed, args.out)
     print((args.out / "privacy.md").read_text(), end="")
     print(f"image grid: {args.out / 'privacy.png'}")

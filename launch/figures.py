@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.figures import FAMILY, Figures, figure_runs  # noqa: E402
-from launch.sweep import mpi_prefix, run_all  # noqa: E402
+from launch.sweep import check_plan, mpi_prefix, run_all  # noqa: E402
 from launch.table import flags  # noqa: E402
 
 
@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{args.experiment}: not an experiment file with a [common] table ({e})")
     out = args.out or ROOT / "runs" / args.experiment.stem
     runs = plan(experiment, out, args.ranks)
+    problem = check_plan(runs)
+    if problem:
+        p.error(problem)
     start = time.monotonic()
     print(f"launch.figures: {len(runs)} runs into {out}", flush=True)
     codes = run_all(runs, args.jobs)

@@ -70,6 +70,22 @@ def plan(preset: Path, seeds: list[int], grid: dict[str, list[str]], out: Path, 
     return runs
 
 
+def check_plan(runs: list[dict]) -> str | None:
+    """The first run whose command line p2pfl would refuse, as its one-line error; None if all parse.
+    Checked before anything runs, so a typo in --set is not found forty runs in."""
+    from p2pfl.config import parse_config
+    from p2pfl.errors import UserError
+
+    for run in runs:
+        argv = run["argv"][run["argv"].index("p2pfl.run") + 1:]
+        argv[argv.index("--out") + 1] = str(Path(run["folder"]).parent / "_check_")  # never made
+        try:
+            parse_config(argv)
+        except UserError as e:
+            return f"{run['folder']}: {e}"
+    return None
+
+
 def run_all(runs: list[dict], jobs: int = 1) -> list[int]:
     """Runs the plan (completed runs are skipped); exit codes in plan order."""
     with ThreadPoolExecutor(max(1, jobs)) as pool:
@@ -96,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--ranks and --jobs must be at least 1")
     out = args.out or ROOT / "runs" / f"sweep-{preset.stem}"
     runs = plan(preset, seeds, parse_sets(args.set), out, args.ranks, extra)
+    problem = check_plan(runs)
+    if problem:
+        p.error(problem)
     print(f"launch.sweep: {len(runs)} runs into {out}", flush=True)
     codes = run_all(runs, args.jobs)
     done = [run["folder"] for run, code in zip(runs, codes) if code == 0]

@@ -72,6 +72,10 @@ def test_sweep_runs_a_grid_over_seeds_then_skips_what_is_done(tmp_path):
     assert "| algo=dfedavg" in first.stdout and (tmp_path / "sweep" / "compare.png").exists()
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert again.returncode == 0 and "done:" not in again.stdout  # nothing run twice
+    assert not list((tmp_path / "sweep").rglob("_check_"))
+    typo = subprocess.run([*cmd[:4], "--set", "kapa=3", "--out", str(tmp_path / "typo")], capture_output=True,
+                          text=True, cwd=ROOT)
+    assert typo.returncode == 2 and "--kapa" in typo.stderr and not (tmp_path / "typo").exists()
 
 
 def test_figures_pipeline_draws_every_figure(tmp_path):
