@@ -70,10 +70,12 @@ class Figures:
         self._cache: dict[str, Run | None] = {}
 
     def run(self, name: str) -> Run | None:
+        """The named run if it finished (its metrics reach its last round), else None."""
         if name not in self._cache:
             folder = self.runs_dir / name
             ok = (folder / "metrics.jsonl").exists() and (folder / "config.toml").exists()
-            self._cache[name] = load_run(folder) if ok else None
+            run = load_run(folder) if ok and (folder / "metrics.jsonl").stat().st_size else None
+            self._cache[name] = run if run and run.rows[-1]["round"] == run.config["rounds"] else None
         return self._cache[name]
 
     def need(self, figure: str, names: list[str]) -> dict[str, Run] | None:
