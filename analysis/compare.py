@@ -171,8 +171,8 @@ def markdown(rows: list[dict], metric: str) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         lines.append("| " + " | ".join(_cell(row[h], percent and (h.startswith("final_"))) for h in header) + " |")
-    unit = "% (accuracy)" if percent else ""
-    return "\n".join(lines) + (f"\n\nfinal_* in {unit}; rounds_to_X and mib_to_X average the runs that reached X "
+    unit = "final_* accuracies in %; " if percent else ""
+    return "\n".join(lines) + (f"\n\n{unit}rounds_to_X and mib_to_X average the runs that reached X "
                                "(reached_X says how many); mib = MiB sent by all peers.\n")
 
 
