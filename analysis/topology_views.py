@@ -10,6 +10,7 @@ spectral-gap histograms over the rounds, and one peer's neighbourhood across rou
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from p2pfl.config import parse_config
@@ -41,8 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     title = (f"{cfg.topology} kappa={cfg.kappa:g}, {cfg.peers} peers, "
              f"{'static' if cfg.static else 'new graph each round'}, seed {cfg.seed}")
     counts = None
-    if cfg.mixing == "sample-weighted":
-        p.error("sample-weighted mixing needs the partition; use uniform or metropolis views")
+    if cfg.mixing == "sample-weighted":  # the weights need every peer's sample count: a run folder has them
+        partition = args.source / "partition.json"
+        if not partition.exists():
+            p.error("--mixing sample-weighted needs the peers' sample counts: give a run folder (partition.json)")
+        counts = [peer["samples"] for peer in json.loads(partition.read_text())]
     paths = draw_views(schedule.graph, rounds, lambda g: spectral_gap(mixing_matrix(g, cfg.mixing, counts)), out,
                        title, args.peer)
     for path in paths:
