@@ -36,6 +36,11 @@ class Run:
     def curve(self, key: str) -> dict[int, float]:
         return {r["round"]: r[key] for r in self.rows if key in r and r[key] is not None}
 
+    def final(self, key: str) -> float:
+        """The metric at the last round that has it."""
+        curve = self.curve(key)
+        return curve[max(curve)]
+
     def cumulative(self, key: str) -> dict[int, float]:
         """Running sum of a per-round field (bytes_sent, wall_s), by round."""
         total, out = 0.0, {}
@@ -135,12 +140,13 @@ def table(groups: list[Group], metric: str, targets: list[float]) -> list[dict]:
     key = f"test_{metric}"
     out = []
     for group in groups:
-        finals = np.array([run.curve(key)[max(run.curve(key))] for run in group.runs])
-        clients = [run.curve(f"client_{metric}_mean") for run in group.runs]
+        finals = np.array([run.final(key) for run in group.runs])
+        client_key = f"client_{metric}_mean"
+        clients = [run.final(client_key) for run in group.runs if run.curve(client_key)]
         row = {"group": group.label, "runs": len(group.runs),
                f"final_{metric}_mean": finals.mean(), f"final_{metric}_std": finals.std(),
                f"final_{metric}_min": finals.min(), f"final_{metric}_max": finals.max(),
-               f"final_client_{metric}_mean": float(np.mean([c[max(c)] for c in clients if c])) if any(clients) else None,
+               f"final_client_{metric}_mean": float(np.mean(clients)) if clients else None,
                "rounds": max(run.rows[-1]["round"] for run in group.runs),
                "mib_sent": float(np.mean([run.cumulative("bytes_sent")[run.rows[-1]["round"]] for run in group.runs])) / MIB,
                "wall_s_per_round": float(np.mean([np.mean([r.get("wall_s", 0.0) for r in run.rows]) for run in group.runs]))}

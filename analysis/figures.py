@@ -161,14 +161,14 @@ class Figures:
         kappas = sorted((*KAPPAS, 5))
         for algo in algos:
             folder = {k: f"kappa{k}/{algo}" if k != 5 else f"alpha0.1/{algo}" for k in kappas}
-            final = [100 * _final(runs[folder[k]], "test_acc") for k in kappas]
-            client = [100 * _final(runs[folder[k]], "client_acc_mean") for k in kappas]
+            final = [100 * runs[folder[k]].final("test_acc") for k in kappas]
+            client = [100 * runs[folder[k]].final("client_acc_mean") for k in kappas]
             axes[1].plot(kappas, final, "o-", color=COLORS[algo], label=f"{algo} aggregated")
             axes[1].plot(kappas, client, "o:", color=COLORS[algo], label=f"{algo} mean client")
         axes[1].set(xlabel="neighbours kappa (regular graph)", ylabel="final test accuracy (%)",
                     title="sparsity (alpha = 0.1)")
         for algo in ("ntk-dfl", *BASELINES):
-            axes[2].plot(range(3), [100 * _final(runs[f"{s}/{algo}"], "test_acc") for s in SPLITS], "o-",
+            axes[2].plot(range(3), [100 * runs[f"{s}/{algo}"].final("test_acc") for s in SPLITS], "o-",
                          color=COLORS[algo], label=algo)
         axes[2].set_xticks(range(3), ["alpha 0.1", "alpha 0.5", "IID"])
         axes[2].set(ylabel="final aggregated test accuracy (%)", title="heterogeneity")
@@ -227,7 +227,7 @@ class Figures:
         seen = set()
         for name, run in runs.items():
             algo = run.config["algo"]
-            ax.scatter(_final(run, "variance"), 100 * _final(run, "test_acc"), color=COLORS.get(algo, "grey"),
+            ax.scatter(run.final("variance"), 100 * run.final("test_acc"), color=COLORS.get(algo, "grey"),
                        label=None if algo in seen else algo, s=25)
             seen.add(algo)
         ax.set_xscale("log")
@@ -320,11 +320,6 @@ class Figures:
         lines += [f"- {name}: skipped, missing {', '.join(missing)}" for name, missing in self.skipped.items()]
         (self.out / "captions.md").write_text("# NTK-DFL figures\n\n" + "\n".join(lines) + "\n")
         return self.captions
-
-
-def _final(run: Run, key: str) -> float:
-    curve = run.curve(key)
-    return curve[max(curve)]
 
 
 def main(argv: list[str] | None = None) -> int:

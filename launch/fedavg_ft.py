@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.representation import plot_fine_tuning, plot_linear_run, plot_similarity  # noqa: E402
-from launch.table import execute, flags  # noqa: E402
+from launch.table import execute, flags, run_command  # noqa: E402
 from p2pfl.metrics import read_metrics  # noqa: E402
 
 
@@ -46,9 +46,9 @@ def beats(a: dict, b: dict, lower_is_better: bool) -> bool:
 def runs_of(preset: dict, out: Path) -> list[dict]:
     """The two runs (FedAvg and its baseline): their folders and command lines."""
     return [{"column": "", "method": m, "lr": None, "folder": out / m,
-             "argv": [sys.executable, "-m", "p2pfl.run", "--algo", "fedavg-ft",
-                      *flags({**preset.get("common", {}), **{k: v for k, v in preset[m].items() if k != "label"}}),
-                      "--out", str(out / m), "--no-progress"]}
+             "argv": run_command(["--algo", "fedavg-ft", *flags({**preset.get("common", {}),
+                                                                  **{k: v for k, v in preset[m].items() if k != "label"}})],
+                                 out / m)}
             for m in ("fedavg", "baseline")]
 
 

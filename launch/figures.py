@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.figures import FAMILY, Figures, figure_runs  # noqa: E402
-from launch.sweep import check_plan, mpi_prefix, run_all  # noqa: E402
-from launch.table import flags  # noqa: E402
+from launch.sweep import check_plan, run_all  # noqa: E402
+from launch.table import flags, run_command  # noqa: E402
 
 
 def plan(experiment: dict, out: Path, ranks: int = 1) -> list[dict]:
@@ -30,9 +30,8 @@ def plan(experiment: dict, out: Path, ranks: int = 1) -> list[dict]:
     runs = []
     for name, settings in figure_runs().items():
         scale = {**experiment["common"], **(experiment.get("compression", {}) if name.startswith(FAMILY) else {})}
-        argv = [*mpi_prefix(ranks), sys.executable, "-m", "p2pfl.run", *flags({**scale, **settings}),
-                "--out", str(out / name), "--no-progress"]
-        runs.append({"folder": out / name, "argv": argv, "slow": settings["algo"] == "ntk-dfl"})
+        runs.append({"folder": out / name, "argv": run_command(flags({**scale, **settings}), out / name, ranks),
+                     "slow": settings["algo"] == "ntk-dfl"})
     return sorted(runs, key=lambda r: not r["slow"])
 
 

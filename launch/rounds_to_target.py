@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.plots import plot_comparison  # noqa: E402
+from launch.table import mpi_prefix  # noqa: E402
 from p2pfl.metrics import read_metrics, rounds_to_target  # noqa: E402
 
 
@@ -25,9 +26,7 @@ def run(algo: str, args, out: Path) -> list[dict]:
     cmd = [sys.executable, "-m", "p2pfl.run", "--algo", algo, "--peers", str(args.peers), "--rounds",
            str(args.rounds), "--kappa", str(args.kappa), "--alpha", str(args.alpha), "--dataset", args.dataset,
            "--seed", str(args.seed), "--out", str(out), *args.extra]
-    if args.ranks > 1:
-        mpirun = str(Path(sys.executable).parent / "mpirun")
-        cmd = [mpirun, "-n", str(args.ranks), "--oversubscribe", *cmd]
+    cmd = [*mpi_prefix(args.ranks), *cmd]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     subprocess.run(cmd, check=True, cwd=ROOT, env=env)
     return read_metrics(out / "metrics.jsonl")

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.compare import compare  # noqa: E402
-from launch.table import execute  # noqa: E402
+from launch.table import execute, run_command  # noqa: E402
 
 PRESETS = ROOT / "launch" / "presets"
 
@@ -50,10 +50,6 @@ def parse_sets(items: list[str]) -> dict[str, list[str]]:
     return grid
 
 
-def mpi_prefix(ranks: int) -> list[str]:
-    return [str(Path(sys.executable).parent / "mpirun"), "-n", str(ranks), "--oversubscribe"] if ranks > 1 else []
-
-
 def plan(preset: Path, seeds: list[int], grid: dict[str, list[str]], out: Path, ranks: int = 1,
          flags: list[str] | None = None) -> list[dict]:
     """Every (combination, seed) run: its folder and command line (launch.table's run records)."""
@@ -63,10 +59,9 @@ def plan(preset: Path, seeds: list[int], grid: dict[str, list[str]], out: Path, 
         name = "_".join(f"{k}={v}" for k, v in settings.items()) or "base"
         for seed in seeds:
             folder = out / name / f"seed{seed}"
-            argv = [*mpi_prefix(ranks), sys.executable, "-m", "p2pfl.run", "--config", str(preset),
-                    "--seed", str(seed), *(a for k, v in settings.items() for a in (f"--{k}", v)),
-                    *(flags or []), "--out", str(folder), "--no-progress"]
-            runs.append({"folder": folder, "argv": argv})
+            args = ["--config", str(preset), "--seed", str(seed),
+                    *(a for k, v in settings.items() for a in (f"--{k}", v)), *(flags or [])]
+            runs.append({"folder": folder, "argv": run_command(args, folder, ranks)})
     return runs
 
 

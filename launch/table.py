@@ -41,6 +41,16 @@ def flags(settings: dict) -> list[str]:
     return out
 
 
+def mpi_prefix(ranks: int) -> list[str]:
+    """mpirun from the virtualenv with RANKS ranks (oversubscribed), or nothing for one process."""
+    return [str(Path(sys.executable).parent / "mpirun"), "-n", str(ranks), "--oversubscribe"] if ranks > 1 else []
+
+
+def run_command(args: list[str], folder: Path, ranks: int = 1) -> list[str]:
+    """The command line of one p2pfl run into folder, without a progress bar."""
+    return [*mpi_prefix(ranks), sys.executable, "-m", "p2pfl.run", *args, "--out", str(folder), "--no-progress"]
+
+
 def runs_of(preset: dict, columns: list[str], out: Path) -> list[dict]:
     """Every (column, method, lr) run: its folder and its command line."""
     common = preset.get("common", {})
@@ -57,8 +67,7 @@ def runs_of(preset: dict, columns: list[str], out: Path) -> list[dict]:
                     merged["lr"] = lr
                 folder = out / column / name
                 runs.append({"column": column, "method": method, "lr": lr, "folder": folder,
-                             "argv": [sys.executable, "-m", "p2pfl.run", *flags(merged), "--out", str(folder),
-                                      "--no-progress"]})
+                             "argv": run_command(flags(merged), folder)})
     return runs
 
 

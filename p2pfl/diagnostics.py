@@ -52,8 +52,12 @@ def edge_bytes(graph: nx.Graph, links: dict[tuple[int, int], int]) -> dict[str, 
 
 
 def round_diagnostics(weights: torch.Tensor, graph: nx.Graph, mixing: str, sample_counts: Sequence[int],
-                      links: dict[tuple[int, int], int]) -> dict:
-    """The fields a decentralized round adds to its metrics row."""
+                      link_parts: Sequence[dict[tuple[int, int], int]]) -> dict:
+    """The fields a decentralized round adds to its metrics row; link_parts: each rank's bytes per link."""
+    links: dict[tuple[int, int], int] = {}
+    for part in link_parts:
+        for link, size in part.items():
+            links[link] = links.get(link, 0) + size
     return {"consensus_distance": consensus_distance(weights),
             "spectral_gap": spectral_gap(mixing_matrix(graph, mixing, sample_counts)),
             **edge_bytes(graph, links)}

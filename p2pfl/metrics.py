@@ -128,12 +128,11 @@ class MetricsLog:
     def record(self, round_index: int, train_losses: torch.Tensor | None, wall_s: float, evaluate_now: bool) -> dict | None:
         ctx = self.ctx
         check_finite(ctx, round_index)
-        sent, dense, lost = ctx.transport.counter.take()
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-        gathered = ctx.transport.gather((sent, dense, rss, lost))
         decentralized = not self.algorithm.centralized
-        links = ctx.transport.counter.take_links()
-        links = ctx.transport.gather(links) if decentralized else None
+        sent, dense, lost = ctx.transport.counter.take()
+        links = ctx.transport.counter.take_links()  # bytes per edge: a graph's diagnostic, not a star's
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+        gathered = ctx.transport.gather((sent, dense, rss, lost, links if decentralized else {}))
         train = ctx.transport.gather_rows(train_losses[:, None].double()) if train_losses is not None else None
         custom = self.algorithm.test_scores(self.test_x, self.test_y) if evaluate_now else None
         weights, clients = self.evaluate_all() if evaluate_now and custom is None else (None, None)
@@ -144,7 +143,7 @@ class MetricsLog:
             return None
         phases: dict[str, int] = {}
         dense_total = 0
-        for s, d, _, _ in gathered:
+        for s, d, _, _, _ in gathered:
             for k, v in s.items():
                 phases[k] = phases.get(k, 0) + v
             dense_total += sum(d.values())
@@ -165,12 +164,8 @@ class MetricsLog:
         if clients is not None and weights is not None:
             row["variance"] = inter_model_variance(weights)
         if decentralized and weights is not None:
-            merged: dict[tuple[int, int], int] = {}
-            for part in links:
-                for link, size in part.items():
-                    merged[link] = merged.get(link, 0) + size
             row.update(round_diagnostics(weights, ctx.schedule.graph(round_index), ctx.cfg.mixing,
-                                         ctx.sample_counts, merged))
+                                         ctx.sample_counts, [g[4] for g in gathered]))
         row.update(extra or {})
         if train is not None and not bool(train.isnan().all()):
             row["train_loss"] = float(train.nanmean())  # the peers that trained this round
