@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from p2pfl.ntk import split_loop
+
 
 @dataclass
 class Evolution:
@@ -50,13 +52,13 @@ def evolve_ce(H: torch.Tensor, f0: torch.Tensor, Y: torch.Tensor, eta: float, ta
 
     # the loops run on transposed (C, N) arrays; H is symmetric, so H @ g is (g^T @ H)^T
     f_start, Yn = np.ascontiguousarray(f0.detach().cpu().numpy().T), np.ascontiguousarray(Yn.T)
-    split = _split_rk3_sums(Hn, Yn, rate, f_start, taus) if method == "split" else None
+    split = _split_sums(Hn, Yn, rate, f_start, taus, euler=False) if method == "split" else None
     if split is not None:
         sums, outputs = split
     elif method == "euler":
         sums, outputs = _euler_sums(Hn, Yn, rate, f_start, taus)
     elif method == "deflated":
-        sums, outputs = _deflated_euler_sums(Hn, Yn, rate, f_start, taus)
+        sums, outputs = _split_sums(Hn, Yn, rate, f_start, taus, euler=True)
     elif method in ("adaptive", "split"):  # split falls back here where it does not apply
         path = _adaptive_whole_steps(rhs, f_start, t_max)
         cum = np.cumsum([_softmax_minus(p, Yn) for p in path[:-1]], 0)
@@ -108,120 +110,64 @@ def _softmax_minus(f: np.ndarray, Y: np.ndarray) -> np.ndarray:
 
 
 def top_subspace(H: np.ndarray, r: int, iterations: int = 6, seed: int = 0) -> np.ndarray:
-    """An orthonormal basis (N, r) close to the top-r eigenvectors of H: subspace iteration."""
+    """An orthonormal basis (N, r) close to the top-r eigenvectors of the symmetric H: subspace
+    iteration. The products with H are compiled (split_loop.product): numpy's BLAS would serialize the
+    evolution threads here."""
     Q = np.random.default_rng(seed).standard_normal((H.shape[0], r)).astype(H.dtype)
+    HQ = np.empty((r, H.shape[0]), H.dtype)  # (H Q)^T = Q^T H
     for _ in range(iterations):
-        Q, _ = np.linalg.qr(H @ Q)
+        split_loop.product(np.ascontiguousarray(Q.T), H, HQ)
+        Q, _ = np.linalg.qr(HQ.T)
     return Q
 
 
-DEFLATE_RANK, DEFLATE_TOL, DEFLATE_WARMUP, DEFLATE_MAX_GAP = 16, 1e-4, 16, 32
+SPLIT_RANK, SPLIT_WARMUP, SPLIT_MAX_GAP, FULL_SPLIT = 16, 16, 64, 96
+SPLIT_TOL, DEFLATE_TOL, SPLIT_SUBSTEPS, SPLIT_STIFF, SPLIT_SLOW = 2e-5, 1e-4, 4, 5.0, 0.25
 
 
-def _split_kernel(H: np.ndarray, rate: float, tol: float):
-    """H = V M V^T + H2 with V (N, 16) close to the top eigen-subspace (the stiff part) and M = V^T H V;
-    the remainder rate * H2 (scaled once, so the loops do no scaling) behind a _LazyRemainder."""
-    V = top_subspace(H, min(DEFLATE_RANK, H.shape[0]))
-    M = V.T @ H @ V
-    return V, M, _LazyRemainder(rate * (H - V @ M @ V.T), tol)
+def _split_kernel(H: np.ndarray, rate: float):
+    """H = V M V^T + H2 with V (N, 16) close to the top eigen-subspace (the stiff part) and M = V^T H V,
+    and the remainder rate * H2 (scaled once, so the loop does no scaling). Up to FULL_SPLIT samples V
+    is the whole eigenbasis and there is no remainder (an empty H2): there a kernel product costs no more
+    than the rank-16 part does at a thousand samples, and the remainder would be large."""
+    if H.shape[0] <= FULL_SPLIT:
+        lam, V = np.linalg.eigh(H.astype(np.float64))
+        return V.astype(H.dtype), np.diag(lam).astype(H.dtype), np.empty((0, 0), H.dtype)
+    V = top_subspace(H, SPLIT_RANK)
+    VtH = np.empty((SPLIT_RANK, H.shape[0]), H.dtype)
+    split_loop.product(np.ascontiguousarray(V.T), H, VtH)
+    M = VtH @ V
+    H2 = np.empty_like(H)
+    split_loop.remainder(H, np.ascontiguousarray(V @ M), np.ascontiguousarray(V), np.float32(rate), H2)
+    return V, M, H2
 
 
-def _deflated_euler_sums(H, Y, rate, f, taus):
-    """The unit-step Euler trajectory at a fraction of the cost of applying H every step.
+def _split_sums(H, Y, rate, f, taus, euler: bool):
+    """The compiled whole-step loop (split_loop.left_sums) on the split kernel: the stiff rank-16 part
+    exactly at every stage, the remainder lazily (see there). None where the split does not apply.
 
-    H = V M V^T + H2 with V the top-16 eigen-subspace (M = V^T H V): the stiff part V M V^T is applied
-    exactly every step (cheap: rank 16), the remainder H2 P_s only every few steps and linearly
-    extrapolated in between. The gap between exact products adapts so that the extrapolation error,
-    as it moves the logits over a gap, stays under 1e-4; the first 16 steps are exact."""
-    V, M, remainder = _split_kernel(H, rate, DEFLATE_TOL)
-    VMt = np.ascontiguousarray(rate * (V @ M).T)
-
-    def advance(s, grad, f):
-        remainder.update(s, grad)
-        f -= (grad @ V) @ VMt
-        f -= remainder.at(s)
-
-    return _left_sums(f, Y, taus, advance)
-
-
-class _LazyRemainder:
-    """The remainder product q(s) = H2 g(f_s) of the split kernel, exact at some whole steps and linearly
-    extrapolated from the last two exact ones in between. The gap between exact products adapts so
-    that the extrapolation, as it moves the logits over a gap, errs by less than tol; the first
-    `warmup` steps are all exact."""
-
-    def __init__(self, H2: np.ndarray, tol: float, warmup: int = DEFLATE_WARMUP, max_gap: int = DEFLATE_MAX_GAP):
-        self.H2, self.tol, self.warmup, self.max_gap = H2, tol, warmup, max_gap
-        self.s, self.q, self.slope, self.gap, self.next = None, None, None, 1, 0
-
-    def update(self, s: int, grad: np.ndarray) -> None:
-        """Called at every whole step s with g(f_s); takes an exact product when one is due."""
-        if s != self.next:
-            return
-        exact = grad @ self.H2
-        if self.q is not None:
-            if s > self.warmup:
-                miss = self.gap * float(np.abs(self.at(s) - exact).max())
-                self.gap = max(1, self.gap // 2) if miss > self.tol else (
-                    min(self.max_gap, self.gap * 2) if miss < self.tol / 8 else self.gap)
-            elif s == self.warmup:
-                self.gap = 2
-            self.slope = (exact - self.q) / (s - self.s)
-        self.s, self.q, self.next = s, exact, s + self.gap
-
-    def at(self, s: float) -> np.ndarray:
-        return self.q if self.slope is None else self.q + (s - self.s) * self.slope
-
-
-SPLIT_TOL, SPLIT_SUBSTEPS, SPLIT_STIFF, SPLIT_SLOW = 2e-5, 4, 3.5, 0.25
-
-
-def _split_rk3_sums(H, Y, rate, f, taus):
-    """An accurate ODE solution at whole steps, for the left Riemann sums, at a few times Euler's cost.
-
-    The kernel is split as H = V M V^T + H2 (V: top-16 eigen-subspace). Every Runge-Kutta stage applies
-    V M V^T exactly (rank 16: cheap) and H2 through _LazyRemainder; Heun's third-order method takes whole
-    steps (shorter where the kernel's stiffest rate calls for it) and quarter of those during the first 16
-    (the stiff top modes' transient). Measured against a tight reference solution on Fashion-MNIST
-    neighbourhoods: within about 5e-5 in the weight update."""
-    V, M, remainder = _split_kernel(H, rate, SPLIT_TOL)
+    euler ('deflated'): unit Euler steps, gradient descent on the linearized model, at a fraction of
+    the cost of applying H every step. Otherwise ('split'): an accurate ODE solution at whole steps, for
+    the left Riemann sums: Heun's third-order Runge-Kutta at whole steps (shorter where the kernel's
+    stiffest rate calls for it) and quarter of those during the first 16 (the stiff top modes'
+    transient). Measured against a tight reference solution on Fashion-MNIST neighbourhoods: within
+    about 3e-5 in the weight update."""
+    V, M, H2 = _split_kernel(H, rate)
     ritz = np.linalg.eigvalsh(M)
-    if V.shape[1] < H.shape[0] and rate * float(ritz[0]) > SPLIT_SLOW:
+    if not euler and len(H2) and rate * float(ritz[0]) > SPLIT_SLOW:
         return None  # the rest of the spectrum is not slow: the split does not pay, the caller falls back
-    top = np.ascontiguousarray(-rate * (V @ M).T)
-    stage, k1, k3 = np.empty_like(f), np.empty_like(f), np.empty_like(f)
-    # steps per unit of time: one while the kernel's stiffest rate x = (eta/N) lambda_max is below
-    # SPLIT_STIFF, more above; four times as many during the transient
-    x_max = rate * float(ritz[-1])
-    steps = max(1, math.ceil(x_max / SPLIT_STIFF))
-    warm_steps = SPLIT_SUBSTEPS * steps
-
-    def slope(out, at, u, grad=None):
-        """out = -(eta/N) H g(at), the remainder part extrapolated to time u."""
-        grad = _softmax_minus(at, Y) if grad is None else grad
-        np.matmul(grad @ V, top, out=out)
-        out -= remainder.at(u)
-        return out
-
-    def advance(s, grad, f):
-        remainder.update(s, grad)
-        n = warm_steps if s < DEFLATE_WARMUP else steps
-        h = 1.0 / n
-        for i in range(n):
-            u = s + i * h
-            slope(k1, f, u, grad if i == 0 else None)
-            np.multiply(k1, h / 3, out=stage)
-            np.add(stage, f, out=stage)
-            slope(k3, stage, u + h / 3)  # k2, kept in k3's buffer
-            np.multiply(k3, 2 * h / 3, out=k3)
-            np.add(k3, f, out=k3)
-            slope(k3, k3, u + 2 * h / 3)
-            np.multiply(k3, 3 * h / 4, out=k3)
-            f += k3
-            np.multiply(k1, h / 4, out=k1)
-            f += k1
-
-    return _left_sums(f, Y, taus, advance)
+    # steps per unit of time: one while the kernel's stiffest rate x = (eta/N) lambda_max is at most
+    # SPLIT_STIFF (the softmax's Jacobian has eigenvalues up to 1/2, so the stiffest stage sees at most
+    # 2.5, inside the method's stability interval of 2.51), more above; four times as many in the transient
+    steps = max(1, math.ceil(rate * float(ritz[-1]) / SPLIT_STIFF))
+    wanted = np.full(max(taus) + 1, -1, dtype=np.int64)
+    wanted[list(taus)] = np.arange(len(taus))
+    sums = np.empty((len(taus),) + f.shape, dtype=f.dtype)
+    outputs = np.empty_like(sums)
+    split_loop.left_sums(f.copy(), Y, np.ascontiguousarray(V.T), np.ascontiguousarray(-rate * (V @ M).T), H2,
+                         DEFLATE_TOL if euler else SPLIT_TOL, SPLIT_WARMUP, SPLIT_MAX_GAP, wanted,
+                         SPLIT_SUBSTEPS * steps, steps, euler, sums, outputs)
+    return sums, outputs
 
 
 RTOL, ATOL = 1e-5, 1e-6

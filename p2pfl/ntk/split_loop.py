@@ -1,0 +1,186 @@
+"""The inner loop of the 'split' CE integrator, compiled (numba): whole steps of Heun's third-order
+Runge-Kutta on df/ds = -(eta/N) (V M V^T + H2) (softmax(f) - Y), with the rank-r part applied exactly
+at every stage and the remainder H2 g given as a polynomial in time (its lazy extrapolation).
+
+Why compiled: a stage is a softmax and two thin products over a (C, N) array, some 30 us of numpy
+calls, and an evolution has about 2,500 stages. Compiled, a stage is about a third of that, and the
+loop runs without the GIL, so a rank's evolution threads really run in parallel (numpy's small calls
+made two threads slower than one). Arrays are laid out (C, N); everything is float32.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_LOG2E, _LN2_HI, _LN2_LO = np.float32(1.4426950408889634), np.float32(0.693145751953125), np.float32(1.4286068203094173e-06)
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def softmax_minus(x, Y, out, tot, bits):
+    """out = softmax(x) - Y over axis 0 (classes), logits clipped to [-60, 60] as in the numpy loop.
+    exp is a degree-7 polynomial on the reduced argument times 2^k built from its exponent bits: the
+    compiler vectorizes it (it does not vectorize a call to expf); within 2e-7 of float64."""
+    C, N = x.shape
+    scale = bits.view(np.float32)
+    for n in range(N):
+        tot[n] = 0.0
+    for c in range(C):
+        for n in range(N):
+            v = min(np.float32(60.0), max(np.float32(-60.0), x[c, n]))
+            k = np.floor(v * _LOG2E + np.float32(0.5))
+            r = v - k * _LN2_HI - k * _LN2_LO
+            out[c, n] = np.float32(1.0) + r * (np.float32(1.0) + r * (np.float32(0.5) + r * (np.float32(1 / 6) + r * (
+                np.float32(1 / 24) + r * (np.float32(1 / 120) + r * (np.float32(1 / 720) + r * np.float32(1 / 5040)))))))
+            bits[n] = (np.int32(k) + np.int32(127)) << np.int32(23)
+        for n in range(N):
+            e = out[c, n] * scale[n]
+            out[c, n] = e
+            tot[n] += e
+    for n in range(N):
+        tot[n] = np.float32(1.0) / tot[n]
+    for c in range(C):
+        for n in range(N):
+            out[c, n] = out[c, n] * tot[n] - Y[c, n]
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def _slope(g, Vt, top, q, slope, curvature, a, b, out, proj):
+    """out = (g V) top - (q + a slope + b curvature): -(eta/N) H g with the remainder's polynomial."""
+    C, N = g.shape
+    r = Vt.shape[0]
+    for c in range(C):
+        for k in range(r):
+            acc = np.float32(0.0)
+            for n in range(N):
+                acc += g[c, n] * Vt[k, n]
+            proj[c, k] = acc
+    for c in range(C):
+        for n in range(N):
+            out[c, n] = -(q[c, n] + a * slope[c, n] + b * curvature[c, n])
+        for k in range(r):
+            p = proj[c, k]
+            for n in range(N):
+                out[c, n] += p * top[k, n]
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, steps, euler, sums, outputs):
+    """The whole evolution from f (C, N), in place: at whole steps s = 0 .. len(wanted) - 2, the running
+    left sum of g(f_s) = softmax(f_s) - Y, stored with f in sums/outputs at the steps that wanted marks
+    (wanted[s] = candidate index, -1 for none). Each step is one Euler step (euler) or Heun's RK3
+    (`steps` of them per unit time, `warm_steps` before `warmup`).
+
+    The slope is -(eta/N) H g = (g V) top - q(u): the rank-r part exactly, and the remainder product
+    q = H2 g (H2 already scaled by eta/N; empty: no remainder) exact at some whole steps and extrapolated
+    in between by the quadratic through the last three exact ones (the line through the last two at
+    first). At each exact product, the extrapolation's miss there times the gap it spanned (how far the
+    miss moved the logits) sets the next gap, scaled by 0.8 (tol / miss)^(1/4): a quadratic
+    extrapolation errs as gap^3. The first `warmup` steps are all exact."""
+    C, N = f.shape
+    r = Vt.shape[0]
+    lazy = H2.shape[0] > 0
+    grad, g2 = np.empty_like(f), np.empty_like(f)
+    k1, k3, stage = np.empty_like(f), np.empty_like(f), np.empty_like(f)
+    running = np.zeros_like(f)
+    proj = np.empty((C, r), np.float32)
+    tot = np.empty(N, np.float32)
+    bits = np.empty(N, np.int32)
+    # the remainder's last three exact products q0, q1, q2 at steps s0 < s1 < s2, and its polynomial
+    q0, q1, q2, exact = np.zeros_like(f), np.zeros_like(f), np.zeros_like(f), np.zeros_like(f)
+    slope, curvature = np.zeros_like(f), np.zeros_like(f)
+    s0, s1, s2, known, gap, due = 0, 0, 0, 0, 1, 0
+    softmax_minus(f, Y, grad, tot, bits)
+    for s in range(len(wanted) - 1):
+        if lazy and s == due:
+            product(grad, H2, exact)
+            if s > warmup:
+                miss = 0.0
+                a, b = np.float32(s - s2), np.float32((s - s2) * (s - s1))
+                for c in range(C):
+                    for n in range(N):
+                        miss = max(miss, abs(q2[c, n] + a * slope[c, n] + b * curvature[c, n] - exact[c, n]))
+                factor = min(2.0, max(0.5, 0.8 * (tol / max(gap * miss, 1e-30)) ** 0.25))
+                gap = max(1, min(max_gap, int(np.floor(gap * factor + 0.5))))
+            elif s == warmup:
+                gap = 2
+            q0, q1, q2, exact = q1, q2, exact, q0
+            s0, s1, s2 = s1, s2, s
+            known += 1
+            if known >= 2:
+                for c in range(C):
+                    for n in range(N):
+                        new_slope = (q2[c, n] - q1[c, n]) / np.float32(s2 - s1)
+                        if known >= 3 and s > warmup:
+                            curvature[c, n] = (new_slope - (q1[c, n] - q0[c, n]) / np.float32(s1 - s0)) / np.float32(s2 - s0)
+                        slope[c, n] = new_slope
+            due = s + gap
+        for c in range(C):
+            for n in range(N):
+                running[c, n] += grad[c, n]
+        if euler:
+            _slope(grad, Vt, top, q2, slope, curvature, np.float32(s - s2), np.float32((s - s2) * (s - s1)), k1, proj)
+            for c in range(C):
+                for n in range(N):
+                    f[c, n] += k1[c, n]
+        else:
+            n_sub = warm_steps if s < warmup else steps
+            h = 1.0 / n_sub
+            for i in range(n_sub):
+                u = s + i * h
+                if i > 0:
+                    softmax_minus(f, Y, grad, tot, bits)
+                for j in range(3):  # the stages at u, u + h/3, u + 2h/3
+                    at = u + j * h / 3
+                    a, b = np.float32(at - s2), np.float32((at - s2) * (at - s1))
+                    if j == 0:
+                        _slope(grad, Vt, top, q2, slope, curvature, a, b, k1, proj)
+                        coef, base = np.float32(h / 3), k1
+                    else:
+                        softmax_minus(stage, Y, g2, tot, bits)
+                        _slope(g2, Vt, top, q2, slope, curvature, a, b, k3, proj)
+                        coef, base = np.float32(2 * h / 3), k3
+                    if j < 2:
+                        for c in range(C):
+                            for n in range(N):
+                                stage[c, n] = f[c, n] + coef * base[c, n]
+                w1, w3 = np.float32(h / 4), np.float32(3 * h / 4)
+                for c in range(C):
+                    for n in range(N):
+                        f[c, n] += w1 * k1[c, n] + w3 * k3[c, n]
+        if wanted[s + 1] >= 0:
+            sums[wanted[s + 1]] = running
+            outputs[wanted[s + 1]] = f
+        softmax_minus(f, Y, grad, tot, bits)
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def product(g, H, out):
+    """out = g @ H for g (C, N) and a symmetric H (N, N), row by row of H so it is read once: numpy's
+    BLAS serializes calls from several threads here, this runs in parallel."""
+    C, N = g.shape
+    for c in range(C):
+        for n in range(N):
+            out[c, n] = 0.0
+    full = N - N % 4
+    for m in range(0, full, 4):  # four rows of H at a time: a quarter of the loads and stores of out
+        for c in range(C):
+            w0, w1, w2, w3 = g[c, m], g[c, m + 1], g[c, m + 2], g[c, m + 3]
+            for n in range(N):
+                out[c, n] += w0 * H[m, n] + w1 * H[m + 1, n] + w2 * H[m + 2, n] + w3 * H[m + 3, n]
+    for m in range(full, N):
+        for c in range(C):
+            w = g[c, m]
+            for n in range(N):
+                out[c, n] += w * H[m, n]
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def remainder(H, A, V, rate, out):
+    """out = rate (H - A V^T) for H (N, N), A and V (N, r): the split kernel's remainder, without BLAS."""
+    N, r = V.shape
+    for i in range(N):
+        for j in range(N):
+            acc = np.float32(0.0)
+            for k in range(r):
+                acc += A[i, k] * V[j, k]
+            out[i, j] = rate * (H[i, j] - acc)
