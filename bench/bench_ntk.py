@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -113,6 +114,24 @@ def ode_methods(args) -> None:
         error = float(((update(evo.residual_sums) - truth).norm(dim=1) / truth.norm(dim=1)).max())
         print(f"  {method:9s} {1000 * min(seconds):6.0f} ms per peer step, weight update off by {error:.1e}"
               f"{'  (default)' if method == cfg.settings.ntk_ode else ''}")
+    evolution_threads(H, f0, Y, eta, taus)
+
+
+def evolution_threads(H, f0, Y, eta, taus, count: int = 8) -> None:
+    """The default evolution is compiled code without the GIL: evolutions on a rank's threads should
+    scale with its cores (numpy's small calls made two threads slower than one)."""
+    threads = max(1, (os.cpu_count() or 1))
+    evolve_ce(H, f0, Y, eta, taus)
+    start = time.perf_counter()
+    for _ in range(count):
+        evolve_ce(H, f0, Y, eta, taus)
+    alone = time.perf_counter() - start
+    with ThreadPoolExecutor(threads) as pool:
+        start = time.perf_counter()
+        list(pool.map(lambda _: evolve_ce(H, f0, Y, eta, taus), range(count)))
+        pooled = time.perf_counter() - start
+    print(f"  {count} default evolutions: {alone:.2f} s one after another, {pooled:.2f} s on {threads} threads "
+          f"({alone / pooled:.2f}x)")
 
 
 def main() -> None:

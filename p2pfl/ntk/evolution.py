@@ -111,14 +111,15 @@ def _softmax_minus(f: np.ndarray, Y: np.ndarray) -> np.ndarray:
 
 def top_subspace(H: np.ndarray, r: int, iterations: int = 6, seed: int = 0) -> np.ndarray:
     """An orthonormal basis (N, r) close to the top-r eigenvectors of the symmetric H: subspace
-    iteration. The products with H are compiled (split_loop.product): numpy's BLAS would serialize the
-    evolution threads here."""
-    Q = np.random.default_rng(seed).standard_normal((H.shape[0], r)).astype(H.dtype)
-    HQ = np.empty((r, H.shape[0]), H.dtype)  # (H Q)^T = Q^T H
+    iteration, compiled (split_loop.product, split_loop.orthonormalize) so that it runs without numpy's
+    BLAS, whose calls from several evolution threads serialize."""
+    Qt = np.ascontiguousarray(np.random.default_rng(seed).standard_normal((r, H.shape[0])).astype(H.dtype))
+    HQt = np.empty_like(Qt)  # (H Q)^T = Q^T H
     for _ in range(iterations):
-        split_loop.product(np.ascontiguousarray(Q.T), H, HQ)
-        Q, _ = np.linalg.qr(HQ.T)
-    return Q
+        split_loop.product(Qt, H, HQt)
+        split_loop.orthonormalize(HQt)
+        Qt, HQt = HQt, Qt
+    return Qt.T
 
 
 SPLIT_RANK, SPLIT_WARMUP, SPLIT_MAX_GAP, FULL_SPLIT = 16, 16, 64, 96
@@ -134,11 +135,13 @@ def _split_kernel(H: np.ndarray, rate: float):
         lam, V = np.linalg.eigh(H.astype(np.float64))
         return V.astype(H.dtype), np.diag(lam).astype(H.dtype), np.empty((0, 0), H.dtype)
     V = top_subspace(H, SPLIT_RANK)
-    VtH = np.empty((SPLIT_RANK, H.shape[0]), H.dtype)
-    split_loop.product(np.ascontiguousarray(V.T), H, VtH)
-    M = VtH @ V
+    Vt = np.ascontiguousarray(V.T)
+    VtH, M, VMt = np.empty_like(Vt), np.empty((SPLIT_RANK, SPLIT_RANK), H.dtype), np.empty_like(Vt)
+    split_loop.product(Vt, H, VtH)
+    split_loop._project(VtH, Vt, M)  # V^T H V
+    split_loop._project(np.ascontiguousarray(M.T), V, VMt)  # (V M)^T
     H2 = np.empty_like(H)
-    split_loop.remainder(H, np.ascontiguousarray(V @ M), np.ascontiguousarray(V), np.float32(rate), H2)
+    split_loop.remainder(H, VMt, Vt, np.float32(rate), H2)
     return V, M, H2
 
 

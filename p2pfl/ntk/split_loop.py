@@ -205,12 +205,36 @@ def product(g, H, out):
 
 
 @njit(nogil=True, fastmath=True, cache=True)
-def remainder(H, A, V, rate, out):
-    """out = rate (H - A V^T) for H (N, N), A and V (N, r): the split kernel's remainder, without BLAS."""
-    N, r = V.shape
+def remainder(H, At, Vt, rate, out):
+    """out = rate (H - A V^T) for H (N, N), At = A^T and Vt = V^T (r, N): the split kernel's remainder."""
+    r, N = Vt.shape
     for i in range(N):
         for j in range(N):
-            acc = np.float32(0.0)
-            for k in range(r):
-                acc += A[i, k] * V[j, k]
-            out[i, j] = rate * (H[i, j] - acc)
+            out[i, j] = H[i, j]
+        for k in range(r):
+            a = At[k, i]
+            for j in range(N):
+                out[i, j] -= a * Vt[k, j]
+        for j in range(N):
+            out[i, j] *= rate
+
+
+@njit(nogil=True, cache=True)
+def orthonormalize(At):
+    """The rows of At (r, N), in place, made orthonormal: Gram-Schmidt run twice, sums in float64.
+    (numpy's QR goes through its BLAS, whose threads spin against the evolution threads.)"""
+    r, N = At.shape
+    for k in range(r):
+        for _ in range(2):
+            for j in range(k):
+                dot = 0.0
+                for n in range(N):
+                    dot += np.float64(At[k, n]) * np.float64(At[j, n])
+                for n in range(N):
+                    At[k, n] -= np.float32(dot) * At[j, n]
+        norm = 0.0
+        for n in range(N):
+            norm += np.float64(At[k, n]) ** 2
+        scale = np.float32(1.0 / max(np.sqrt(norm), 1e-30))
+        for n in range(N):
+            At[k, n] *= scale

@@ -1,0 +1,81 @@
+"""The compiled pieces of the split CE integrator against plain numpy in float64, and the lazy remainder
+against applying the whole kernel at every stage."""
+import numpy as np
+import pytest
+import torch
+
+from p2pfl.ntk import split_loop
+from p2pfl.ntk.evolution import _split_kernel, evolve_ce, tight_ce_sums, top_subspace
+
+
+def test_softmax_minus_is_float32_accurate_over_the_clipped_range():
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((10, 777)) * 20).astype(np.float32)
+    x[0, :6] = [60, -60, 75, -75, 0, 1e-3]
+    Y = np.zeros_like(x)
+    Y[rng.integers(0, 10, 777), np.arange(777)] = 1
+    out = np.empty_like(x)
+    split_loop.softmax_minus(x, Y, out, np.empty(777, np.float32), np.empty(777, np.int32))
+    e = np.exp(np.clip(x.astype(np.float64), -60, 60))
+    assert np.abs(out - (e / e.sum(0) - Y)).max() < 3e-7
+
+
+@pytest.mark.parametrize("rows,cols", [(10, 16), (9, 16), (10, 15), (3, 1), (1, 7)])
+def test_projection_handles_odd_shapes(rows, cols):
+    rng = np.random.default_rng(rows * cols)
+    g, Vt = rng.random((rows, 101), dtype=np.float32), rng.random((cols, 101), dtype=np.float32)
+    proj = np.empty((rows, cols), np.float32)
+    split_loop._project(g, Vt, proj)
+    assert np.allclose(proj, g.astype(np.float64) @ Vt.T, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n", [1, 7, 130])
+def test_product_and_remainder_equal_numpy(n):
+    rng = np.random.default_rng(n)
+    H = rng.random((n, n), dtype=np.float32)
+    H = (H + H.T).astype(np.float32)
+    g = rng.random((10, n), dtype=np.float32)
+    out = np.empty_like(g)
+    split_loop.product(g, H, out)
+    assert np.allclose(out, g.astype(np.float64) @ H, rtol=1e-5)
+    A, V = rng.random((n, 4), dtype=np.float32), rng.random((n, 4), dtype=np.float32)
+    rem = np.empty_like(H)
+    split_loop.remainder(H, np.ascontiguousarray(A.T), np.ascontiguousarray(V.T), np.float32(0.5), rem)
+    assert np.allclose(rem, 0.5 * (H.astype(np.float64) - A.astype(np.float64) @ V.T), rtol=1e-5, atol=1e-5)
+
+
+def test_split_kernel_reassembles_the_kernel():
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((300, 40)).astype(np.float32)
+    H = X @ X.T
+    V, M, H2 = _split_kernel(H, 0.1)
+    assert V.shape == (300, 16) and np.allclose(V.T @ V, np.eye(16), atol=1e-5)
+    assert np.allclose(V @ M @ V.T + H2 / 0.1, H, atol=1e-3 * np.abs(H).max())
+    Q = np.linalg.qr(rng.standard_normal((300, 300)))[0]
+    H = ((Q * 0.5 ** np.arange(300.0)) @ Q.T).astype(np.float32)  # a well separated spectrum
+    top = Q[:, :4]
+    Q = top_subspace(H, 4)
+    assert np.linalg.svd(Q.T @ top, compute_uv=False).min() > 0.99
+
+
+def _synthetic(n, seed):
+    """A kernel with a stiff top and a slow tail, as NTK kernels have: (eta/N) lambda ~ 3.5, 1.2, ... 1e-3."""
+    rng = np.random.default_rng(seed)
+    Q = np.linalg.qr(rng.standard_normal((n, n)))[0]
+    lam = 3.5 * n / 0.01 * np.arange(1, n + 1, dtype=np.float64) ** -1.2
+    H = torch.tensor((Q * lam) @ Q.T, dtype=torch.float32)
+    f0 = torch.tensor(rng.standard_normal((n, 10)) * 0.3, dtype=torch.float32)
+    Y = torch.nn.functional.one_hot(torch.tensor(rng.integers(0, 10, n)), 10).float()
+    return H, f0, Y
+
+
+@pytest.mark.parametrize("n", [80, 200])  # the whole eigenbasis (up to 96 samples); the lazy remainder
+def test_split_and_deflated_follow_their_references(n):
+    H, f0, Y = _synthetic(n, n)
+    taus = [50, 100, 200]
+    ref = tight_ce_sums(H, f0, Y, 0.01, taus).float()
+    split = evolve_ce(H, f0, Y, 0.01, taus, "split").residual_sums
+    assert float(((split - ref).norm(dim=(1, 2)) / ref.norm(dim=(1, 2))).max()) < 1e-4
+    euler = evolve_ce(H, f0, Y, 0.01, taus, "euler").residual_sums
+    deflated = evolve_ce(H, f0, Y, 0.01, taus, "deflated").residual_sums
+    assert float(((deflated - euler).norm(dim=(1, 2)) / euler.norm(dim=(1, 2))).max()) < 1e-4
