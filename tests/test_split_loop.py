@@ -25,7 +25,7 @@ def test_projection_handles_odd_shapes(rows, cols):
     rng = np.random.default_rng(rows * cols)
     g, Vt = rng.random((rows, 101), dtype=np.float32), rng.random((cols, 101), dtype=np.float32)
     proj = np.empty((rows, cols), np.float32)
-    split_loop._project(g, Vt, proj)
+    split_loop.project(g, Vt, proj)
     assert np.allclose(proj, g.astype(np.float64) @ Vt.T, rtol=1e-5)
 
 
@@ -48,9 +48,10 @@ def test_split_kernel_reassembles_the_kernel():
     rng = np.random.default_rng(3)
     X = rng.standard_normal((300, 40)).astype(np.float32)
     H = X @ X.T
-    V, M, H2 = _split_kernel(H, 0.1)
-    assert V.shape == (300, 16) and np.allclose(V.T @ V, np.eye(16), atol=1e-5)
-    assert np.allclose(V @ M @ V.T + H2 / 0.1, H, atol=1e-3 * np.abs(H).max())
+    Vt, M, VMt, H2 = _split_kernel(H, 0.1)
+    assert Vt.shape == (16, 300) and np.allclose(Vt @ Vt.T, np.eye(16), atol=1e-5)
+    assert np.allclose(VMt, (Vt.T @ M).T, atol=1e-4 * np.abs(VMt).max())
+    assert np.allclose(Vt.T @ M @ Vt + H2 / 0.1, H, atol=1e-3 * np.abs(H).max())
     Q = np.linalg.qr(rng.standard_normal((300, 300)))[0]
     H = ((Q * 0.5 ** np.arange(300.0)) @ Q.T).astype(np.float32)  # a well separated spectrum
     top = Q[:, :4]

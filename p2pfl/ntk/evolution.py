@@ -127,22 +127,23 @@ SPLIT_TOL, DEFLATE_TOL, SPLIT_SUBSTEPS, SPLIT_STIFF, SPLIT_SLOW = 2e-5, 1e-4, 4,
 
 
 def _split_kernel(H: np.ndarray, rate: float):
-    """H = V M V^T + H2 with V (N, 16) close to the top eigen-subspace (the stiff part) and M = V^T H V,
-    and the remainder rate * H2 (scaled once, so the loop does no scaling). Up to FULL_SPLIT samples V
-    is the whole eigenbasis and there is no remainder (an empty H2): there a kernel product costs no more
-    than the rank-16 part does at a thousand samples, and the remainder would be large."""
+    """H = V M V^T + H2 with V (N, 16) close to the top eigen-subspace (the stiff part) and M = V^T H V:
+    returns V^T, M, (V M)^T and the remainder rate * H2 (scaled once, so the loop does no scaling). Up to
+    FULL_SPLIT samples V is the whole eigenbasis and there is no remainder (an empty H2): there a kernel
+    product costs no more than the rank-16 part does at a thousand samples, and the remainder would be
+    large."""
     if H.shape[0] <= FULL_SPLIT:
         lam, V = np.linalg.eigh(H.astype(np.float64))
-        return V.astype(H.dtype), np.diag(lam).astype(H.dtype), np.empty((0, 0), H.dtype)
-    V = top_subspace(H, SPLIT_RANK)
-    Vt = np.ascontiguousarray(V.T)
+        Vt, M = np.ascontiguousarray(V.T.astype(H.dtype)), np.diag(lam).astype(H.dtype)
+        return Vt, M, np.ascontiguousarray((lam[:, None] * V.T).astype(H.dtype)), np.empty((0, 0), H.dtype)
+    Vt = np.ascontiguousarray(top_subspace(H, SPLIT_RANK).T)
     VtH, M, VMt = np.empty_like(Vt), np.empty((SPLIT_RANK, SPLIT_RANK), H.dtype), np.empty_like(Vt)
     split_loop.product(Vt, H, VtH)
-    split_loop._project(VtH, Vt, M)  # V^T H V
-    split_loop._project(np.ascontiguousarray(M.T), V, VMt)  # (V M)^T
+    split_loop.project(VtH, Vt, M)  # V^T H V
+    split_loop.project(np.ascontiguousarray(M.T), np.ascontiguousarray(Vt.T), VMt)  # (V M)^T
     H2 = np.empty_like(H)
     split_loop.remainder(H, VMt, Vt, np.float32(rate), H2)
-    return V, M, H2
+    return Vt, M, VMt, H2
 
 
 def _split_sums(H, Y, rate, f, taus, euler: bool):
@@ -155,7 +156,7 @@ def _split_sums(H, Y, rate, f, taus, euler: bool):
     stiffest rate calls for it) and quarter of those during the first 16 (the stiff top modes'
     transient). Measured against a tight reference solution on Fashion-MNIST neighbourhoods: within
     about 3e-5 in the weight update."""
-    V, M, H2 = _split_kernel(H, rate)
+    Vt, M, VMt, H2 = _split_kernel(H, rate)
     ritz = np.linalg.eigvalsh(M)
     if not euler and len(H2) and rate * float(ritz[0]) > SPLIT_SLOW:
         return None  # the rest of the spectrum is not slow: the split does not pay, the caller falls back
@@ -167,7 +168,7 @@ def _split_sums(H, Y, rate, f, taus, euler: bool):
     wanted[list(taus)] = np.arange(len(taus))
     sums = np.empty((len(taus),) + f.shape, dtype=f.dtype)
     outputs = np.empty_like(sums)
-    split_loop.left_sums(f.copy(), Y, np.ascontiguousarray(V.T), np.ascontiguousarray(-rate * (V @ M).T), H2,
+    split_loop.left_sums(f.copy(), Y, Vt, (-rate * VMt).astype(f.dtype), H2,
                          DEFLATE_TOL if euler else SPLIT_TOL, SPLIT_WARMUP, SPLIT_MAX_GAP, wanted,
                          SPLIT_SUBSTEPS * steps, steps, euler, sums, outputs)
     return sums, outputs

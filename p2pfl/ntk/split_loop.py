@@ -44,7 +44,7 @@ def softmax_minus(x, Y, out, tot, bits):
 
 
 @njit(nogil=True, fastmath=True, cache=True)
-def _project(g, Vt, proj):
+def project(g, Vt, proj):
     """proj = g Vt^T (C, r), in 2 x 2 blocks of (class, vector): each pass over n feeds four sums."""
     C, N = g.shape
     r = Vt.shape[0]
@@ -71,7 +71,7 @@ def _project(g, Vt, proj):
 def _slope(g, Vt, top, q, slope, curvature, a, b, out, proj):
     """out = (g V) top - (q + a slope + b curvature): -(eta/N) H g with the remainder's polynomial."""
     C, N = g.shape
-    _project(g, Vt, proj)
+    project(g, Vt, proj)
     r = Vt.shape[0]
     for c in range(C):
         for n in range(N):
