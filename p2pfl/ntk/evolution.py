@@ -71,17 +71,8 @@ def evolve_ce(H: torch.Tensor, f0: torch.Tensor, Y: torch.Tensor, eta: float, ta
 
 
 def _euler_sums(H: np.ndarray, Y: np.ndarray, rate: float, f: np.ndarray, taus: list[int]):
-    """Unit steps f_{s+1} = f_s - rate H (softmax(f_s) - Y)."""
-    def advance(s, grad, f):
-        f -= rate * (grad @ H)
-
-    return _left_sums(f, Y, taus, advance)
-
-
-def _left_sums(f: np.ndarray, Y: np.ndarray, taus: list[int], advance):
-    """The whole-step loop every CE method shares: advance(s, grad, f) moves f in place from step s to
-    s + 1, given grad = softmax(f_s) - Y. Keeps only the running sum of the gradients (the left Riemann
-    sums) and the values at the candidate steps, no stored trajectory."""
+    """Unit steps f_{s+1} = f_s - rate H (softmax(f_s) - Y), with the whole kernel every step. Keeps only
+    the running sum of the gradients (the left Riemann sums) and the values at the candidate steps."""
     wanted = {t: i for i, t in enumerate(taus)}
     sums = np.empty((len(taus),) + f.shape, dtype=f.dtype)
     outputs = np.empty_like(sums)
@@ -90,7 +81,7 @@ def _left_sums(f: np.ndarray, Y: np.ndarray, taus: list[int], advance):
     for s in range(max(taus)):
         grad = _softmax_minus(f, Y)
         running += grad
-        advance(s, grad, f)
+        f -= rate * (grad @ H)
         if s + 1 in wanted:
             sums[wanted[s + 1]], outputs[wanted[s + 1]] = running, f
     return sums, outputs
