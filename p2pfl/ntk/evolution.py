@@ -151,17 +151,21 @@ def _split_sums(H, Y, rate, f, taus, euler: bool):
     ritz = np.linalg.eigvalsh(M)
     if not euler and len(H2) and rate * float(ritz[0]) > SPLIT_SLOW:
         return None  # the rest of the spectrum is not slow: the split does not pay, the caller falls back
-    # steps per unit of time: one while the kernel's stiffest rate x = (eta/N) lambda_max is at most
-    # SPLIT_STIFF (the softmax's Jacobian has eigenvalues up to 1/2, so the stiffest stage sees at most
-    # 2.5, inside the method's stability interval of 2.51), more above; four times as many in the transient
-    steps = max(1, math.ceil(rate * float(ritz[-1]) / SPLIT_STIFF))
+    # steps per unit of time: one RK3 step while the kernel's stiffest rate x = (eta/N) lambda_max is at
+    # most SPLIT_STIFF (the softmax's Jacobian has eigenvalues up to 1/2, so the stiffest stage sees at
+    # most 2.5, inside RK3's stability interval of 2.51); above, SSPRK(4,3) steps (interval 5.15), one up
+    # to 2 SPLIT_STIFF; in the transient four times as many RK3 steps as RK3 alone would take
+    stiffness = rate * float(ritz[-1])
+    warm_steps = SPLIT_SUBSTEPS * max(1, math.ceil(stiffness / SPLIT_STIFF))
+    wide = stiffness > SPLIT_STIFF
+    steps = max(1, math.ceil(stiffness / (2 * SPLIT_STIFF if wide else SPLIT_STIFF)))
     wanted = np.full(max(taus) + 1, -1, dtype=np.int64)
     wanted[list(taus)] = np.arange(len(taus))
     sums = np.empty((len(taus),) + f.shape, dtype=f.dtype)
     outputs = np.empty_like(sums)
     split_loop.left_sums(f.copy(), Y, Vt, (-rate * VMt).astype(f.dtype), H2,
                          DEFLATE_TOL if euler else SPLIT_TOL, SPLIT_WARMUP, SPLIT_MAX_GAP, wanted,
-                         SPLIT_SUBSTEPS * steps, steps, euler, sums, outputs)
+                         warm_steps, steps, euler, wide and not euler, sums, outputs)
     return sums, outputs
 
 
