@@ -1,5 +1,5 @@
 """The inner loop of the 'split' CE integrator, compiled (numba): whole steps of Heun's third-order
-Runge-Kutta on df/ds = -(eta/N) (V M V^T + H2) (softmax(f) - Y), with the rank-r part applied exactly
+Runge-Kutta (or of SSPRK(4,3), for stiffer kernels) on df/ds = -(eta/N) (V M V^T + H2) (softmax(f) - Y), with the rank-r part applied exactly
 at every stage and the remainder H2 g given as a polynomial in time (its lazy extrapolation).
 
 Why compiled: a stage is a softmax and two thin products over a (C, N) array, some 30 us of numpy
