@@ -115,6 +115,7 @@ def top_subspace(H: np.ndarray, r: int, iterations: int = 6, seed: int = 0) -> n
 
 SPLIT_RANK, SPLIT_WARMUP, SPLIT_MAX_GAP, FULL_SPLIT = 16, 16, 64, 96
 SPLIT_TOL, DEFLATE_TOL, SPLIT_SUBSTEPS, SPLIT_STIFF, SPLIT_SLOW = 2e-5, 1e-4, 4, 5.0, 0.25
+SPLIT_WIDE = True  # SSPRK(4,3) beyond RK3's stability; False: more RK3 steps instead (make bench compares)
 
 
 def _split_kernel(H: np.ndarray, rate: float):
@@ -157,7 +158,7 @@ def _split_sums(H, Y, rate, f, taus, euler: bool):
     # to 2 SPLIT_STIFF; in the transient four times as many RK3 steps as RK3 alone would take
     stiffness = rate * float(ritz[-1])
     warm_steps = SPLIT_SUBSTEPS * max(1, math.ceil(stiffness / SPLIT_STIFF))
-    wide = stiffness > SPLIT_STIFF
+    wide = SPLIT_WIDE and stiffness > SPLIT_STIFF
     steps = max(1, math.ceil(stiffness / (2 * SPLIT_STIFF if wide else SPLIT_STIFF)))
     wanted = np.full(max(taus) + 1, -1, dtype=np.int64)
     wanted[list(taus)] = np.arange(len(taus))
