@@ -1,6 +1,7 @@
 """The inner loop of the 'split' CE integrator, compiled (numba): whole steps of Heun's third-order
-Runge-Kutta (or of SSPRK(4,3), for stiffer kernels) on df/ds = -(eta/N) (V M V^T + H2) (softmax(f) - Y), with the rank-r part applied exactly
-at every stage and the remainder H2 g given as a polynomial in time (its lazy extrapolation).
+Runge-Kutta (or of SSPRK(4,3), for stiffer kernels) on df/ds = -(eta/N) (V M V^T + H2) (softmax(f) - Y),
+with the rank-r part applied exactly at every stage and the remainder H2 g given as a polynomial in time
+(its lazy extrapolation).
 
 Why compiled: a stage is a softmax and two thin products over a (C, N) array, some 30 us of numpy
 calls, and an evolution has about 2,500 stages. Compiled, a stage takes about 17 us, and the
@@ -163,6 +164,7 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, steps
                     softmax_minus(f, Y, grad, tot, bits)
                 # u1 = f + h/2 F(f); u2 = u1 + h/2 F(u1); u3 = (2 f + u2) / 3 + h/6 F(u2); f = u3 + h/2 F(u3),
                 # the stages' times u, u + h/2, u + h, u + h/2
+                half, sixth, third = np.float32(h / 2), np.float32(h / 6), np.float32(1 / 3)
                 for j in range(4):
                     at = u + h * (0.0, 0.5, 1.0, 0.5)[j]
                     a, b = np.float32(at - s2), np.float32((at - s2) * (at - s1))
@@ -171,7 +173,6 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, steps
                     else:
                         softmax_minus(stage, Y, g2, tot, bits)
                         _slope(g2, Vt, top, q2, slope, curvature, a, b, k1, proj)
-                    half, sixth, third = np.float32(h / 2), np.float32(h / 6), np.float32(1 / 3)
                     if j == 0:
                         for c in range(C):
                             for n in range(N):
