@@ -19,6 +19,20 @@ from p2pfl.seeding import numpy_rng
 from p2pfl.training import evaluate
 
 
+
+def peak_rss_kib() -> int:
+    """This process's peak resident memory, KiB. Linux's ru_maxrss keeps the peak of the process that
+    started this one (exec carries it over: a run started from pytest or a bench reported their
+    memory), so the high-water mark of this process's own memory, VmHWM, is read where there is one."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
 def inter_model_variance(weights: torch.Tensor) -> float:
     """NTK-DFL eq. (6): V = (1/d) sum_j sqrt(sum_i (wbar_j - w_ij)^2), over parameters j and peers i."""
     w = weights.double()
@@ -131,7 +145,7 @@ class MetricsLog:
         decentralized = not self.algorithm.centralized
         sent, dense, lost = ctx.transport.counter.take()
         links = ctx.transport.counter.take_links()  # bytes per edge: a graph's diagnostic, not a star's
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+        rss = peak_rss_kib()
         gathered = ctx.transport.gather((sent, dense, rss, lost, links if decentralized else {}))
         train = ctx.transport.gather_rows(train_losses[:, None].double()) if train_losses is not None else None
         custom = self.algorithm.test_scores(self.test_x, self.test_y) if evaluate_now else None
