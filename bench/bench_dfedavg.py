@@ -4,12 +4,12 @@ Both are measured in this one run, on the same data and starting weights, so the
 shared, noisy machine. Usage: python bench/bench_dfedavg.py [--peers 300] [--epochs 20] [--repeats 1]
 """
 import argparse
-import resource
 import time
 
 import torch
 
 from p2pfl.config import make_config, resolve
+from p2pfl.metrics import peak_rss_kib
 from p2pfl.run import build
 
 
@@ -41,7 +41,7 @@ def main() -> None:
     print(f"  per-peer loop:             {loop:8.2f} s/round")
     print(f"  speed-up batched vs loop:  {loop / batched:8.2f}x   "
           f"(max weight difference {float((w_batched - w_loop).abs().max()):.2e})")
-    print(f"  peak memory of this process (both runs): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB")
+    print(f"  peak memory of this process (both runs): {peak_rss_kib() / 2**20:.2f} GB")
 
 
 if __name__ == "__main__":

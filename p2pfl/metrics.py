@@ -19,7 +19,6 @@ from p2pfl.seeding import numpy_rng
 from p2pfl.training import evaluate
 
 
-
 def peak_rss_kib() -> int:
     """This process's peak resident memory, KiB. Linux's ru_maxrss keeps the peak of the process that
     started this one (exec carries it over: a run started from pytest or a bench reported their
@@ -32,6 +31,7 @@ def peak_rss_kib() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
 
 def inter_model_variance(weights: torch.Tensor) -> float:
     """NTK-DFL eq. (6): V = (1/d) sum_j sqrt(sum_i (wbar_j - w_ij)^2), over parameters j and peers i."""

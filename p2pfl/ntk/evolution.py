@@ -159,7 +159,7 @@ def _split_sums(H, Y, rate, f, taus, euler: bool):
     # to 2 SPLIT_STIFF; in the transient four times as many RK3 steps as RK3 alone would take
     stiffness = rate * float(ritz[-1])
     warm_steps = SPLIT_SUBSTEPS * max(1, math.ceil(stiffness / SPLIT_STIFF))
-    wide = SPLIT_WIDE and stiffness > SPLIT_STIFF
+    wide = SPLIT_WIDE and not euler and stiffness > SPLIT_STIFF
     steps = max(1, math.ceil(stiffness / (2 * SPLIT_STIFF if wide else SPLIT_STIFF)))
     wanted = np.full(max(taus) + 1, -1, dtype=np.int64)
     wanted[list(taus)] = np.arange(len(taus))
@@ -167,7 +167,7 @@ def _split_sums(H, Y, rate, f, taus, euler: bool):
     outputs = np.empty_like(sums)
     split_loop.left_sums(f.copy(), Y, Vt, (-rate * VMt).astype(f.dtype), H2,
                          DEFLATE_TOL if euler else SPLIT_TOL, SPLIT_WARMUP, SPLIT_MAX_GAP, wanted,
-                         warm_steps, steps, euler, wide and not euler, sums, outputs)
+                         warm_steps, steps, euler, wide, sums, outputs)
     return sums, outputs
 
 
