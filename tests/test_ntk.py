@@ -45,6 +45,23 @@ def test_factored_wire_roundtrip_and_concatenation():
     assert torch.allclose(K[:5, :5], a.kernel(shape, w), atol=1e-5)
 
 
+@pytest.mark.parametrize("hidden", [[7], [8, 6], []])
+def test_stacked_kernel_by_blocks_and_given_input_grams_equals_the_dense_one(hidden):
+    """The kernel of stacked parts is taken block by block (upper triangle, mirrored), with the inputs
+    Grams the caller passes where it has them: the same kernel as the dense Jacobians give."""
+    model, layout, w = random_mlp(hidden)
+    shape = MLPShape.of(model, layout)
+    xs = [torch.randn(n, 9, generator=torch.Generator().manual_seed(n)) for n in (5, 7, 3)]
+    parts = [FactoredJacobian.compute(shape, w, x)[0] for x in xs]
+    dense = DenseJacobian.compute(model, layout, w, torch.cat(xs), chunk=5)[0].kernel()
+    for grams in (None, [p.input_gram() for p in parts], [None, parts[1].input_gram(), None]):
+        K = FactoredJacobian.cat(parts, grams).kernel(shape, w)
+        assert torch.allclose(K, dense, rtol=1e-4, atol=1e-4)
+        assert torch.equal(K[:5, 5:], K[5:, :5].T)  # the lower blocks are the upper ones mirrored
+    wrong = FactoredJacobian.cat(parts, [None, 2 * parts[1].input_gram(), None]).kernel(shape, w)
+    assert not torch.allclose(wrong, dense, rtol=1e-4, atol=1e-4)  # the given Gram is what is used
+
+
 @pytest.mark.parametrize("loss,selection", [("ce", "linearized"), ("ce", "network"), ("mse", "linearized")])
 def test_factored_and_dense_steps_pick_the_same_weights(loss, selection):
     model, layout, w = random_mlp([10])

@@ -38,6 +38,7 @@ from p2pfl.training import candidate_losses
 
 
 EVOLVE_CHUNK = 8  # peers whose kernels are held at once: their evolutions share the cores
+GRAM_CACHE_BYTES = 256 * 2**20  # the inputs Grams a rank keeps (48 MB at 300 peers x 200 samples)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,10 @@ class NTKDFL(Algorithm):
         self.subsample = self.settings.ntk_subsample
         self.taus_chosen: list[int] = []  # every peer step's t, for final.json
         self.round_taus: list[int] = []  # this round's, for its metrics row
+        # each peer's inputs Gram X X^T (factored kernels): in the kernel of every neighbourhood the peer
+        # belongs to, and unchanged while its samples are; keyed by (peer, its sample indices)
+        self.input_grams: dict[tuple[int, bytes], torch.Tensor] = {}
+        self.input_gram_bytes = 0
         smallest = min(len(s) for s in ctx.shards)
         if self.batches * self.subsample > smallest:
             raise UserError(f"--ntk-batches {self.batches} x --ntk-subsample {self.subsample} exceeds the {smallest} "
@@ -94,6 +99,9 @@ class NTKDFL(Algorithm):
         hood = {p: sorted(list(graph.neighbors(p)) + [p]) for p in range(ctx.cfg.peers)}
         weights = ctx.flat if self.settings.ntk_no_avg else neighbour_average(ctx, round_index, ctx.flat)
         data = {p: self.samples(round_index, p) for p in set(q for p in ctx.peers for q in hood[p])}
+        used = {(p, index.numpy().tobytes()) for p, parts in data.items() for index in parts}
+        self.input_grams = {key: gram for key, gram in self.input_grams.items() if key in used}
+        self.input_gram_bytes = sum(g.numel() * g.element_size() for g in self.input_grams.values())
         self.round_taus = []
         losses = torch.zeros(len(ctx.peers), device=ctx.device)
         for b in range(self.batches):
@@ -149,12 +157,26 @@ class NTKDFL(Algorithm):
         """Peer's evolution over its neighbourhood: its own Jacobian and the ones it received, stacked."""
         ctx = self.ctx
         parts = [own[peer] if j == peer else self.codec.unpack(inbox[peer][j]) for j in hood]
-        jac = self.codec.cat([part[0] for part in parts])
+        grams = [self.input_gram(j, part[0], data[j]) for j, part in zip(hood, parts)] \
+            if self.codec.path == "factored" else None
+        jac = self.codec.cat([part[0] for part in parts], grams)
         f0 = torch.cat([part[1] for part in parts]).to(ctx.device)
         labels = torch.cat([part[2] for part in parts]).to(ctx.device)
         selection_x, selection_y = self.selection_data(peer, hood, data)
         return NTKProblem(jac, w, f0, labels, lambda cands: candidate_losses(ctx.stack, cands, selection_x, selection_y,
                                                                  self.settings.ntk_loss))
+
+    def input_gram(self, peer: int, jac, index: torch.Tensor) -> torch.Tensor:
+        """The peer's inputs Gram for these samples: from the cache, or computed (and kept, within budget)."""
+        key = (peer, index.numpy().tobytes())
+        gram = self.input_grams.get(key)
+        if gram is None:
+            gram = jac.input_gram()
+            size = gram.numel() * gram.element_size()
+            if self.input_gram_bytes + size <= GRAM_CACHE_BYTES:
+                self.input_grams[key] = gram
+                self.input_gram_bytes += size
+        return gram
 
     def selection_data(self, peer, hood, data):
         members = [peer] if self.settings.ntk_selection == "own" else hood

@@ -63,8 +63,11 @@ class JacobianCodec:
             return DenseJacobian(decode(tuple(t.cpu() for t in tensors)).to(self.device))
         return DenseJacobian.from_wire(tensors)
 
-    def cat(self, parts):
-        return (FactoredJacobian if self.path == "factored" else DenseJacobian).cat(parts)
+    def cat(self, parts, input_grams=None):
+        """The parts stacked; input_grams (each part's inputs Gram, where known) serve the factored kernel."""
+        if self.path == "factored":
+            return FactoredJacobian.cat(parts, input_grams)
+        return DenseJacobian.cat(parts)
 
     def pack(self, jac, f: torch.Tensor, y: torch.Tensor) -> tuple[JacobianMessage, int]:
         """A Jacobian message and what it would weigh with the dense J."""

@@ -60,6 +60,10 @@ class MLPShape:
 class FactoredJacobian:
     acts: list[torch.Tensor]  # inputs of each Linear layer: (n, in_l)
     gates: list[torch.Tensor]  # sigma'(z_l) of each hidden layer: (n, out_l)
+    # the row counts of the Jacobians this one was stacked from (cat), and the Gram a_0 a_0^T of each one's
+    # inputs where the caller knows it (None where not): the kernel takes its products block by block
+    blocks: tuple[int, ...] = ()
+    input_grams: tuple[torch.Tensor | None, ...] = ()
 
     @property
     def n(self) -> int:
@@ -99,23 +103,49 @@ class FactoredJacobian:
 
     def kernel(self, shape: MLPShape, flat: torch.Tensor) -> torch.Tensor:
         """H_mn = (1/C) sum_c <J_c(x_m), J_c(x_n)>, summed layer by layer from the factors: each layer's
-        (inputs Gram + 1) times its backprop signals' Gram, in place (an (n, n) pass costs about as much
-        as the rank-100 products here)."""
-        L, C = len(shape.dims), shape.n_classes
-        H = None
+        (inputs Gram + 1) times its backprop signals' Gram. H is symmetric, so only the upper block
+        triangle is computed, a panel per stacked block (each block's rows against its own and the later
+        blocks' columns: 21 of the 36 block products of six blocks), and mirrored; a block's inputs Gram,
+        the largest product (the data's dimension), comes from input_grams where given."""
+        L, C, n = len(shape.dims), shape.n_classes, self.n
+        signals = []  # per layer, the (n, k) rows whose Gram is the layer's signal factor (None: the last)
         for layer in range(L):
-            term = self.acts[layer] @ self.acts[layer].T
-            term += 1.0  # the bias
             if layer == L - 2:
                 # delta_{L-1}[c] = W_L[c] * gate, so sum_c <delta_m[c], delta_n[c]> = gate_m diag(s) gate_n
-                g = self.gates[layer] * ((shape.weight(flat, L - 1) ** 2).sum(0) / C).sqrt()
-                term *= g @ g.T
+                signals.append(self.gates[layer] * ((shape.weight(flat, L - 1) ** 2).sum(0) / C).sqrt())
             elif layer < L - 2:
-                d = self.signals(shape, flat, layer).reshape(self.n, -1) / math.sqrt(C)
-                term *= d @ d.T
-            # the last layer: delta_L is the identity, sum_c <e_c, e_c> = C, divided by C
-            H = term if H is None else H.add_(term)
+                signals.append(self.signals(shape, flat, layer).reshape(n, -1) / math.sqrt(C))
+            else:  # the last layer: delta_L is the identity, sum_c <e_c, e_c> = C, divided by C
+                signals.append(None)
+        blocks = self.blocks or (n,)
+        grams = self.input_grams or (None,) * len(blocks)
+        H = torch.empty(n, n, dtype=self.acts[0].dtype, device=self.acts[0].device)
+        start = 0
+        for size, gram in zip(blocks, grams):
+            end = start + size
+            panel = H[start:end, start:]
+            for layer in range(L):
+                rows, cols = self.acts[layer][start:end], self.acts[layer][start:]
+                if layer == 0 and gram is not None:
+                    term = torch.empty_like(panel)
+                    term[:, :size] = gram
+                    torch.matmul(rows, self.acts[0][end:].T, out=term[:, size:])
+                else:
+                    term = rows @ cols.T
+                term += 1.0  # the bias
+                if signals[layer] is not None:
+                    term *= signals[layer][start:end] @ signals[layer][start:].T
+                if layer:
+                    panel += term
+                else:
+                    panel.copy_(term)
+            H[end:, start:end] = H[start:end, end:].T
+            start = end
         return H
+
+    def input_gram(self) -> torch.Tensor:
+        """a_0 a_0^T: the Gram of the inputs, which does not depend on the weights (reusable)."""
+        return self.acts[0] @ self.acts[0].T
 
     def transpose_apply(self, shape: MLPShape, flat: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
         """sum_{m,c} R[t,m,c] dF_c(x_m)/dw for each t: R (T, n, C) -> (T, D), by backprop of R."""
@@ -142,9 +172,12 @@ class FactoredJacobian:
                                 [t.to(dtype) for t in tensors[n_layers:]])
 
     @staticmethod
-    def cat(parts: list["FactoredJacobian"]) -> "FactoredJacobian":
+    def cat(parts: list["FactoredJacobian"], input_grams: list[torch.Tensor | None] | None = None
+            ) -> "FactoredJacobian":
+        """The parts stacked, as blocks of the kernel; input_grams: each part's input_gram() where known."""
         return FactoredJacobian([torch.cat(a) for a in zip(*(p.acts for p in parts))],
-                                [torch.cat(g) for g in zip(*(p.gates for p in parts))])
+                                [torch.cat(g) for g in zip(*(p.gates for p in parts))],
+                                tuple(p.n for p in parts), tuple(input_grams or [None] * len(parts)))
 
 
 def sample_function(model: nn.Module, layout: ParamLayout, flat: torch.Tensor):
