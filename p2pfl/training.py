@@ -311,11 +311,31 @@ def candidate_losses(stack: PeerStack, candidates: torch.Tensor, x: torch.Tensor
     """The mean loss of each row of candidates (T, D) on the same samples: (T,). loss 'task' is the
     task's own loss; 'mse' is the halved squared error against one-hot labels, summed over classes
     (NTK evolution with --ntk-loss mse selects by it, as the reference code does)."""
-    outputs = stack.forward(candidates, x, shared_input=True)
+    if stack.mlp is not None:
+        outputs = _mlp_shared_outputs(stack.mlp, candidates, x)
+    else:
+        outputs = stack.forward(candidates, x, shared_input=True)
     if loss == "mse":
         target = torch.nn.functional.one_hot(y, outputs.shape[-1]).to(outputs.dtype)
         return 0.5 * ((outputs - target) ** 2).sum(-1).mean(-1)
     return stack.task.losses(outputs, y.expand(len(candidates), *y.shape)).mean(1)
+
+
+def _mlp_shared_outputs(shape, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The outputs (L, B, C) of L MLPs flat (L, D) on the same samples x, by batched products: the first
+    layer one matrix product whose rows are every model's units. For NTK selection (8 candidates on a
+    neighbourhood's 1,200 samples) it takes about half the time of vmap of functional_call."""
+    L, n_layers = len(flat), len(shape.dims)
+    a = x.reshape(len(x), -1).T  # (inputs, B)
+    for i, (out, inputs) in enumerate(shape.dims):
+        W, b = flat[:, shape.weights[i]].reshape(L, out, inputs), flat[:, shape.biases[i]].reshape(L, out, 1)
+        if i == 0:
+            z = torch.addmm(b.reshape(L * out, 1), W.reshape(L * out, inputs), a).view(L, out, -1)
+        else:
+            z = torch.baddbmm(b, W, a)
+        if i < n_layers - 1:
+            a = z.clamp_(min=0)
+    return z.transpose(1, 2)
 
 
 @torch.no_grad()

@@ -77,3 +77,22 @@ def test_a_peers_training_does_not_depend_on_what_shares_its_block(monkeypatch):
     for momentum, w, losses in runs[1:]:
         first = next(r for r in runs if r[0] == momentum)
         assert torch.equal(w, first[1]) and torch.equal(losses, first[2])
+
+
+def test_candidate_losses_of_mlps_equal_their_forward_passes():
+    """NTK selection's batched MLP products give each candidate's loss as its own forward pass does."""
+    from p2pfl.training import candidate_losses
+
+    for hidden in ([7], [8, 6], []):
+        model = MLP(12, hidden, 4)
+        stack = PeerStack(model)
+        gen = torch.Generator().manual_seed(len(hidden))
+        candidates = torch.randn(5, stack.layout.size, generator=gen) * 0.3
+        x, y = torch.randn(9, 12, generator=gen), torch.randint(0, 4, (9,), generator=gen)
+        direct = []
+        for row in candidates:
+            torch.nn.utils.vector_to_parameters(row, model.parameters())
+            direct.append(torch.nn.functional.cross_entropy(model(x), y))
+        assert torch.allclose(candidate_losses(stack, candidates, x, y), torch.stack(direct).detach(), atol=1e-6)
+        mse = candidate_losses(stack, candidates, x, y, "mse")
+        assert mse.shape == (5,) and torch.all(mse > 0)

@@ -43,10 +43,11 @@ class NTKProblem:
 
 
 def ntk_steps(problems: list[NTKProblem], shape, n_classes: int, eta: float, settings: NTKSettings) -> list[StepResult]:
-    """Kernel, evolution, candidate weights and selection of several problems. The evolutions (numpy
+    """Kernel, evolution, candidate weights and selection of several problems. The evolutions (compiled
     loops that release the GIL) run on as many threads as torch has (the rank's share of the cores),
-    one problem each; the kernels and candidates are torch's, which uses those threads itself. Each
-    problem's arithmetic is the same whatever the threads, so the results are too."""
+    one problem each; the kernels and candidates are torch's, which uses those threads itself (measured:
+    faster than each problem whole on one thread with one torch thread). Each problem's arithmetic is
+    the same whatever the threads, so the results are too."""
     workers = torch.get_num_threads()
     kernels = [p.jac.kernel(shape, p.w) for p in problems]
     targets = [F.one_hot(p.labels, n_classes).to(p.f0.dtype) for p in problems]
@@ -59,16 +60,24 @@ def ntk_steps(problems: list[NTKProblem], shape, n_classes: int, eta: float, set
             evolutions = list(pool.map(evolution, range(len(problems))))
     else:
         evolutions = [evolution(i) for i in range(len(problems))]
-    results = []
-    for p, Y, evo in zip(problems, targets, evolutions):
-        candidates = p.w[None] - evo.scale * p.jac.transpose_apply(shape, p.w, evo.residual_sums)
-        if settings.selection == "linearized":
-            losses = linearized_loss(settings.loss, evo, Y)
-        else:
-            losses = p.network_loss(candidates)
-        best = int(torch.argmin(losses))  # first of equals, as the reference code
-        results.append(StepResult(candidates[best], settings.taus[best], losses))
-    return results
+    return [select(p, shape, evo, Y, settings) for p, Y, evo in zip(problems, targets, evolutions)]
+
+
+def select(p: NTKProblem, shape, evo, Y: torch.Tensor, settings: NTKSettings) -> StepResult:
+    """The candidate t with the least selection loss (the first of equals, as the reference code)."""
+    if settings.selection == "linearized":  # the losses need no weights: only the chosen t's are built
+        losses = linearized_loss(settings.loss, evo, Y)
+        best = int(torch.argmin(losses))
+        return StepResult(weights_at(p, shape, evo, best, best + 1)[0], settings.taus[best], losses)
+    candidates = weights_at(p, shape, evo, 0, len(settings.taus))
+    losses = p.network_loss(candidates)
+    best = int(torch.argmin(losses))
+    return StepResult(candidates[best], settings.taus[best], losses)
+
+
+def weights_at(problem: NTKProblem, shape, evo, first: int, stop: int) -> torch.Tensor:
+    """The candidate weights w_t = w0 - scale J^T S_t for candidates first..stop-1: (stop - first, D)."""
+    return problem.w[None] - evo.scale * problem.jac.transpose_apply(shape, problem.w, evo.residual_sums[first:stop])
 
 
 def ntk_step(jac, shape, w: torch.Tensor, f0: torch.Tensor, labels: torch.Tensor, n_classes: int, eta: float,
