@@ -4,7 +4,9 @@
    t), and the job's peak memory: a real `python -m p2pfl.run` child (under mpirun with --ranks > 1),
    round time from its metrics.jsonl (wall_s), peak memory the sum of the ranks' peak RSS.
 2. One peer's evolution step on the same neighbourhood, factored vs dense Jacobians (Jacobian, kernel,
-   evolution, candidates, selection), and the largest difference between the weights they pick.
+   evolution, candidates, selection), and the largest difference between the weights they pick. Then
+   the neighbourhood's kernel as one product, by blocks, and by blocks with the peers' inputs Grams
+   given, and its candidates' losses by vmap and by batched products.
 3. The CE evolution methods on that neighbourhood against a tight ODE solution (float64 Runge-Kutta,
    quarter steps): time per peer step and the largest relative error of a candidate's weight update;
    then the same kernel made as stiff as trained ones, the default's SSPRK(4,3) steps against RK3's.
@@ -90,6 +92,52 @@ def factored_vs_dense(args) -> None:
           f"max weight difference {float((fac.weights - dense.weights).abs().max()):.1e}")
 
 
+def alternating(variants: dict, repeats: int = 10) -> dict:
+    """Best seconds of each variant, timed in turn (noise on a shared machine hits them alike)."""
+    best = {name: float("inf") for name in variants}
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def kernel_and_selection(args) -> None:
+    """Peer 0's neighbourhood kernel as one product, by blocks (its upper block triangle) and by blocks
+    with each peer's inputs Gram given (NTK-DFL keeps them across neighbourhoods and rounds); its 8
+    candidates' losses by vmap of functional_call and by the batched MLP products."""
+    cfg = resolve(make_config({"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1,
+                               "progress": False}), 1)
+    ctx, _ = build(cfg, 0, 1, 0)
+    hood = sorted(list(ctx.schedule.graph(0).neighbors(0)) + [0])
+    w, shape = ctx.flat[0], MLPShape.of(ctx.stack.model, ctx.stack.layout)
+    parts = [FactoredJacobian.compute(shape, w, ctx.data.train_x[ctx.shards[j]])[0] for j in hood]
+    stacked = FactoredJacobian.cat(parts)
+    given = FactoredJacobian.cat(parts, [part.input_gram() for part in parts])
+    single = FactoredJacobian(stacked.acts, stacked.gates)
+    kernels = {"one product": lambda: single.kernel(shape, w), "by blocks": lambda: stacked.kernel(shape, w),
+               "by blocks, inputs Grams given": lambda: given.kernel(shape, w)}
+    best = alternating(kernels)
+    gap = float((given.kernel(shape, w) - single.kernel(shape, w)).abs().max())
+    for name, seconds in best.items():
+        print(f"  kernel {name:30s} {1000 * seconds:6.1f} ms ({best['one product'] / seconds:.2f}x)")
+    print(f"  largest difference of the kernels: {gap:.1e}")
+    index = torch.cat([ctx.shards[j] for j in hood])
+    x, y = ctx.data.train_x[index], ctx.data.train_y[index]
+    cands = w + 0.01 * torch.randn(len(cfg.settings.ntk_taus), len(w), generator=torch.Generator().manual_seed(0))
+
+    def by_vmap():
+        outputs = ctx.stack.forward(cands, x, shared_input=True)
+        return ctx.stack.task.losses(outputs, y.expand(len(cands), *y.shape)).mean(1)
+
+    best = alternating({"vmap": by_vmap, "batched products": lambda: candidate_losses(ctx.stack, cands, x, y)})
+    gap = float((by_vmap() - candidate_losses(ctx.stack, cands, x, y)).abs().max())
+    print(f"  {len(cands)} candidates' losses on {len(y)} samples: vmap {1000 * best['vmap']:.1f} ms, batched "
+          f"products {1000 * best['batched products']:.1f} ms ({best['vmap'] / best['batched products']:.2f}x); "
+          f"largest difference {gap:.1e}")
+
+
 def ode_methods(args) -> None:
     cfg = resolve(make_config({"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1,
                                "progress": False}), 1)
@@ -173,6 +221,8 @@ def main() -> None:
     args = p.parse_args()
     print(f"NTK-DFL step on one neighbourhood ({torch.get_num_threads()} threads)")
     factored_vs_dense(args)
+    print("Kernel and candidate selection of one neighbourhood, side by side")
+    kernel_and_selection(args)
     print("CE evolution methods vs a tight ODE solution (one neighbourhood, lr 0.01)")
     ode_methods(args)
     if not args.skip_round:
