@@ -60,24 +60,18 @@ def ntk_steps(problems: list[NTKProblem], shape, n_classes: int, eta: float, set
             evolutions = list(pool.map(evolution, range(len(problems))))
     else:
         evolutions = [evolution(i) for i in range(len(problems))]
-    return [select(p, shape, evo, Y, settings) for p, Y, evo in zip(problems, targets, evolutions)]
-
-
-def select(p: NTKProblem, shape, evo, Y: torch.Tensor, settings: NTKSettings) -> StepResult:
-    """The candidate t with the least selection loss (the first of equals, as the reference code)."""
-    if settings.selection == "linearized":  # the losses need no weights: only the chosen t's are built
-        losses = linearized_loss(settings.loss, evo, Y)
-        best = int(torch.argmin(losses))
-        return StepResult(weights_at(p, shape, evo, best, best + 1)[0], settings.taus[best], losses)
-    candidates = weights_at(p, shape, evo, 0, len(settings.taus))
-    losses = p.network_loss(candidates)
-    best = int(torch.argmin(losses))
-    return StepResult(candidates[best], settings.taus[best], losses)
-
-
-def weights_at(problem: NTKProblem, shape, evo, first: int, stop: int) -> torch.Tensor:
-    """The candidate weights w_t = w0 - scale J^T S_t for candidates first..stop-1: (stop - first, D)."""
-    return problem.w[None] - evo.scale * problem.jac.transpose_apply(shape, problem.w, evo.residual_sums[first:stop])
+    results = []
+    for p, Y, evo in zip(problems, targets, evolutions):
+        # every candidate's weights, also for the linearized selection, which needs only the chosen one's:
+        # one product for all keeps its rounding the same whatever the threads (one candidate's did not)
+        candidates = p.w[None] - evo.scale * p.jac.transpose_apply(shape, p.w, evo.residual_sums)
+        if settings.selection == "linearized":
+            losses = linearized_loss(settings.loss, evo, Y)
+        else:
+            losses = p.network_loss(candidates)
+        best = int(torch.argmin(losses))  # first of equals, as the reference code
+        results.append(StepResult(candidates[best], settings.taus[best], losses))
+    return results
 
 
 def ntk_step(jac, shape, w: torch.Tensor, f0: torch.Tensor, labels: torch.Tensor, n_classes: int, eta: float,
