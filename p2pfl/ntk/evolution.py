@@ -4,10 +4,10 @@ With N samples, kernel H (N, N), outputs f0 and one-hot labels Y (N, C), learnin
 
 - cross-entropy (the NTK-DFL/NTK-FL reference code): df/ds = -(eta/N) H (softmax(f) - Y), s in steps,
   solved as an ODE as the reference code does with its adaptive solver. 'split' (default) integrates it
-  accurately and fast: Heun's third-order Runge-Kutta at whole steps (quarter steps for the first 16,
-  where the stiff transient lives), with the kernel split into its top-16 eigen-subspace, applied
-  exactly at every stage, and the small remainder, applied exactly every few steps and extrapolated
-  in between. 'adaptive' integrates the ODE with error control (slower, a second opinion). 'euler'
+  accurately and fast: third-order SSPRK(4,3) steps of two units (one unit, or shorter, for stiffer
+  kernels; Heun's RK3 in quarter steps for the first 16, where the stiff transient lives), with the
+  kernel split into its top-16 eigen-subspace, applied exactly at every stage, and the small
+  remainder, applied exactly every few steps and extrapolated in between. 'adaptive' integrates the ODE with error control (slower, a second opinion). 'euler'
   takes whole steps f_{s+1} = f_s - (eta/N) H (softmax(f_s) - Y), i.e. gradient descent on the
   linearized model, not the ODE; 'deflated' computes those same Euler steps faster with the split.
 - MSE, the reference code's closed form (from one eigendecomposition): rate eta/(N C), i.e. the mean
@@ -115,7 +115,7 @@ def top_subspace(H: np.ndarray, r: int, iterations: int = 6, seed: int = 0) -> n
 
 SPLIT_RANK, SPLIT_WARMUP, SPLIT_MAX_GAP, FULL_SPLIT = 16, 16, 64, 96
 SPLIT_TOL, DEFLATE_TOL, SPLIT_SUBSTEPS, SPLIT_STIFF, SPLIT_SLOW = 2e-5, 1e-4, 4, 5.0, 0.25
-SPLIT_WIDE = True  # SSPRK(4,3) beyond RK3's stability; False: more RK3 steps instead (make bench compares)
+SPLIT_WIDE = True  # SSPRK(4,3) after the warm-up; False: RK3 steps (make bench compares the two)
 
 
 def _split_kernel(H: np.ndarray, rate: float):
@@ -144,30 +144,34 @@ def _split_sums(H, Y, rate, f, taus, euler: bool):
 
     euler ('deflated'): unit Euler steps, gradient descent on the linearized model, at a fraction of
     the cost of applying H every step. Otherwise ('split'): an accurate ODE solution at whole steps, for
-    the left Riemann sums: Heun's third-order Runge-Kutta at whole steps, or SSPRK(4,3) where the
-    kernel's stiffest rate is beyond RK3's stability (shorter steps beyond that one's), and quarter RK3
-    steps during the first 16 (the stiff top modes' transient). Measured against a tight reference
-    solution on Fashion-MNIST neighbourhoods: within about 3e-5 in the weight update (5.4e-5 on trained,
-    stiffer ones)."""
+    the left Riemann sums: SSPRK(4,3) steps of two units (the unit between by cubic Hermite
+    interpolation) where the kernel's stiffest rate allows, of one unit or shorter where it is stiffer,
+    and quarter RK3 steps during the first 16 (the stiff top modes' transient). Measured against a
+    tight reference solution on Fashion-MNIST neighbourhoods: within 2.2e-5 to 4.1e-5 in the weight
+    update (2.4e-5 to 5.4e-5 on trained, stiffer ones)."""
     Vt, M, VMt, H2 = _split_kernel(H, rate)
     ritz = np.linalg.eigvalsh(M)
     if not euler and len(H2) and rate * float(ritz[0]) > SPLIT_SLOW:
         return None  # the rest of the spectrum is not slow: the split does not pay, the caller falls back
-    # steps per unit of time: one RK3 step while the kernel's stiffest rate x = (eta/N) lambda_max is at
-    # most SPLIT_STIFF (the softmax's Jacobian has eigenvalues up to 1/2, so the stiffest stage sees at
-    # most 2.5, inside RK3's stability interval of 2.51); above, SSPRK(4,3) steps (interval 5.15), one up
-    # to 2 SPLIT_STIFF; in the transient four times as many RK3 steps as RK3 alone would take
+    # step length: the softmax's Jacobian has eigenvalues up to 1/2, so with the kernel's stiffest rate
+    # x = (eta/N) lambda_max a step h sees at most h x / 2. SSPRK(4,3) (stability interval 5.15) steps of
+    # 2 units while x <= SPLIT_STIFF, of 1 up to 2 SPLIT_STIFF, shorter beyond; without SPLIT_WIDE, RK3
+    # (interval 2.51) steps of 1 while x <= SPLIT_STIFF, shorter beyond. In the transient, RK3 steps four
+    # times as short as RK3 alone would take.
     stiffness = rate * float(ritz[-1])
     warm_steps = SPLIT_SUBSTEPS * max(1, math.ceil(stiffness / SPLIT_STIFF))
-    wide = SPLIT_WIDE and not euler and stiffness > SPLIT_STIFF
-    steps = max(1, math.ceil(stiffness / (2 * SPLIT_STIFF if wide else SPLIT_STIFF)))
+    wide = SPLIT_WIDE and not euler
+    if wide:
+        h = 2.0 if stiffness <= SPLIT_STIFF else 1.0 / math.ceil(stiffness / (2 * SPLIT_STIFF))
+    else:
+        h = 1.0 / max(1, math.ceil(stiffness / SPLIT_STIFF))
     wanted = np.full(max(taus) + 1, -1, dtype=np.int64)
     wanted[list(taus)] = np.arange(len(taus))
     sums = np.empty((len(taus),) + f.shape, dtype=f.dtype)
     outputs = np.empty_like(sums)
     split_loop.left_sums(f.copy(), Y, Vt, (-rate * VMt).astype(f.dtype), H2,
                          DEFLATE_TOL if euler else SPLIT_TOL, SPLIT_WARMUP, SPLIT_MAX_GAP, wanted,
-                         warm_steps, steps, euler, wide, sums, outputs)
+                         warm_steps, h, euler, wide, sums, outputs)
     return sums, outputs
 
 

@@ -89,14 +89,43 @@ def _slope(g, Vt, top, q, slope, curvature, a, b, out, proj):
 
 
 @njit(nogil=True, fastmath=True, cache=True)
-def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, steps, euler, wide, sums, outputs):
+def _ssprk43(f, u, h, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k, out, proj, tot, bits):
+    """out = f after one SSPRK(4,3) step of length h from time u, given k1 = F(f) (out may be f):
+    u1 = f + h/2 F(f); u2 = u1 + h/2 F(u1); u3 = (2 f + u2) / 3 + h/6 F(u2); out = u3 + h/2 F(u3), the
+    stages' times u, u + h/2, u + h, u + h/2."""
+    C, N = f.shape
+    half, sixth, third = np.float32(h / 2), np.float32(h / 6), np.float32(1 / 3)
+    for c in range(C):
+        for n in range(N):
+            stage[c, n] = f[c, n] + half * k1[c, n]
+    for j in range(1, 4):
+        at = u + h * (0.0, 0.5, 1.0, 0.5)[j]
+        softmax_minus(stage, Y, g2, tot, bits)
+        _slope(g2, Vt, top, q2, slope, curvature, np.float32(at - s2), np.float32((at - s2) * (at - s1)), k, proj)
+        if j == 1:
+            for c in range(C):
+                for n in range(N):
+                    stage[c, n] += half * k[c, n]
+        elif j == 2:
+            for c in range(C):
+                for n in range(N):
+                    stage[c, n] = (f[c, n] + f[c, n] + stage[c, n]) * third + sixth * k[c, n]
+        else:
+            for c in range(C):
+                for n in range(N):
+                    out[c, n] = stage[c, n] + half * k[c, n]
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, euler, wide, sums, outputs):
     """The whole evolution from f (C, N), in place: at whole steps s = 0 .. len(wanted) - 2, the running
     left sum of g(f_s) = softmax(f_s) - Y, stored with f in sums/outputs at the steps that wanted marks
-    (wanted[s] = candidate index, -1 for none). Each step is one Euler step (euler) or Heun's RK3
-    (`steps` of them per unit time, `warm_steps` before `warmup`). With `wide`, the steps after the
-    warmup are the four-stage, third-order SSPRK(4,3) instead (Spiteri and Ruuth): its stability
-    interval on the negative real axis is 5.15 against RK3's 2.51, so a stiff kernel takes one step of
-    4 stages per unit of time where RK3 would take two of 3.
+    (wanted[s] = candidate index, -1 for none). Steps are unit Euler steps (euler), or Heun's RK3 in
+    steps of 1 / warm_steps before `warmup` and of length h after it; with `wide`, the steps after the
+    warmup are the four-stage, third-order SSPRK(4,3) instead (Spiteri and Ruuth), whose stability
+    interval on the negative real axis is 5.15 against RK3's 2.51: of length h = 2 (two units of time
+    for 4 stages, f at the unit between them by cubic Hermite interpolation from both ends and their
+    slopes) or h = 1 / k.
 
     The slope is -(eta/N) H g = (g V) top - q(u): the rank-r part exactly, and the remainder product
     q = H2 g (H2 already scaled by eta/N; empty: no remainder) exact at some whole steps and extrapolated
@@ -106,9 +135,11 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, steps
     extrapolation errs as gap^3. The first `warmup` steps are all exact."""
     C, N = f.shape
     r = Vt.shape[0]
+    last = len(wanted) - 1
     lazy = H2.shape[0] > 0
     grad, g2 = np.empty_like(f), np.empty_like(f)
     k1, k3, stage = np.empty_like(f), np.empty_like(f), np.empty_like(f)
+    ahead, ahead_slope = np.empty_like(f), np.empty_like(f)  # a double step's end f_{s+2} and F(f_{s+2})
     running = np.zeros_like(f)
     proj = np.empty((C, r), np.float32)
     tot = np.empty(N, np.float32)
@@ -117,9 +148,11 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, steps
     q0, q1, q2, exact = np.zeros_like(f), np.zeros_like(f), np.zeros_like(f), np.zeros_like(f)
     slope, curvature = np.zeros_like(f), np.zeros_like(f)
     s0, s1, s2, known, gap, due = 0, 0, 0, 0, 1, 0
+    slope_ahead = False  # ahead_slope is F(f_s) for this s, with the remainder polynomial still current
     softmax_minus(f, Y, grad, tot, bits)
-    for s in range(len(wanted) - 1):
+    for s in range(last):
         if lazy and s == due:
+            slope_ahead = False
             # g's classes sum to zero (softmax minus one-hot), so H2 g's do: the last row is minus the rest
             product(grad[:C - 1], H2, exact[:C - 1])
             for n in range(N):
@@ -151,66 +184,58 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, steps
         for c in range(C):
             for n in range(N):
                 running[c, n] += grad[c, n]
-        if euler:
+        double = wide and h >= 2.0 and s >= warmup
+        if double and (s - warmup) % 2 == 1:
+            f[:] = ahead  # the second unit of a double step, taken with the first
+        elif double and s + 2 <= last:
+            if slope_ahead:
+                k1[:] = ahead_slope
+            else:
+                _slope(grad, Vt, top, q2, slope, curvature, np.float32(s - s2), np.float32((s - s2) * (s - s1)), k1, proj)
+            _ssprk43(f, float(s), 2.0, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3, ahead, proj, tot, bits)
+            softmax_minus(ahead, Y, g2, tot, bits)
+            at = s + 2.0
+            _slope(g2, Vt, top, q2, slope, curvature, np.float32(at - s2), np.float32((at - s2) * (at - s1)), ahead_slope, proj)
+            slope_ahead = True
+            quarter = np.float32(0.25)  # cubic Hermite at the middle of a step of 2: h/8 = 1/4
+            for c in range(C):
+                for n in range(N):
+                    f[c, n] = (f[c, n] + ahead[c, n]) * np.float32(0.5) + quarter * (k1[c, n] - ahead_slope[c, n])
+        elif euler:
             _slope(grad, Vt, top, q2, slope, curvature, np.float32(s - s2), np.float32((s - s2) * (s - s1)), k1, proj)
             for c in range(C):
                 for n in range(N):
                     f[c, n] += k1[c, n]
         elif wide and s >= warmup:
-            h = 1.0 / steps
-            for i in range(steps):
-                u = s + i * h
+            step = min(h, 1.0)  # a double step's last unit, where only one is left, is a unit step
+            for i in range(int(np.floor(1.0 / step + 0.5))):
+                u = s + i * step
                 if i > 0:
                     softmax_minus(f, Y, grad, tot, bits)
-                # u1 = f + h/2 F(f); u2 = u1 + h/2 F(u1); u3 = (2 f + u2) / 3 + h/6 F(u2); f = u3 + h/2 F(u3),
-                # the stages' times u, u + h/2, u + h, u + h/2
-                half, sixth, third = np.float32(h / 2), np.float32(h / 6), np.float32(1 / 3)
-                for j in range(4):
-                    at = u + h * (0.0, 0.5, 1.0, 0.5)[j]
-                    a, b = np.float32(at - s2), np.float32((at - s2) * (at - s1))
-                    if j == 0:
-                        _slope(grad, Vt, top, q2, slope, curvature, a, b, k1, proj)
-                    else:
-                        softmax_minus(stage, Y, g2, tot, bits)
-                        _slope(g2, Vt, top, q2, slope, curvature, a, b, k1, proj)
-                    if j == 0:
-                        for c in range(C):
-                            for n in range(N):
-                                stage[c, n] = f[c, n] + half * k1[c, n]
-                    elif j == 1:
-                        for c in range(C):
-                            for n in range(N):
-                                stage[c, n] += half * k1[c, n]
-                    elif j == 2:
-                        for c in range(C):
-                            for n in range(N):
-                                stage[c, n] = (f[c, n] + f[c, n] + stage[c, n]) * third + sixth * k1[c, n]
-                    else:
-                        for c in range(C):
-                            for n in range(N):
-                                f[c, n] = stage[c, n] + half * k1[c, n]
+                _slope(grad, Vt, top, q2, slope, curvature, np.float32(u - s2), np.float32((u - s2) * (u - s1)), k1, proj)
+                _ssprk43(f, u, step, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3, f, proj, tot, bits)
         else:
-            n_sub = warm_steps if s < warmup else steps
-            h = 1.0 / n_sub
+            n_sub = warm_steps if s < warmup else int(np.floor(1.0 / h + 0.5))
+            sub = 1.0 / n_sub
             for i in range(n_sub):
-                u = s + i * h
+                u = s + i * sub
                 if i > 0:
                     softmax_minus(f, Y, grad, tot, bits)
-                for j in range(3):  # the stages at u, u + h/3, u + 2h/3
-                    at = u + j * h / 3
+                for j in range(3):  # the stages at u, u + sub/3, u + 2 sub/3
+                    at = u + j * sub / 3
                     a, b = np.float32(at - s2), np.float32((at - s2) * (at - s1))
                     if j == 0:
                         _slope(grad, Vt, top, q2, slope, curvature, a, b, k1, proj)
-                        coef, base = np.float32(h / 3), k1
+                        coef, base = np.float32(sub / 3), k1
                     else:
                         softmax_minus(stage, Y, g2, tot, bits)
                         _slope(g2, Vt, top, q2, slope, curvature, a, b, k3, proj)
-                        coef, base = np.float32(2 * h / 3), k3
+                        coef, base = np.float32(2 * sub / 3), k3
                     if j < 2:
                         for c in range(C):
                             for n in range(N):
                                 stage[c, n] = f[c, n] + coef * base[c, n]
-                w1, w3 = np.float32(h / 4), np.float32(3 * h / 4)
+                w1, w3 = np.float32(sub / 4), np.float32(3 * sub / 4)
                 for c in range(C):
                     for n in range(N):
                         f[c, n] += w1 * k1[c, n] + w3 * k3[c, n]
