@@ -7,9 +7,10 @@ With N samples, kernel H (N, N), outputs f0 and one-hot labels Y (N, C), learnin
   accurately and fast: third-order SSPRK(4,3) steps of two units (one unit, or shorter, for stiffer
   kernels; Heun's RK3 in quarter steps for the first 16, where the stiff transient lives), with the
   kernel split into its top-16 eigen-subspace, applied exactly at every stage, and the small
-  remainder, applied exactly every few steps and extrapolated in between. 'adaptive' integrates the ODE with error control (slower, a second opinion). 'euler'
-  takes whole steps f_{s+1} = f_s - (eta/N) H (softmax(f_s) - Y), i.e. gradient descent on the
-  linearized model, not the ODE; 'deflated' computes those same Euler steps faster with the split.
+  remainder, applied exactly every few steps and extrapolated in between. 'adaptive' integrates the
+  ODE with error control (slower, a second opinion). 'euler' takes whole steps
+  f_{s+1} = f_s - (eta/N) H (softmax(f_s) - Y), i.e. gradient descent on the linearized model, not the
+  ODE; 'deflated' computes those same Euler steps faster with the split.
 - MSE, the reference code's closed form (from one eigendecomposition): rate eta/(N C), i.e. the mean
   halved squared error over the N*C output entries, f_s - Y = exp(-eta s H / (N C)) (f0 - Y).
 

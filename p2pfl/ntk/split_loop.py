@@ -191,11 +191,14 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
             if slope_ahead:
                 k1[:] = ahead_slope
             else:
-                _slope(grad, Vt, top, q2, slope, curvature, np.float32(s - s2), np.float32((s - s2) * (s - s1)), k1, proj)
-            _ssprk43(f, float(s), 2.0, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3, ahead, proj, tot, bits)
+                _slope(grad, Vt, top, q2, slope, curvature, np.float32(s - s2), np.float32((s - s2) * (s - s1)),
+                       k1, proj)
+            _ssprk43(f, float(s), 2.0, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3, ahead, proj,
+                     tot, bits)
             softmax_minus(ahead, Y, g2, tot, bits)
             at = s + 2.0
-            _slope(g2, Vt, top, q2, slope, curvature, np.float32(at - s2), np.float32((at - s2) * (at - s1)), ahead_slope, proj)
+            _slope(g2, Vt, top, q2, slope, curvature, np.float32(at - s2), np.float32((at - s2) * (at - s1)),
+                   ahead_slope, proj)
             slope_ahead = True
             quarter = np.float32(0.25)  # cubic Hermite at the middle of a step of 2: h/8 = 1/4
             for c in range(C):
@@ -212,8 +215,10 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
                 u = s + i * step
                 if i > 0:
                     softmax_minus(f, Y, grad, tot, bits)
-                _slope(grad, Vt, top, q2, slope, curvature, np.float32(u - s2), np.float32((u - s2) * (u - s1)), k1, proj)
-                _ssprk43(f, u, step, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3, f, proj, tot, bits)
+                _slope(grad, Vt, top, q2, slope, curvature, np.float32(u - s2), np.float32((u - s2) * (u - s1)),
+                       k1, proj)
+                _ssprk43(f, u, step, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3, f, proj, tot,
+                         bits)
         else:
             n_sub = warm_steps if s < warmup else int(np.floor(1.0 / h + 0.5))
             sub = 1.0 / n_sub
