@@ -177,8 +177,9 @@ def ssprk_vs_rk3(H, f0, Y, eta, taus, update, rates=(None, 7.0)) -> None:
     lam, V = torch.linalg.eigh(H.double())
     n = len(Y)
     for rate in rates:
-        raise_top = (rate * n / eta - lam[-1]) * torch.outer(V[:, -1], V[:, -1]) if rate is not None else 0.0
-        kernel = H if rate is None else (H.double() + raise_top).float()
+        kernel = H
+        if rate is not None:
+            kernel = (H.double() + (rate * n / eta - lam[-1]) * torch.outer(V[:, -1], V[:, -1])).float()
         truth = update(tight_ce_sums(kernel, f0, Y, eta, taus))
         x = float(lam[-1]) * eta / n if rate is None else rate
         print(f"  eta lambda_max / N = {x:.1f}" + (" (raised)" if rate is not None else ""))

@@ -69,8 +69,10 @@ def project(g, Vt, proj):
 
 
 @njit(nogil=True, fastmath=True, cache=True)
-def _slope(g, Vt, top, q, slope, curvature, a, b, out, proj):
-    """out = (g V) top - (q + a slope + b curvature): -(eta/N) H g with the remainder's polynomial."""
+def _slope(g, Vt, top, q, slope, curvature, at, s1, s2, out, proj):
+    """out = (g V) top - (q + a slope + b curvature) at time `at`, a = at - s2 and b = (at - s2)(at - s1):
+    -(eta/N) H g with the remainder's polynomial through its exact products at s0 < s1 < s2."""
+    a, b = np.float32(at - s2), np.float32((at - s2) * (at - s1))
     C, N = g.shape
     project(g, Vt, proj)
     r = Vt.shape[0]
@@ -101,7 +103,7 @@ def _ssprk43(f, u, h, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k
     for j in range(1, 4):
         at = u + h * (0.0, 0.5, 1.0, 0.5)[j]
         softmax_minus(stage, Y, g2, tot, bits)
-        _slope(g2, Vt, top, q2, slope, curvature, np.float32(at - s2), np.float32((at - s2) * (at - s1)), k, proj)
+        _slope(g2, Vt, top, q2, slope, curvature, at, s1, s2, k, proj)
         if j == 1:
             for c in range(C):
                 for n in range(N):
@@ -191,21 +193,18 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
             if slope_ahead:
                 k1[:] = ahead_slope
             else:
-                _slope(grad, Vt, top, q2, slope, curvature, np.float32(s - s2), np.float32((s - s2) * (s - s1)),
-                       k1, proj)
+                _slope(grad, Vt, top, q2, slope, curvature, s, s1, s2, k1, proj)
             _ssprk43(f, float(s), 2.0, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3, ahead, proj,
                      tot, bits)
             softmax_minus(ahead, Y, g2, tot, bits)
-            at = s + 2.0
-            _slope(g2, Vt, top, q2, slope, curvature, np.float32(at - s2), np.float32((at - s2) * (at - s1)),
-                   ahead_slope, proj)
+            _slope(g2, Vt, top, q2, slope, curvature, s + 2.0, s1, s2, ahead_slope, proj)
             slope_ahead = True
             quarter = np.float32(0.25)  # cubic Hermite at the middle of a step of 2: h/8 = 1/4
             for c in range(C):
                 for n in range(N):
                     f[c, n] = (f[c, n] + ahead[c, n]) * np.float32(0.5) + quarter * (k1[c, n] - ahead_slope[c, n])
         elif euler:
-            _slope(grad, Vt, top, q2, slope, curvature, np.float32(s - s2), np.float32((s - s2) * (s - s1)), k1, proj)
+            _slope(grad, Vt, top, q2, slope, curvature, s, s1, s2, k1, proj)
             for c in range(C):
                 for n in range(N):
                     f[c, n] += k1[c, n]
@@ -215,8 +214,7 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
                 u = s + i * step
                 if i > 0:
                     softmax_minus(f, Y, grad, tot, bits)
-                _slope(grad, Vt, top, q2, slope, curvature, np.float32(u - s2), np.float32((u - s2) * (u - s1)),
-                       k1, proj)
+                _slope(grad, Vt, top, q2, slope, curvature, u, s1, s2, k1, proj)
                 _ssprk43(f, u, step, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3, f, proj, tot,
                          bits)
         else:
@@ -228,13 +226,12 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
                     softmax_minus(f, Y, grad, tot, bits)
                 for j in range(3):  # the stages at u, u + sub/3, u + 2 sub/3
                     at = u + j * sub / 3
-                    a, b = np.float32(at - s2), np.float32((at - s2) * (at - s1))
                     if j == 0:
-                        _slope(grad, Vt, top, q2, slope, curvature, a, b, k1, proj)
+                        _slope(grad, Vt, top, q2, slope, curvature, at, s1, s2, k1, proj)
                         coef, base = np.float32(sub / 3), k1
                     else:
                         softmax_minus(stage, Y, g2, tot, bits)
-                        _slope(g2, Vt, top, q2, slope, curvature, a, b, k3, proj)
+                        _slope(g2, Vt, top, q2, slope, curvature, at, s1, s2, k3, proj)
                         coef, base = np.float32(2 * sub / 3), k3
                     if j < 2:
                         for c in range(C):
@@ -247,7 +244,10 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
         if wanted[s + 1] >= 0:
             sums[wanted[s + 1]] = running
             outputs[wanted[s + 1]] = f
-        softmax_minus(f, Y, grad, tot, bits)
+        if double and (s - warmup) % 2 == 1:
+            grad[:] = g2  # g(f_{s+1}) = g of the double step's end, computed with it
+        else:
+            softmax_minus(f, Y, grad, tot, bits)
 
 
 @njit(nogil=True, fastmath=True, cache=True)
