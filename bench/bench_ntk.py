@@ -170,10 +170,11 @@ def ode_methods(args) -> None:
     ssprk_vs_rk3(H, f0, Y, eta, taus, update)
 
 
-def ssprk_vs_rk3(H, f0, Y, eta, taus, update, rates=(None, 7.0)) -> None:
+def ssprk_vs_rk3(H, f0, Y, eta, taus, update, rates=(None, 6.0, 7.0)) -> None:
     """split's SSPRK(4,3) steps against RK3's, side by side, alternating: on the kernel as it is (a step
-    of two units against one of one) and with its top eigenvalue raised to the rate of trained
-    neighbourhoods (eta lambda_max / N 4 to 9 after 25 rounds: one step of one unit against two)."""
+    of two units against one of one) and with its top eigenvalue raised to rates of trained
+    neighbourhoods (eta lambda_max / N 4 to 9 after 25 rounds; at 6 two steps for three units against
+    six, at 7 one step of one unit against two)."""
     lam, V = torch.linalg.eigh(H.double())
     n = len(Y)
     for rate in rates:

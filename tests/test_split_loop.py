@@ -72,9 +72,9 @@ def _synthetic(n, seed, top=3.5):
 
 
 # the whole eigenbasis (up to 96 samples) and the lazy remainder; SSPRK(4,3) steps of two units
-# (stiffness 3.5; an odd t ends on the unit between, interpolated) and of one (7, as trained
-# neighbourhoods reach)
-@pytest.mark.parametrize("n,top", [(80, 3.5), (200, 3.5), (80, 7.0), (200, 7.0)])
+# (stiffness 3.5; an odd t ends on the unit between, interpolated), of one and a half (6: t ends on
+# either unit inside the three) and of one (7, as trained neighbourhoods reach)
+@pytest.mark.parametrize("n,top", [(80, 3.5), (200, 3.5), (80, 6.0), (200, 6.0), (80, 7.0), (200, 7.0)])
 def test_split_and_deflated_follow_their_references(n, top):
     H, f0, Y = _synthetic(n, n, top)
     taus = [50, 101, 200]

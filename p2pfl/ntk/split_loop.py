@@ -118,6 +118,19 @@ def _ssprk43(f, u, h, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k
                     out[c, n] = stage[c, n] + half * k[c, n]
 
 
+@njit(nogil=True, fastmath=True, cache=True, inline="always")
+def _hermite(y0, m0, y1, m1, theta, h, out):
+    """out = the cubic through y0 and y1 with slopes m0 and m1 at the ends of a step of length h, at the
+    fraction theta of the step (out may be y0)."""
+    t2, t3 = theta * theta, theta * theta * theta
+    a, b = np.float32(2 * t3 - 3 * t2 + 1), np.float32(h * (t3 - 2 * t2 + theta))
+    c, d = np.float32(3 * t2 - 2 * t3), np.float32(h * (t3 - t2))
+    C, N = out.shape
+    for i in range(C):
+        for n in range(N):
+            out[i, n] = a * y0[i, n] + b * m0[i, n] + c * y1[i, n] + d * m1[i, n]
+
+
 @njit(nogil=True, fastmath=True, cache=True)
 def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, euler, wide, sums, outputs):
     """The whole evolution from f (C, N), in place: at whole steps s = 0 .. len(wanted) - 2, the running
@@ -127,7 +140,8 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
     warmup are the four-stage, third-order SSPRK(4,3) instead (Spiteri and Ruuth), whose stability
     interval on the negative real axis is 5.15 against RK3's 2.51: of length h = 2 (two units of time
     for 4 stages, f at the unit between them by cubic Hermite interpolation from both ends and their
-    slopes) or h = 1 / k.
+    slopes), h = 1.5 (two steps for three units, the two units inside by the same interpolation on the
+    step that holds each) or h = 1 / k.
 
     The slope is -(eta/N) H g = (g V) top - q(u): the rank-r part exactly, and the remainder product
     q = H2 g (H2 already scaled by eta/N; empty: no remainder) exact at some whole steps and extrapolated
@@ -141,7 +155,12 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
     lazy = H2.shape[0] > 0
     grad, g2 = np.empty_like(f), np.empty_like(f)
     k1, k3, stage = np.empty_like(f), np.empty_like(f), np.empty_like(f)
-    ahead, ahead_slope = np.empty_like(f), np.empty_like(f)  # a double step's end f_{s+2} and F(f_{s+2})
+    # steps longer than a unit: one of 2 or two of 1.5 cover `span` units; f and F at the end (ahead) and,
+    # for 1.5, in the middle (mid); the units inside by cubic Hermite interpolation
+    span = (2 if h == 2.0 else 3) if wide and h > 1.0 else 1
+    mid, mid_slope = np.empty_like(f), np.empty_like(f)
+    ahead, ahead_slope = np.empty_like(f), np.empty_like(f)
+    span_end = 0
     running = np.zeros_like(f)
     proj = np.empty((C, r), np.float32)
     tot = np.empty(N, np.float32)
@@ -186,23 +205,35 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
         for c in range(C):
             for n in range(N):
                 running[c, n] += grad[c, n]
-        double = wide and h >= 2.0 and s >= warmup
-        if double and (s - warmup) % 2 == 1:
-            f[:] = ahead  # the second unit of a double step, taken with the first
-        elif double and s + 2 <= last:
+        multi = span > 1 and s >= warmup
+        if multi and s < span_end:  # a unit inside a step of several units, taken with it
+            if s + 1 == span_end:
+                f[:] = ahead
+            else:  # the second unit of three: a third of the way into the second step of 1.5
+                _hermite(mid, mid_slope, ahead, ahead_slope, 1 / 3, 1.5, f)
+        elif multi and s + span <= last:
             if slope_ahead:
                 k1[:] = ahead_slope
             else:
                 _slope(grad, Vt, top, q2, slope, curvature, s, s1, s2, k1, proj)
-            _ssprk43(f, float(s), 2.0, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3, ahead, proj,
-                     tot, bits)
+            if span == 2:
+                _ssprk43(f, float(s), 2.0, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3, ahead,
+                         proj, tot, bits)
+            else:
+                _ssprk43(f, float(s), 1.5, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3, mid, proj,
+                         tot, bits)
+                softmax_minus(mid, Y, g2, tot, bits)
+                _slope(g2, Vt, top, q2, slope, curvature, s + 1.5, s1, s2, mid_slope, proj)
+                _ssprk43(mid, s + 1.5, 1.5, mid_slope, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3,
+                         ahead, proj, tot, bits)
             softmax_minus(ahead, Y, g2, tot, bits)
-            _slope(g2, Vt, top, q2, slope, curvature, s + 2.0, s1, s2, ahead_slope, proj)
+            _slope(g2, Vt, top, q2, slope, curvature, float(s + span), s1, s2, ahead_slope, proj)
             slope_ahead = True
-            quarter = np.float32(0.25)  # cubic Hermite at the middle of a step of 2: h/8 = 1/4
-            for c in range(C):
-                for n in range(N):
-                    f[c, n] = (f[c, n] + ahead[c, n]) * np.float32(0.5) + quarter * (k1[c, n] - ahead_slope[c, n])
+            span_end = s + span
+            if span == 2:  # the unit between: the middle of the step
+                _hermite(f, k1, ahead, ahead_slope, 0.5, 2.0, f)
+            else:  # the first unit of three: two thirds into the first step of 1.5
+                _hermite(f, k1, mid, mid_slope, 2 / 3, 1.5, f)
         elif euler:
             _slope(grad, Vt, top, q2, slope, curvature, s, s1, s2, k1, proj)
             for c in range(C):
@@ -244,8 +275,8 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
         if wanted[s + 1] >= 0:
             sums[wanted[s + 1]] = running
             outputs[wanted[s + 1]] = f
-        if double and (s - warmup) % 2 == 1:
-            grad[:] = g2  # g(f_{s+1}) = g of the double step's end, computed with it
+        if multi and s + 1 == span_end:
+            grad[:] = g2  # g(f_{s+1}) = g of the steps' end, computed with them
         else:
             softmax_minus(f, Y, grad, tot, bits)
 
