@@ -240,7 +240,7 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
                 for n in range(N):
                     f[c, n] += k1[c, n]
         elif wide and s >= warmup:
-            step = min(h, 1.0)  # a double step's last unit, where only one is left, is a unit step
+            step = min(h, 1.0)  # the last units, fewer than a span, take unit steps
             for i in range(int(np.floor(1.0 / step + 0.5))):
                 u = s + i * step
                 if i > 0:
