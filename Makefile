@@ -1,6 +1,7 @@
 # Two commands on a fresh machine: `make install` then `make run`; `make test` runs the tests.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PRECOMPILED := p2pfl/ntk/__pycache__/.precompiled
 # torch/torchvision pinned to the versions this project is tested with.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 # Open MPI refuses root unless told otherwise (containers and CI run as root).
@@ -10,7 +11,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: install run test bench figures figures-quick data clean
 
-install: $(VENV)/.installed data
+install: $(VENV)/.installed data $(PRECOMPILED)
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	python3 -m venv $(VENV)
@@ -18,6 +19,12 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet $(TORCH_PINS)
 	$(PY) -m pip install --quiet -e '.[mpi,dev]'
 	touch $@
+
+# The NTK loop compiled (numba, about a minute) into its cache once, not by the first run or by
+# every MPI rank at once; again whenever its source changes.
+$(PRECOMPILED): $(VENV)/.installed p2pfl/ntk/split_loop.py
+	$(PY) -m p2pfl.ntk.precompile
+	@mkdir -p $(@D) && touch $@
 
 # Fashion-MNIST from Debian's package, where apt-get is available and we may use it.
 data:

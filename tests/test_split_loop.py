@@ -86,3 +86,39 @@ def test_split_and_deflated_follow_their_references(n, top):
     euler = evolve_ce(H, f0, Y, 0.01, taus, "euler").residual_sums
     deflated = evolve_ce(H, f0, Y, 0.01, taus, "deflated").residual_sums
     assert float(((deflated - euler).norm(dim=(1, 2)) / euler.norm(dim=(1, 2))).max()) < 1e-4
+
+
+# one process that compiles the loop, then one that loads it from numba's cache: each saves its split and
+# deflated evolutions of kernels at stiffness 3.5 and 6 (steps of 2 and of 1.5 units)
+_EVOLVE_AND_SAVE = """
+import sys
+import numpy as np
+import p2pfl
+from p2pfl.ntk.evolution import evolve_ce
+sys.path.insert(0, sys.argv[1])
+from test_split_loop import _synthetic
+out = []
+for n, top in [(200, 3.5), (300, 6.0), (150, 5.5)]:
+    H, f0, Y = _synthetic(n, n, top)
+    for mode in ("split", "deflated"):
+        e = evolve_ce(H, f0, Y, 0.01, [50, 101, 200, 400, 800], mode)
+        out += [e.residual_sums.numpy().ravel(), e.outputs.numpy().ravel()]
+np.save(sys.argv[2], np.concatenate(out))
+"""
+
+
+def test_a_fresh_compile_and_a_cached_load_give_the_same_bits(tmp_path):
+    """The first run after installing compiles the loop, later runs load it from the cache: the same
+    numbers either way (they differed while the loop called its helpers as separate functions)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    tests = str(Path(__file__).parent)
+    for name in ("compiled", "cached"):
+        subprocess.run([sys.executable, "-c", _EVOLVE_AND_SAVE, tests, str(tmp_path / name)], env=env,
+                       check=True)
+    assert any((tmp_path / "cache").rglob("*left_sums*.nbc"))  # the first process did compile and cache it
+    compiled, cached = np.load(tmp_path / "compiled.npy"), np.load(tmp_path / "cached.npy")
+    assert compiled.size > 0 and np.array_equal(compiled.view(np.uint32), cached.view(np.uint32))

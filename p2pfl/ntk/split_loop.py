@@ -7,6 +7,13 @@ Why compiled: a stage is a softmax and two thin products over a (C, N) array, so
 calls, and an evolution has about 2,500 stages. Compiled, a stage takes about 17 us, and the
 loop runs without the GIL, so a rank's evolution threads really run in parallel (numpy's small calls
 made two threads slower than one). Arrays are laid out (C, N); everything is float32.
+
+Why every helper left_sums calls is inlined (inline="always"): a jitted callee is linked into its
+caller as a shared (weak) symbol, and the process runs whichever copy of that symbol it loaded first.
+A fresh compile loads the callees' own builds before left_sums; a process that loads left_sums from
+numba's cache runs the copies inside it. With fastmath the two builds round differently, so a first
+run after installing (or editing this file) gave other numbers than every later run. Inlined, there
+is one build, and a fresh compile and a cached one give bitwise the same results.
 """
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ from numba import njit
 _LOG2E, _LN2_HI, _LN2_LO = np.float32(1.4426950408889634), np.float32(0.693145751953125), np.float32(1.4286068203094173e-06)
 
 
-@njit(nogil=True, fastmath=True, cache=True)
+@njit(nogil=True, fastmath=True, cache=True, inline="always")
 def softmax_minus(x, Y, out, tot, bits):
     """out = softmax(x) - Y over axis 0 (classes), logits clipped to [-60, 60] as in the numpy loop.
     exp is a degree-7 polynomial on the reduced argument times 2^k built from its exponent bits: the
@@ -44,7 +51,7 @@ def softmax_minus(x, Y, out, tot, bits):
             out[c, n] = out[c, n] * tot[n] - Y[c, n]
 
 
-@njit(nogil=True, fastmath=True, cache=True)
+@njit(nogil=True, fastmath=True, cache=True, inline="always")
 def project(g, Vt, proj):
     """proj = g Vt^T (C, r), in 2 x 2 blocks of (class, vector): each pass over n feeds four sums."""
     C, N = g.shape
@@ -68,7 +75,7 @@ def project(g, Vt, proj):
             proj[c, k] = acc
 
 
-@njit(nogil=True, fastmath=True, cache=True)
+@njit(nogil=True, fastmath=True, cache=True, inline="always")
 def _slope(g, Vt, top, q, slope, curvature, at, s1, s2, out, proj):
     """out = (g V) top - (q + a slope + b curvature) at time `at`, a = at - s2 and b = (at - s2)(at - s1):
     -(eta/N) H g with the remainder's polynomial through its exact products at s0 < s1 < s2."""
@@ -90,7 +97,7 @@ def _slope(g, Vt, top, q, slope, curvature, at, s1, s2, out, proj):
                 out[c, n] += p * top[k, n]
 
 
-@njit(nogil=True, fastmath=True, cache=True)
+@njit(nogil=True, fastmath=True, cache=True, inline="always")
 def _ssprk43(f, u, h, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k, out, proj, tot, bits):
     """out = f after one SSPRK(4,3) step of length h from time u, given k1 = F(f) (out may be f):
     u1 = f + h/2 F(f); u2 = u1 + h/2 F(u1); u3 = (2 f + u2) / 3 + h/6 F(u2); out = u3 + h/2 F(u3), the
@@ -216,18 +223,17 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
                 k1[:] = ahead_slope
             else:
                 _slope(grad, Vt, top, q2, slope, curvature, s, s1, s2, k1, proj)
-            if span == 2:
-                _ssprk43(f, float(s), 2.0, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3, ahead,
-                         proj, tot, bits)
-            else:
-                _ssprk43(f, float(s), 1.5, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3, mid, proj,
-                         tot, bits)
-                softmax_minus(mid, Y, g2, tot, bits)
-                _slope(g2, Vt, top, q2, slope, curvature, s + 1.5, s1, s2, mid_slope, proj)
-                _ssprk43(mid, s + 1.5, 1.5, mid_slope, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3,
-                         ahead, proj, tot, bits)
-            softmax_minus(ahead, Y, g2, tot, bits)
-            _slope(g2, Vt, top, q2, slope, curvature, float(s + span), s1, s2, ahead_slope, proj)
+            # one step of 2 units to ahead, or two of 1.5 through mid; F at each step's end
+            steps = span - 1
+            length = span / steps
+            start, start_slope = f, k1
+            for i in range(steps):
+                end, end_slope = (ahead, ahead_slope) if i == steps - 1 else (mid, mid_slope)
+                _ssprk43(start, s + i * length, length, start_slope, Y, Vt, top, q2, slope, curvature, s1, s2,
+                         stage, g2, k3, end, proj, tot, bits)
+                softmax_minus(end, Y, g2, tot, bits)
+                _slope(g2, Vt, top, q2, slope, curvature, s + (i + 1) * length, s1, s2, end_slope, proj)
+                start, start_slope = mid, mid_slope
             slope_ahead = True
             span_end = s + span
             if span == 2:  # the unit between: the middle of the step
@@ -281,7 +287,7 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
             softmax_minus(f, Y, grad, tot, bits)
 
 
-@njit(nogil=True, fastmath=True, cache=True)
+@njit(nogil=True, fastmath=True, cache=True, inline="always")
 def product(g, H, out):
     """out = g @ H for g (C, N) and a symmetric H (N, N), row by row of H so it is read once: numpy's
     BLAS serializes calls from several threads here, this runs in parallel."""
