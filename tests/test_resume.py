@@ -34,17 +34,28 @@ def _wait_for_rows(proc, out, rows, limit=300):
         time.sleep(0.05)
 
 
-def _rank_pid(rank):
-    """The pid of MPI rank `rank` of the one p2pfl job running (from the processes' environments)."""
+def _rank_pid(proc, rank):
+    """The pid of MPI rank `rank` of the job that `proc` (mpirun) launched: a descendant of proc with
+    OMPI_COMM_WORLD_RANK=rank in its environment (a rank of an earlier job may still be exiting)."""
     for pid in subprocess.run(["pgrep", "-f", "p2pfl.run"], capture_output=True, text=True).stdout.split():
         try:
             env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
         except OSError:
             continue
-        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env and b"mpirun" not in cmdline:
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env and _descends_from(int(pid), proc.pid):
             return int(pid)
     raise AssertionError(f"no process of rank {rank}")
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        try:
+            pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])  # the parent's pid
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid == ancestor:
+            return True
+    return False
 
 
 def _same_run(a, b):
@@ -103,7 +114,7 @@ def test_a_stalled_rank_stops_the_job_with_one_line_and_exit_4(tmp_path):
     args = [*BASE, *SLOW, "--algo", "dfedavg", "--kappa", "3", "--comm-timeout", "3"]
     proc = _start(args, tmp_path / "cut", ranks=3)
     _wait_for_rows(proc, tmp_path / "cut", 2)
-    victim = _rank_pid(2)
+    victim = _rank_pid(proc, 2)
     os.kill(victim, signal.SIGSTOP)
     start = time.monotonic()
     try:
@@ -130,7 +141,7 @@ def test_a_killed_rank_is_named_under_ulfm_and_the_run_resumes(tmp_path):
     args = [*BASE, *SLOW, "--algo", "dfedavg", "--kappa", "3"]
     proc = _start(args, tmp_path / "cut", ranks=3, mpi_options=("--with-ft", "ulfm"))
     _wait_for_rows(proc, tmp_path / "cut", 2)
-    os.kill(_rank_pid(1), signal.SIGKILL)
+    os.kill(_rank_pid(proc, 1), signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 4, err
     ours = [line for line in err.splitlines() if line.startswith("p2pfl:")]

@@ -98,7 +98,8 @@ class MpiTransport(Transport):
     @contextmanager
     def _failures(self, what: str, peers_on=None):
         """Under mpirun --with-ft ulfm, an MPI call that touches a dead rank raises: that becomes a
-        CommTimeout naming the failed ranks, printed by the rank that saw it."""
+        CommTimeout naming the failed ranks. Every surviving rank may see it at once: the lowest of them
+        prints, the others hand it their message and wait for it to end the job (one line, not one a rank)."""
         try:
             yield
         except self.MPI.Exception as exc:
@@ -108,7 +109,7 @@ class MpiTransport(Transport):
                                                             self.comm.Get_group()))
             except self.MPI.Exception:
                 failed = set()
-            self._missing(what, failed, peers_on, f"rank failed ({exc.Get_error_string()})", self.rank)
+            self._missing(what, failed, peers_on, f"rank failed ({exc.Get_error_string()})")
 
     def _remote_exchange(self, phase, round_index, remote, pending, inbox, kind) -> None:
         with self._failures(f"round {round_index + 1}, {phase}"):
