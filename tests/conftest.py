@@ -66,6 +66,26 @@ def run_cli(*args: str, ranks: int = 0, timeout: float = 600) -> subprocess.Comp
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
+def run_here(*args: str) -> subprocess.CompletedProcess:
+    """The CLI run in this test process, as run_cli without ranks returns it: the one-process side of a
+    comparison with mpirun, without an interpreter and torch starting (about 2.5 s a run). Results do
+    not depend on what ran before in the process (every draw is keyed); torch's thread count is restored."""
+    import contextlib
+    import io
+
+    import torch
+
+    from p2pfl.run import main
+
+    out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        torch.set_num_threads(threads)
+    return subprocess.CompletedProcess(["p2pfl.run", *args], code, out.getvalue(), err.getvalue())
+
+
 def _images(rng, n, shape, labels):
     images = rng.integers(0, 60, size=(n, *shape)).astype(np.uint8)
     for c in np.unique(labels):  # a bright class-specific band makes the classes learnable

@@ -10,7 +10,7 @@ from p2pfl.config import make_config
 from p2pfl.errors import UserError
 from p2pfl.seeding import numpy_rng
 from p2pfl.training import Contrast, train_epochs
-from tests.conftest import run_cli, write_stripes
+from tests.conftest import run_cli, run_here, write_stripes
 from tests.helpers import make_context, metric_lines
 
 STAR = {"dataset": "synthetic", "peers": 6, "clients_per_round": 3, "local_epochs": 1}
@@ -50,7 +50,7 @@ def test_moon_with_mu_zero_is_fedavg(stripes, tmp_path, model):
     runs = {}
     for name, extra in {"fedavg": [], "moon0": ["--moon-mu", "0"], "moon": ["--moon-mu", "1"]}.items():
         algo = "fedavg" if name == "fedavg" else "moon"
-        result = run_cli("--algo", algo, *args, *extra, "--out", str(tmp_path / name))
+        result = run_here("--algo", algo, *args, *extra, "--out", str(tmp_path / name))
         assert result.returncode == 0, result.stderr[-2000:]
         runs[name] = torch.load(tmp_path / name / "model.pt", weights_only=True)
     assert metric_lines(tmp_path / "fedavg") == metric_lines(tmp_path / "moon0")
@@ -91,7 +91,7 @@ def test_cyclic_rounds_count_towards_the_total_and_default_to_the_papers():
 @pytest.mark.parametrize("then", ["fedavg", "moon", "scaffold", "fedprox"])
 def test_cyclic_then_runs_from_the_cli(stripes, tmp_path, then):
     out = tmp_path / then
-    result = run_cli("--algo", "cyclic", "--then", then, "--peers", "8", "--clients-per-round", "2", "--rounds", "3",
+    result = run_here("--algo", "cyclic", "--then", then, "--peers", "8", "--clients-per-round", "2", "--rounds", "3",
                      "--cyclic-rounds", "2", "--cyclic-steps", "3", "--local-epochs", "1", "--dataset", "mnist",
                      "--data-dir", str(stripes), "--test-samples", "100", "--out", str(out), "--no-progress")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -112,7 +112,7 @@ def test_cyclic_moon_and_moon_under_mpi_equal_one_process(stripes, tmp_path):
     for name, args in runs.items():
         common = [*args, "--peers", "7", "--clients-per-round", "3", "--local-epochs", "1", "--dataset", "mnist",
                   "--data-dir", str(stripes), "--model", "cnn-fmnist", "--test-samples", "100", "--no-progress"]
-        one = run_cli(*common, "--out", str(tmp_path / f"{name}1"))
+        one = run_here(*common, "--out", str(tmp_path / f"{name}1"))
         three = run_cli(*common, "--out", str(tmp_path / f"{name}3"), ranks=3)
         assert one.returncode == 0 and three.returncode == 0, (one.stderr + three.stderr)[-2000:]
         assert metric_lines(tmp_path / f"{name}1") == metric_lines(tmp_path / f"{name}3")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from p2pfl.diagnostics import consensus_distance, edge_bytes, mixing_matrix, spectral_gap
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_here
 from tests.helpers import metric_lines
 
 DIAGNOSTICS = ("consensus_distance", "spectral_gap", "edge_bytes_min", "edge_bytes_mean", "edge_bytes_max")
@@ -50,7 +50,7 @@ def test_diagnostics_in_every_row_and_the_same_on_any_layout(tmp_path, algo, ext
     """Every round carries the diagnostics (evaluated or not), and 1 process equals 3 ranks in them."""
     args = ["--dataset", "synthetic", "--peers", "10", "--kappa", "3", "--rounds", "3", "--eval-every", "2",
             "--seed", "4", "--samples-per-peer", "40", "--algo", algo, "--no-progress", *extra]
-    single = run_cli(*args, "--out", str(tmp_path / "single"))
+    single = run_here(*args, "--out", str(tmp_path / "single"))
     assert single.returncode == 0, single.stderr
     multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=3)
     assert multi.returncode == 0, multi.stderr
@@ -69,7 +69,7 @@ def test_diagnostics_in_every_row_and_the_same_on_any_layout(tmp_path, algo, ext
 
 
 def test_centralized_runs_have_no_graph_diagnostics(tmp_path):
-    result = run_cli("--dataset", "synthetic", "--peers", "6", "--rounds", "1", "--algo", "fedavg",
+    result = run_here("--dataset", "synthetic", "--peers", "6", "--rounds", "1", "--algo", "fedavg",
                      "--local-epochs", "1", "--no-progress", "--out", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])

@@ -10,7 +10,7 @@ import torch
 from p2pfl.algorithms.dispfl import erk_densities
 from p2pfl.metrics import personal_test_sets
 from p2pfl.ntk.compression import pack_mask, unpack_mask
-from tests.conftest import run_cli, write_stripes
+from tests.conftest import run_cli, run_here, write_stripes
 from tests.helpers import make_context, metric_lines
 
 DECENTRAL = {"dataset": "synthetic", "peers": 8, "kappa": 3, "local_epochs": 1, "algo": "dispfl"}
@@ -80,7 +80,7 @@ def test_dispfl_messages_weigh_about_half_of_dfedavgs(stripes, tmp_path):
               "--data-dir", str(stripes), "--partition", "classes", "--samples-per-peer", "30", "--test-samples", "100", "--no-progress"]
     rows = {}
     for algo in ("dispfl", "dfedavg"):
-        result = run_cli("--algo", algo, *common, "--out", str(tmp_path / algo))
+        result = run_here("--algo", algo, *common, "--out", str(tmp_path / algo))
         assert result.returncode == 0, result.stderr[-2000:]
         rows[algo] = [json.loads(line) for line in (tmp_path / algo / "metrics.jsonl").read_text().splitlines()]
     for sparse, dense in zip(rows["dispfl"], rows["dfedavg"]):
@@ -93,7 +93,7 @@ def test_dispfl_under_mpi_equals_one_process(stripes, tmp_path):
     common = ["--algo", "dispfl", "--peers", "7", "--kappa", "2", "--rounds", "3", "--local-epochs", "1",
               "--dataset", "mnist", "--data-dir", str(stripes), "--partition", "classes", "--samples-per-peer", "30", "--test-samples", "100",
               "--no-progress"]
-    one = run_cli(*common, "--out", str(tmp_path / "one"))
+    one = run_here(*common, "--out", str(tmp_path / "one"))
     three = run_cli(*common, "--out", str(tmp_path / "three"), ranks=3)
     assert one.returncode == 0 and three.returncode == 0, (one.stderr + three.stderr)[-2000:]
     assert metric_lines(tmp_path / "one") == metric_lines(tmp_path / "three")

@@ -7,13 +7,13 @@ import torch
 
 from p2pfl.faults import Faults
 from p2pfl.run import main
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_here
 from tests.helpers import make_context, metric_lines
 
 
 def rows_on_one_and_more_ranks(tmp_path, args, ranks):
     """The run's metrics rows, checked equal (every field but timings and memory) on 1 and `ranks` ranks."""
-    single = run_cli(*args, "--out", str(tmp_path / "single"))
+    single = run_here(*args, "--out", str(tmp_path / "single"))
     assert single.returncode == 0, single.stderr
     multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=ranks)
     assert multi.returncode == 0, multi.stderr

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from p2pfl.algorithms.fedavg_ft import linear_gd, principal_angle_distance
-from tests.conftest import run_cli, write_stripes
+from tests.conftest import run_cli, run_here, write_stripes
 from tests.helpers import metric_lines
 
 
@@ -45,7 +45,7 @@ def test_linear_track_fedavg_learns_the_representation_and_d_gd_does_not(tmp_pat
     finals = {}
     for tau in (2, 1):
         out = tmp_path / f"tau{tau}"
-        result = run_cli(*LINEAR, "--local-steps", str(tau), "--out", str(out))
+        result = run_here(*LINEAR, "--local-steps", str(tau), "--out", str(out))
         assert result.returncode == 0, result.stderr[-2000:]
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert len(rows) == 1500 and all("rep_dist" in r and "grad_norm" in r for r in rows)
@@ -62,7 +62,7 @@ def test_linear_track_under_mpi_equals_one_process(tmp_path):
     args = ["--algo", "fedavg-ft", "--dataset", "linear-rep", "--peers", "6", "--samples-per-peer", "30",
             "--rounds", "20", "--eval-every", "5", "--ft-gradients", "samples", "--ft-trials", "2",
             "--ft-new-samples", "10", "--no-progress"]
-    single = run_cli(*args, "--out", str(tmp_path / "one"))
+    single = run_here(*args, "--out", str(tmp_path / "one"))
     assert single.returncode == 0, single.stderr[-2000:]
     multi = run_cli(*args, "--out", str(tmp_path / "three"), ranks=3)
     assert multi.returncode == 0, multi.stderr[-2000:]
@@ -77,7 +77,7 @@ def stripes(tmp_path_factory):
 
 def test_network_track_fine_tunes_new_clients_on_held_out_classes(stripes, tmp_path):
     out = tmp_path / "nn"
-    result = run_cli("--algo", "fedavg-ft", "--dataset", "mnist", "--data-dir", str(stripes), "--peers", "4",
+    result = run_here("--algo", "fedavg-ft", "--dataset", "mnist", "--data-dir", str(stripes), "--peers", "4",
                      "--partition", "iid", "--samples-per-peer", "30", "--rounds", "2", "--local-steps", "5",
                      "--batch-size", "10", "--ft-held-out-classes", "7", "--ft-new-samples", "4,8",
                      "--ft-trials", "2", "--ft-new-clients", "2", "--ft-epochs", "2", "--no-progress",
@@ -95,14 +95,14 @@ def test_network_track_fine_tunes_new_clients_on_held_out_classes(stripes, tmp_p
 
 
 def test_held_out_classes_must_leave_training_classes(stripes, tmp_path):
-    result = run_cli("--algo", "fedavg-ft", "--dataset", "mnist", "--data-dir", str(stripes), "--peers", "4",
+    result = run_here("--algo", "fedavg-ft", "--dataset", "mnist", "--data-dir", str(stripes), "--peers", "4",
                      "--ft-held-out-classes", "10", "--out", str(tmp_path / "x"), "--no-progress")
     assert result.returncode == 2 and "--ft-held-out-classes 10" in result.stderr
 
 
 def test_network_track_without_held_out_classes_draws_the_similarity_only(stripes, tmp_path):
     out = tmp_path / "fig4"
-    result = run_cli("--algo", "fedavg-ft", "--dataset", "mnist", "--data-dir", str(stripes), "--peers", "4",
+    result = run_here("--algo", "fedavg-ft", "--dataset", "mnist", "--data-dir", str(stripes), "--peers", "4",
                      "--partition", "iid", "--samples-per-peer", "30", "--rounds", "1", "--local-steps", "3",
                      "--ft-held-out-classes", "0", "--no-progress", "--out", str(out))
     assert result.returncode == 0, result.stderr[-2000:]

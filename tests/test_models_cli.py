@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli, write_cifar, write_femnist
+from tests.conftest import run_cli, run_here, write_cifar, write_femnist
 from tests.helpers import metric_lines
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -39,7 +39,7 @@ def test_model_trains_two_rounds(data_root, tmp_path, model, dataset, extra, alg
     partition = ["--partition", "writers"] if dataset == "femnist" else ["--partition", "iid"]
     star = ["--clients-per-round", "2"] if algo == "fedavg" else []
     out = tmp_path / "run"
-    result = run_cli("--algo", algo, "--model", model, "--dataset", dataset, "--data-dir", str(data_root), *SMALL,
+    result = run_here("--algo", algo, "--model", model, "--dataset", dataset, "--data-dir", str(data_root), *SMALL,
                      *partition, *star, *extra, "--out", str(out))
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -53,7 +53,7 @@ def test_simple_cnn_dfedavg_under_mpi_equals_single_process(data_root, tmp_path)
     args = ["--algo", "dfedavg", "--model", "simple-cnn", "--dataset", "mnist", "--data-dir", str(data_root),
             "--peers", "5", "--kappa", "2", "--rounds", "2", "--samples-per-peer", "10", "--batch-size", "4",
             "--local-epochs", "1", "--partition", "dirichlet", "--alpha", "0.5", "--lr", "0.01", "--no-progress"]
-    single = run_cli(*args, "--out", str(tmp_path / "single"))
+    single = run_here(*args, "--out", str(tmp_path / "single"))
     assert single.returncode == 0, single.stderr
     multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=3)
     assert multi.returncode == 0, multi.stderr

@@ -1,10 +1,11 @@
 """Real multi-process runs: mpirun with several ranks must give the single-process numbers."""
+import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import ROOT, mpirun, run_cli
+from tests.conftest import ROOT, mpirun, run_cli, run_here
 from tests.helpers import metric_lines
 
 COMMON = ["--dataset", "synthetic", "--peers", "12", "--kappa", "3", "--rounds", "3", "--no-progress"]
@@ -17,7 +18,7 @@ def test_mpirun_is_installed():
 @pytest.mark.parametrize("algo,ranks", [("dfedavg", 2), ("dfedavg", 3), ("dpsgd", 4)])
 def test_mpi_run_equals_single_process(tmp_path, algo, ranks):
     extra = ["--local-epochs", "2"] if algo == "dfedavg" else []
-    single = run_cli(*COMMON, "--algo", algo, *extra, "--out", str(tmp_path / "single"))
+    single = run_here(*COMMON, "--algo", algo, *extra, "--out", str(tmp_path / "single"))
     assert single.returncode == 0, single.stderr
     multi = run_cli(*COMMON, "--algo", algo, *extra, "--out", str(tmp_path / "multi"), ranks=ranks)
     assert multi.returncode == 0, multi.stderr
@@ -39,7 +40,7 @@ def test_mpi_timeout_names_missing_peer():
 
 def test_ntk_dfl_under_mpi_equals_single_process(tmp_path):
     args = [*COMMON, "--algo", "ntk-dfl", "--ntk-taus", "50,100,200", "--lr", "0.1"]
-    single = run_cli(*args, "--out", str(tmp_path / "single"))
+    single = run_here(*args, "--out", str(tmp_path / "single"))
     assert single.returncode == 0, single.stderr
     multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=3)
     assert multi.returncode == 0, multi.stderr
@@ -56,7 +57,7 @@ def test_centralized_under_mpi_equals_single_process(tmp_path, algo, ranks):
     """The server is one more node on rank 0; clients sit on every rank."""
     args = ["--dataset", "synthetic", "--peers", "9", "--clients-per-round", "5", "--rounds", "2", "--algo", algo,
             "--no-progress", *(["--ntk-taus", "50,100"] if algo == "ntk-fl" else ["--local-epochs", "1"])]
-    single = run_cli(*args, "--out", str(tmp_path / "single"))
+    single = run_here(*args, "--out", str(tmp_path / "single"))
     assert single.returncode == 0, single.stderr
     multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=ranks)
     assert multi.returncode == 0, multi.stderr
@@ -77,7 +78,7 @@ def test_every_metric_is_the_same_on_any_layout(tmp_path, algo, peers, seed, ran
     every metrics.jsonl field but timings and memory, and final.json, equal one process's."""
     args = ["--dataset", "synthetic", "--peers", str(peers), "--seed", str(seed), "--rounds", "2",
             "--local-epochs", "1", "--samples-per-peer", "60", "--algo", algo, "--no-progress", *extra]
-    single = run_cli(*args, "--out", str(tmp_path / "single"))
+    single = run_here(*args, "--out", str(tmp_path / "single"))
     assert single.returncode == 0, single.stderr
     multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=ranks)
     assert multi.returncode == 0, multi.stderr
@@ -86,3 +87,13 @@ def test_every_metric_is_the_same_on_any_layout(tmp_path, algo, peers, seed, ran
     assert single_final.exists() == multi_final.exists()
     if single_final.exists():
         assert single_final.read_text() == multi_final.read_text()
+
+
+def test_numpys_blas_runs_on_one_thread_even_when_numpy_was_imported_first():
+    """Its results depend on its thread count; a script (or a test process) that imports numpy or torch
+    before p2pfl would otherwise get other numbers than the CLI."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    code = ("import numpy, p2pfl; from threadpoolctl import threadpool_info; "
+            "print(sorted({p['num_threads'] for p in threadpool_info() if p['user_api'] == 'blas'}))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert result.returncode == 0 and result.stdout.strip() == "[1]", result.stdout + result.stderr

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import ROOT, mpirun, run_cli
+from tests.conftest import ROOT, mpirun, run_cli, run_here
 from tests.helpers import metric_lines
 
 BASE = ["--dataset", "synthetic", "--peers", "12", "--rounds", "6", "--no-progress", "--checkpoint-every", "1"]
@@ -69,7 +69,7 @@ def _same_run(a, b):
 def _full_and_ctrl_c(tmp_path, args, rows):
     """The uninterrupted run into full/, and the same run into cut/ stopped by Ctrl-C once `rows` rounds
     are done; returns the stopped run's stderr."""
-    full = run_cli(*args, "--out", str(tmp_path / "full"))
+    full = run_here(*args, "--out", str(tmp_path / "full"))
     assert full.returncode == 0, full.stderr
     proc = _start(args, tmp_path / "cut")
     _wait_for_rows(proc, tmp_path / "cut", rows)
@@ -130,8 +130,8 @@ def test_a_stalled_rank_stops_the_job_with_one_line_and_exit_4(tmp_path):
     peers = [int(p) for p in named.group(1).split(",")]
     assert len(set(peers)) == len(peers) and set(peers) <= {8, 9, 10, 11}  # rank 2's, each once
     assert "Traceback" not in err
-    full = run_cli(*args, "--out", str(tmp_path / "full"))
-    assert run_cli("--resume", str(tmp_path / "cut"), "--no-progress").returncode == 0
+    full = run_here(*args, "--out", str(tmp_path / "full"))
+    assert run_here("--resume", str(tmp_path / "cut"), "--no-progress").returncode == 0
     _same_run(tmp_path / "full", tmp_path / "cut")
 
 
@@ -146,19 +146,19 @@ def test_a_killed_rank_is_named_under_ulfm_and_the_run_resumes(tmp_path):
     assert proc.returncode == 4, err
     ours = [line for line in err.splitlines() if line.startswith("p2pfl:")]
     assert len(ours) == 1 and "rank failed" in ours[0] and "on ranks [1]" in ours[0], err
-    full = run_cli(*args, "--out", str(tmp_path / "full"))
+    full = run_here(*args, "--out", str(tmp_path / "full"))
     assert run_cli("--resume", str(tmp_path / "cut"), "--no-progress", ranks=2).returncode == 0
     _same_run(tmp_path / "full", tmp_path / "cut")
 
 
 def test_resume_refuses_changes_and_folders_without_a_checkpoint(tmp_path):
     args = [*BASE, "--algo", "dfedavg", "--kappa", "3", "--local-epochs", "1", "--out", str(tmp_path / "run")]
-    assert run_cli(*args).returncode == 0
-    changed = run_cli("--resume", str(tmp_path / "run"), "--lr", "0.5")
+    assert run_here(*args).returncode == 0
+    changed = run_here("--resume", str(tmp_path / "run"), "--lr", "0.5")
     assert changed.returncode == 2 and "--lr cannot change" in changed.stderr
-    finished = run_cli("--resume", str(tmp_path / "run"))
+    finished = run_here("--resume", str(tmp_path / "run"))
     assert finished.returncode == 2 and "no checkpoint" in finished.stderr
-    nothing = run_cli("--resume", str(tmp_path / "nowhere"))
+    nothing = run_here("--resume", str(tmp_path / "nowhere"))
     assert nothing.returncode == 2 and "no config.toml" in nothing.stderr
 
 

@@ -13,7 +13,7 @@ from p2pfl.models import MODELS, PeerStack, build_model, count_parameters, initi
 from p2pfl.ntk.codec import JacobianMessage
 from p2pfl.run import main
 from p2pfl.training import SGDSettings, train_epochs
-from tests.conftest import run_cli, write_cifar, write_femnist
+from tests.conftest import run_cli, run_here, write_cifar, write_femnist
 
 
 class Options:
@@ -143,7 +143,7 @@ def test_feddyn_dirichlet_equal_sizes_disjoint_skewed():
 
 
 def test_niid_bench_from_the_cli_gives_one_whole_class(tiny_mnist, tmp_path):
-    result = run_cli("--algo", "fedavg", "--model", "simple-cnn", "--dataset", "mnist", "--data-dir",
+    result = run_here("--algo", "fedavg", "--model", "simple-cnn", "--dataset", "mnist", "--data-dir",
                      str(tiny_mnist), "--peers", "10", "--partition", "classes", "--classes-style", "niid-bench",
                      "--classes-per-peer", "1", "--rounds", "1", "--clients-per-round", "2", "--local-epochs", "1",
                      "--test-samples", "20", "--no-progress", "--out", str(tmp_path / "r"))
@@ -197,7 +197,7 @@ def test_model_data_algorithm_mismatch(argv, needle, capsys, tmp_path):
 
 
 def test_regression_run_writes_loss_metrics_and_plot(tmp_path):
-    result = run_cli("--algo", "fedavg", "--dataset", "linear-rep", "--peers", "8", "--clients-per-round", "8",
+    result = run_here("--algo", "fedavg", "--dataset", "linear-rep", "--peers", "8", "--clients-per-round", "8",
                      "--samples-per-peer", "50", "--rounds", "3", "--lr", "0.05", "--local-steps", "2",
                      "--batch-size", "50", "--no-progress", "--out", str(tmp_path / "r"))
     assert result.returncode == 0, result.stderr

@@ -9,7 +9,7 @@ import torch
 from p2pfl.algorithms.tct import StandardFeatures, centred_one_hot, client_round, local_steps_n_space, local_steps_p_space
 from p2pfl.models import ParamLayout, build_model, initial_parameters
 from p2pfl.ntk.entk import entk_features, one_logit_network, subsample_index
-from tests.conftest import run_cli, write_stripes
+from tests.conftest import run_cli, run_here, write_stripes
 from tests.helpers import metric_lines
 
 OPTIONS = SimpleNamespace(hidden=[16], norm="batch", rep_dim=5)
@@ -110,7 +110,7 @@ TCT_ARGS = ["--algo", "tct", "--dataset", "mnist", "--model", "simple-cnn", "--p
 
 def test_tct_runs_both_stages_from_the_cli(digits, tmp_path):
     out = tmp_path / "run"
-    result = run_cli(*TCT_ARGS, "--data-dir", str(digits), "--out", str(out))
+    result = run_here(*TCT_ARGS, "--data-dir", str(digits), "--out", str(out))
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in rows] == [1, 1, 2, 2]
@@ -126,12 +126,12 @@ def test_tct_runs_both_stages_from_the_cli(digits, tmp_path):
 
 
 def test_tct_refuses_rounds_that_disagree_with_its_stages(digits, tmp_path):
-    result = run_cli(*TCT_ARGS, "--rounds", "7", "--data-dir", str(digits), "--out", str(tmp_path / "x"))
+    result = run_here(*TCT_ARGS, "--rounds", "7", "--data-dir", str(digits), "--out", str(tmp_path / "x"))
     assert result.returncode == 2 and "--rounds 7 disagrees" in result.stderr
 
 
 def test_tct_under_mpi_equals_one_process(digits, tmp_path):
-    single = run_cli(*TCT_ARGS, "--data-dir", str(digits), "--out", str(tmp_path / "one"))
+    single = run_here(*TCT_ARGS, "--data-dir", str(digits), "--out", str(tmp_path / "one"))
     assert single.returncode == 0, single.stderr[-2000:]
     multi = run_cli(*TCT_ARGS, "--data-dir", str(digits), "--out", str(tmp_path / "three"), ranks=3)
     assert multi.returncode == 0, multi.stderr[-2000:]
