@@ -1,5 +1,10 @@
 """The compiled pieces of the split CE integrator against plain numpy in float64, and the lazy remainder
 against applying the whole kernel at every stage."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -110,10 +115,6 @@ np.save(sys.argv[2], np.concatenate(out))
 def test_a_fresh_compile_and_a_cached_load_give_the_same_bits(tmp_path):
     """The first run after installing compiles the loop, later runs load it from the cache: the same
     numbers either way (they differed while the loop called its helpers as separate functions)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
     tests = str(Path(__file__).parent)
     for name in ("compiled", "cached"):
