@@ -115,7 +115,7 @@ def top_subspace(H: np.ndarray, r: int, iterations: int = 6, seed: int = 0) -> n
 
 
 SPLIT_RANK, SPLIT_WARMUP, SPLIT_MAX_GAP, FULL_SPLIT = 16, 16, 64, 96
-SPLIT_TOL, DEFLATE_TOL, SPLIT_SUBSTEPS, SPLIT_STIFF, SPLIT_SLOW = 2e-5, 1e-4, 4, 5.0, 0.25
+SPLIT_TOL, DEFLATE_TOL, SPLIT_SUBSTEPS, SPLIT_STIFF, SPLIT_SLOW = 1e-3, 1e-4, 4, 5.0, 0.25
 SPLIT_THREE_HALVES = True  # steps of 1.5 units where the rate is at most 2 SPLIT_STIFF / 1.5; False: of 1
 SPLIT_WIDE = True  # SSPRK(4,3) after the warm-up; False: RK3 steps (make bench compares the two)
 
