@@ -166,12 +166,12 @@ def test_ntk_dfl_reuses_inputs_grams_with_the_same_results(monkeypatch):
         ctx, algo = make_context(algo="ntk-dfl", peers=8, kappa=3, ntk_taus=(20, 50), **extra)
         for r in range(3):
             algo.round(r)
-        return ctx.flat.clone(), algo.input_grams
+        return ctx.flat.clone(), algo.block_cache
 
     for extra in ({}, {"ntk_subsample": 2}, {"ntk_batches": 2}):
         kept, grams = run(**extra)
         assert len(grams) == 8 * extra.get("ntk_batches", 1)  # every peer's, for this round's samples
-        monkeypatch.setattr(ntk_dfl, "GRAM_CACHE_BYTES", 0)
+        monkeypatch.setattr(ntk_dfl, "INPUTS_CACHE_BYTES", 0)
         fresh, none = run(**extra)
         monkeypatch.undo()
         assert not none and torch.equal(kept, fresh), extra

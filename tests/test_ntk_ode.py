@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from p2pfl.config import make_config, resolve
 from p2pfl.ntk import FactoredJacobian, MLPShape
 from p2pfl.ntk.evolution import evolve_ce, tight_ce_sums
+from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.run import build
 from p2pfl.training import candidate_losses
 
@@ -30,15 +31,41 @@ def test_split_evolution_matches_a_tight_ode_solution(peers, kappa, samples, pee
     shape = MLPShape.of(ctx.stack.model, ctx.stack.layout)
     w = ctx.flat[0]
     jac, f0 = FactoredJacobian.compute(shape, w, x)
-    H, Y, eta = jac.kernel(shape, w), F.one_hot(y, 10).float(), 0.01
-    ours = evolve_ce(H, f0, Y, eta, TAUS)  # the default method
-    ref = tight_ce_sums(H, f0, Y, eta, TAUS)
+    # ours: the run's path, its products with the pixels in integer arithmetic; theirs: float32 products
+    pixels = PixelInputs.encode(x, ctx.data.pixel_levels)
+    assert pixels is not None
+    fast = FactoredJacobian.cat([jac], pixels=pixels)
+    Y, eta = F.one_hot(y, 10).float(), 0.01
+    ours = evolve_ce(fast.kernel(shape, w), f0, Y, eta, TAUS)  # the default method
+    ref = tight_ce_sums(jac.kernel(shape, w), f0, Y, eta, TAUS)
 
-    def updates(sums):
-        return (eta / len(y)) * jac.transpose_apply(shape, w, sums.float()).double()
+    def updates(jacobian, sums):
+        return (eta / len(y)) * jacobian.transpose_apply(shape, w, sums.float()).double()
 
-    mine, theirs = updates(ours.residual_sums), updates(ref)
+    mine, theirs = updates(fast, ours.residual_sums), updates(jac, ref)
     errors = (mine - theirs).norm(dim=1) / theirs.norm(dim=1)
     assert float(errors.max()) < 1e-4, (len(y), errors)
-    pick = [int(torch.argmin(candidate_losses(ctx.stack, (w[None] - u).float(), x, y))) for u in (mine, theirs)]
+    pick = [int(torch.argmin(candidate_losses(ctx.stack, (w[None] - u).float(), x, y, pixels=p)))
+            for u, p in ((mine, pixels), (theirs, None))]
     assert pick[0] == pick[1]
+
+
+@pytest.mark.skipif(not FMNIST.exists(), reason="Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed")
+def test_ntk_dfl_on_pixels_takes_integer_products_with_the_float_results():
+    """On Fashion-MNIST, NTK-DFL keeps each peer's inputs as pixel codes and takes its kernel, weights and
+    selection through them: the weights of two rounds match a run that takes float32 products."""
+    def run(levels):
+        cfg = resolve(make_config({"algo": "ntk-dfl", "dataset": "fashion-mnist", "peers": 10, "kappa": 3,
+                                   "alpha": 0.1, "samples_per_peer": 40, "progress": False}), 1)
+        ctx, algo = build(cfg, 0, 1, 0)
+        ctx.data.pixel_levels = levels(ctx.data.pixel_levels)
+        for r in range(2):
+            algo.round(r)
+        return ctx.flat.clone(), algo
+
+    fast, algo = run(lambda levels: levels)
+    assert algo.block_cache and all(isinstance(kept, PixelInputs) for kept in algo.block_cache.values())
+    plain, algo = run(lambda levels: None)
+    assert not any(isinstance(kept, PixelInputs) for kept in algo.block_cache.values())
+    assert not torch.equal(fast, plain)  # other arithmetic,
+    assert torch.allclose(fast, plain, rtol=1e-4, atol=1e-5)  # the same results

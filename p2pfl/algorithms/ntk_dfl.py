@@ -32,13 +32,14 @@ from p2pfl.comm import Message, Weights
 from p2pfl.errors import UserError
 from p2pfl.final_averaging import final_averaging
 from p2pfl.ntk.codec import JacobianMessage, tau_histogram
+from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.ntk.step import NTKProblem, ntk_steps
 from p2pfl.seeding import numpy_rng
 from p2pfl.training import candidate_losses
 
 
 EVOLVE_CHUNK = 8  # peers whose kernels are held at once: their evolutions share the cores
-GRAM_CACHE_BYTES = 256 * 2**20  # the inputs Grams a rank keeps (48 MB at 300 peers x 200 samples)
+INPUTS_CACHE_BYTES = 256 * 2**20  # the inputs' codes or Grams a rank keeps (47 or 48 MB at 300 peers x 200 samples)
 
 
 @dataclass(frozen=True)
@@ -67,10 +68,10 @@ class NTKDFL(Algorithm):
         self.subsample = self.settings.ntk_subsample
         self.taus_chosen: list[int] = []  # every peer step's t, for final.json
         self.round_taus: list[int] = []  # this round's, for its metrics row
-        # each peer's inputs Gram X X^T (factored kernels): in the kernel of every neighbourhood the peer
-        # belongs to, and unchanged while its samples are; keyed by (peer, its sample indices)
-        self.input_grams: dict[tuple[int, bytes], torch.Tensor] = {}
-        self.input_gram_bytes = 0
+        # what the factored kernel reuses of each peer's inputs (see block_inputs): in the kernel of every
+        # neighbourhood the peer belongs to, and unchanged while its samples are; keyed by (peer, its sample indices)
+        self.block_cache: dict[tuple[int, bytes], PixelInputs | torch.Tensor] = {}
+        self.block_cache_bytes = 0
         smallest = min(len(s) for s in ctx.shards)
         if self.batches * self.subsample > smallest:
             raise UserError(f"--ntk-batches {self.batches} x --ntk-subsample {self.subsample} exceeds the {smallest} "
@@ -100,8 +101,8 @@ class NTKDFL(Algorithm):
         weights = ctx.flat if self.settings.ntk_no_avg else neighbour_average(ctx, round_index, ctx.flat)
         data = {p: self.samples(round_index, p) for p in set(q for p in ctx.peers for q in hood[p])}
         used = {(p, index.numpy().tobytes()) for p, parts in data.items() for index in parts}
-        self.input_grams = {key: gram for key, gram in self.input_grams.items() if key in used}
-        self.input_gram_bytes = sum(g.numel() * g.element_size() for g in self.input_grams.values())
+        self.block_cache = {key: kept for key, kept in self.block_cache.items() if key in used}
+        self.block_cache_bytes = sum(_nbytes(kept) for kept in self.block_cache.values())
         self.round_taus = []
         losses = torch.zeros(len(ctx.peers), device=ctx.device)
         for b in range(self.batches):
@@ -157,26 +158,34 @@ class NTKDFL(Algorithm):
         """Peer's evolution over its neighbourhood: its own Jacobian and the ones it received, stacked."""
         ctx = self.ctx
         parts = [own[peer] if j == peer else self.codec.unpack(inbox[peer][j]) for j in hood]
-        grams = [self.input_gram(j, part[0], data[j]) for j, part in zip(hood, parts)] \
-            if self.codec.path == "factored" else None
-        jac = self.codec.cat([part[0] for part in parts], grams)
+        blocks = [self.block_inputs(j, part[0], data[j]) for j, part in zip(hood, parts)] \
+            if self.codec.path == "factored" else [None] * len(hood)
+        pixels = PixelInputs.cat(blocks) if all(isinstance(b, PixelInputs) for b in blocks) else None
+        grams = None if pixels is not None or blocks[0] is None else blocks
+        jac = self.codec.cat([part[0] for part in parts], grams, pixels)
         f0 = torch.cat([part[1] for part in parts]).to(ctx.device)
         labels = torch.cat([part[2] for part in parts]).to(ctx.device)
         selection_x, selection_y = self.selection_data(peer, hood, data)
-        return NTKProblem(jac, w, f0, labels, lambda cands: candidate_losses(ctx.stack, cands, selection_x, selection_y,
-                                                                 self.settings.ntk_loss))
+        # the selection's samples are the neighbourhood's, or the peer's own block of them
+        selection_pixels = None if pixels is None else pixels if self.settings.ntk_selection != "own" \
+            else blocks[hood.index(peer)]
+        return NTKProblem(jac, w, f0, labels, lambda cands: candidate_losses(
+            ctx.stack, cands, selection_x, selection_y, self.settings.ntk_loss, selection_pixels))
 
-    def input_gram(self, peer: int, jac, index: torch.Tensor) -> torch.Tensor:
-        """The peer's inputs Gram for these samples: from the cache, or computed (and kept, within budget)."""
+    def block_inputs(self, peer: int, jac, index: torch.Tensor) -> PixelInputs | torch.Tensor:
+        """What the kernel reuses of the peer's inputs for these samples (as received, the Jacobian's
+        first factor): their 8-bit pixel codes where they are pixels (exact integer products,
+        p2pfl.ntk.pixels), else their Gram; from the cache, or computed (and kept, within budget)."""
         key = (peer, index.numpy().tobytes())
-        gram = self.input_grams.get(key)
-        if gram is None:
-            gram = jac.input_gram()
-            size = gram.numel() * gram.element_size()
-            if self.input_gram_bytes + size <= GRAM_CACHE_BYTES:
-                self.input_grams[key] = gram
-                self.input_gram_bytes += size
-        return gram
+        kept = self.block_cache.get(key)
+        if kept is None:
+            kept = PixelInputs.encode(jac.acts[0], self.ctx.data.pixel_levels)
+            if kept is None:
+                kept = jac.input_gram()
+            if self.block_cache_bytes + _nbytes(kept) <= INPUTS_CACHE_BYTES:
+                self.block_cache[key] = kept
+                self.block_cache_bytes += _nbytes(kept)
+        return kept
 
     def selection_data(self, peer, hood, data):
         members = [peer] if self.settings.ntk_selection == "own" else hood
@@ -194,3 +203,8 @@ class NTKDFL(Algorithm):
 
                 plot_final_averaging(result, run_dir / "final_averaging.png")
         return result
+
+
+def _nbytes(kept: PixelInputs | torch.Tensor) -> int:
+    tensor = kept.codes if isinstance(kept, PixelInputs) else kept
+    return tensor.numel() * tensor.element_size()

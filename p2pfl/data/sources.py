@@ -42,6 +42,9 @@ class Dataset:
     groups: np.ndarray | None = None  # each training sample's natural owner (writer, client), if any
     truth: dict | None = None  # a generated task's ground truth (linear-rep: B* and each client's w*)
     held_out: dict | None = None  # classes kept out of training for new clients (FedAvg-FT): x, y, test_x, test_y
+    # (alpha, beta) where every input is alpha k + beta for 8-bit pixel levels k (one channel): NTK products
+    # then run in exact integer arithmetic (p2pfl.ntk.pixels); None where the inputs are not such
+    pixel_levels: tuple[float, float] | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -132,6 +135,12 @@ def _images(a: np.ndarray, name: str) -> torch.Tensor:
     return torch.from_numpy(a).to(torch.float32, copy=True).div_(255.0).sub_(mean).div_(std)
 
 
+def _levels(mean: float, std: float) -> tuple[float, float]:
+    """(alpha, beta) of _images' single-channel map k -> (k / 255 - mean) / std, from its float32 constants."""
+    mean, std = float(torch.tensor(mean)), float(torch.tensor(std))
+    return 1 / (255 * std), -mean / std
+
+
 def _check_splits(name: str, where, arrays: dict) -> None:
     for split in ("train", "test"):
         x, y = arrays[f"{split}_x"], arrays[f"{split}_y"]
@@ -156,7 +165,8 @@ def load_idx(name: str, req: DataRequest) -> Dataset:
     if max(int(l.max()) for l in labels) >= n_classes or min(int(l.min()) for l in labels) < 0:
         raise UserError(f"{name} labels in {folder} lie outside 0..9")
     images = [_images(arrays[k][:, None], name) for k in ("train_x", "test_x")]
-    return Dataset(name, images[0], labels[0], images[1], labels[1], n_classes)
+    (mean,), (std,) = NORMALISATION[name]
+    return Dataset(name, images[0], labels[0], images[1], labels[1], n_classes, pixel_levels=_levels(mean, std))
 
 
 def load_cifar(name: str, req: DataRequest) -> Dataset:

@@ -63,10 +63,11 @@ class JacobianCodec:
             return DenseJacobian(decode(tuple(t.cpu() for t in tensors)).to(self.device))
         return DenseJacobian.from_wire(tensors)
 
-    def cat(self, parts, input_grams=None):
-        """The parts stacked; input_grams (each part's inputs Gram, where known) serve the factored kernel."""
+    def cat(self, parts, input_grams=None, pixels=None):
+        """The parts stacked; input_grams (each part's inputs Gram, where known) or pixels (the stacked inputs'
+        pixel codes) serve the factored kernel."""
         if self.path == "factored":
-            return FactoredJacobian.cat(parts, input_grams)
+            return FactoredJacobian.cat(parts, input_grams, pixels)
         return DenseJacobian.cat(parts)
 
     def pack(self, jac, f: torch.Tensor, y: torch.Tensor) -> tuple[JacobianMessage, int]:

@@ -88,3 +88,4 @@ def project_dataset(data, d_out: int, seed: int) -> None:
     P = gaussian_projection(d_in, d_out, seed).to(data.train_x.device)
     data.train_x = data.train_x.reshape(len(data.train_x), -1) @ P
     data.test_x = data.test_x.reshape(len(data.test_x), -1) @ P
+    data.pixel_levels = None

@@ -20,6 +20,7 @@ from torch.func import functional_call, jacrev, vmap
 
 from p2pfl.models.mlp import MLP
 from p2pfl.models.stack import ParamLayout
+from p2pfl.ntk.pixels import PixelInputs
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class FactoredJacobian:
     # inputs where the caller knows it (None where not): the kernel takes its products block by block
     blocks: tuple[int, ...] = ()
     input_grams: tuple[torch.Tensor | None, ...] = ()
+    # the inputs a_0 as 8-bit pixel codes, where they are pixels: the products with them are then exact
+    # integer ones (p2pfl.ntk.pixels), and the kernel takes the whole inputs Gram from them
+    pixels: PixelInputs | None = None
 
     @property
     def n(self) -> int:
@@ -105,8 +109,9 @@ class FactoredJacobian:
         """H_mn = (1/C) sum_c <J_c(x_m), J_c(x_n)>, summed layer by layer from the factors: each layer's
         (inputs Gram + 1) times its backprop signals' Gram. H is symmetric, so only the upper block
         triangle is computed, a panel per stacked block (each block's rows against its own and the later
-        blocks' columns: 21 of the 36 block products of six blocks), and mirrored; a block's inputs Gram,
-        the largest product (the data's dimension), comes from input_grams where given."""
+        blocks' columns: 21 of the 36 block products of six blocks), and mirrored. The inputs Gram, the
+        largest product (the data's dimension), comes from the pixels where known, else a block's own
+        from input_grams where given."""
         L, C, n = len(shape.dims), shape.n_classes, self.n
         signals = []  # per layer, the (n, k) rows whose Gram is the layer's signal factor (None: the last)
         for layer in range(L):
@@ -120,19 +125,23 @@ class FactoredJacobian:
         blocks = self.blocks or (n,)
         grams = self.input_grams or (None,) * len(blocks)
         H = torch.empty(n, n, dtype=self.acts[0].dtype, device=self.acts[0].device)
+        inputs_gram = None if self.pixels is None else self.pixels.gram().add_(1.0)  # + 1: the bias
         start = 0
         for size, gram in zip(blocks, grams):
             end = start + size
             panel = H[start:end, start:]
             for layer in range(L):
                 rows, cols = self.acts[layer][start:end], self.acts[layer][start:]
-                if layer == 0 and gram is not None:
-                    term = torch.empty_like(panel)
-                    term[:, :size] = gram
-                    torch.matmul(rows, self.acts[0][end:].T, out=term[:, size:])
+                if layer == 0 and inputs_gram is not None:
+                    term = inputs_gram[start:end, start:]  # each panel's own part of it: changed in place
                 else:
-                    term = rows @ cols.T
-                term += 1.0  # the bias
+                    if layer == 0 and gram is not None:
+                        term = torch.empty_like(panel)
+                        term[:, :size] = gram
+                        torch.matmul(rows, self.acts[0][end:].T, out=term[:, size:])
+                    else:
+                        term = rows @ cols.T
+                    term += 1.0  # the bias
                 if signals[layer] is not None:
                     term *= signals[layer][start:end] @ signals[layer][start:].T
                 if layer:
@@ -152,14 +161,19 @@ class FactoredJacobian:
         out = torch.zeros(R.shape[0], flat.shape[0], dtype=R.dtype, device=R.device)
         g = R
         for layer in range(len(shape.dims) - 1, -1, -1):
-            out[:, shape.weights[layer]] = (g.transpose(1, 2) @ self.acts[layer]).reshape(len(R), -1)
+            if layer == 0 and self.pixels is not None:
+                rows = g.transpose(1, 2).reshape(-1, self.n)  # (T out_0, n)
+                out[:, shape.weights[0]] = self.pixels.left(rows).reshape(len(R), -1)
+            else:
+                out[:, shape.weights[layer]] = (g.transpose(1, 2) @ self.acts[layer]).reshape(len(R), -1)
             out[:, shape.biases[layer]] = g.sum(1)
             if layer:
                 g = (g @ shape.weight(flat, layer)) * self.gates[layer - 1]
         return out
 
     def rows(self, index: torch.Tensor) -> "FactoredJacobian":
-        return FactoredJacobian([a[index] for a in self.acts], [g[index] for g in self.gates])
+        return FactoredJacobian([a[index] for a in self.acts], [g[index] for g in self.gates],
+                                pixels=None if self.pixels is None else self.pixels.rows(index))
 
     def to_wire(self) -> tuple[torch.Tensor, ...]:
         """ReLU gates are 0/1: sent as bytes, not floats."""
@@ -172,12 +186,13 @@ class FactoredJacobian:
                                 [t.to(dtype) for t in tensors[n_layers:]])
 
     @staticmethod
-    def cat(parts: list["FactoredJacobian"], input_grams: list[torch.Tensor | None] | None = None
-            ) -> "FactoredJacobian":
-        """The parts stacked, as blocks of the kernel; input_grams: each part's input_gram() where known."""
+    def cat(parts: list["FactoredJacobian"], input_grams: list[torch.Tensor | None] | None = None,
+            pixels: PixelInputs | None = None) -> "FactoredJacobian":
+        """The parts stacked, as blocks of the kernel; input_grams: each part's input_gram() where known;
+        pixels: the stacked inputs' pixel codes where they are pixels."""
         return FactoredJacobian([torch.cat(a) for a in zip(*(p.acts for p in parts))],
                                 [torch.cat(g) for g in zip(*(p.gates for p in parts))],
-                                tuple(p.n for p in parts), tuple(input_grams or [None] * len(parts)))
+                                tuple(p.n for p in parts), tuple(input_grams or [None] * len(parts)), pixels)
 
 
 def sample_function(model: nn.Module, layout: ParamLayout, flat: torch.Tensor):
