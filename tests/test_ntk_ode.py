@@ -51,21 +51,32 @@ def test_split_evolution_matches_a_tight_ode_solution(peers, kappa, samples, pee
 
 
 @pytest.mark.skipif(not FMNIST.exists(), reason="Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed")
-def test_ntk_dfl_on_pixels_takes_integer_products_with_the_float_results():
-    """On Fashion-MNIST, NTK-DFL keeps each peer's inputs as pixel codes and takes its kernel, weights and
-    selection through them: the weights of two rounds match a run that takes float32 products."""
+@pytest.mark.parametrize("algo", ["ntk-dfl", "ntk-fl"])
+def test_ntk_on_pixels_takes_integer_products_with_the_float_results(algo):
+    """On Fashion-MNIST, the NTK algorithms take their kernel, weights and selection through the inputs'
+    pixel codes (NTK-DFL keeps each peer's): the weights of two rounds match a run with float32 products."""
+
     def run(levels):
-        cfg = resolve(make_config({"algo": "ntk-dfl", "dataset": "fashion-mnist", "peers": 10, "kappa": 3,
+        cfg = resolve(make_config({"algo": algo, "dataset": "fashion-mnist", "peers": 10, "kappa": 3,
                                    "alpha": 0.1, "samples_per_peer": 40, "progress": False}), 1)
-        ctx, algo = build(cfg, 0, 1, 0)
+        ctx, algorithm = build(cfg, 0, 1, 0)
         ctx.data.pixel_levels = levels(ctx.data.pixel_levels)
         for r in range(2):
-            algo.round(r)
-        return ctx.flat.clone(), algo
+            algorithm.round(r)
+        weights = ctx.flat if algo == "ntk-dfl" else ctx.global_weights
+        return weights.clone(), getattr(algorithm, "block_cache", None)
 
-    fast, algo = run(lambda levels: levels)
-    assert algo.block_cache and all(isinstance(kept, PixelInputs) for kept in algo.block_cache.values())
-    plain, algo = run(lambda levels: None)
-    assert not any(isinstance(kept, PixelInputs) for kept in algo.block_cache.values())
+    fast, kept = run(lambda levels: levels)
+    plain, kept_plain = run(lambda levels: None)
+    if algo == "ntk-dfl":
+        assert kept and all(isinstance(k, PixelInputs) for k in kept.values())
+        assert not any(isinstance(k, PixelInputs) for k in kept_plain.values())
     assert not torch.equal(fast, plain)  # other arithmetic,
     assert torch.allclose(fast, plain, rtol=1e-4, atol=1e-5)  # the same results
+
+
+@pytest.mark.skipif(not FMNIST.exists(), reason="Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed")
+def test_projected_inputs_are_no_longer_pixels():
+    cfg = resolve(make_config({"algo": "cp-ntk-fl", "dataset": "fashion-mnist", "peers": 10, "progress": False}), 1)
+    ctx, _ = build(cfg, 0, 1, 0)
+    assert ctx.cfg.settings.ntk_projection and ctx.data.pixel_levels is None

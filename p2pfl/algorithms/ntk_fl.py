@@ -24,6 +24,7 @@ from p2pfl.algorithms.server import ServerAlgorithm, ServerOptions
 from p2pfl.algorithms.settings import fraction, option
 from p2pfl.comm import Payload
 from p2pfl.ntk.codec import tau_histogram
+from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.ntk.step import ntk_step
 from p2pfl.seeding import numpy_rng, torch_generator
 from p2pfl.training import candidate_losses
@@ -100,16 +101,20 @@ class NTKFL(ServerAlgorithm):
     def server_update(self, round_index, clients, uploads):
         ctx, w = self.ctx, self.ctx.global_weights
         parts = [self.codec.unpack(uploads[c]) for c in clients]
-        jac = self.codec.cat([p[0] for p in parts])
+        # the inputs as pixel codes where they are pixels: the factored products in integer arithmetic
+        pixels = PixelInputs.cat([PixelInputs.encode(p[0].acts[0], ctx.data.pixel_levels) for p in parts]) \
+            if self.codec.path == "factored" else None
+        jac = self.codec.cat([p[0] for p in parts], pixels=pixels)
         f0 = torch.cat([p[1] for p in parts])
         labels = torch.cat([p[2] for p in parts])
         index = torch.cat([uploads[c].index for c in clients])
         if self.shuffle:
             order = torch.randperm(len(labels), generator=torch_generator(ctx.cfg.seed, "shuffler", round_index))
             jac, f0, labels, index = jac.rows(order.to(f0.device)), f0[order], labels[order], index[order]
-        x = ctx.data.train_x[index]
+        x, pixels = ctx.data.train_x[index], getattr(jac, "pixels", None)
         result = ntk_step(jac, self.codec.shape, w, f0, labels, ctx.data.n_classes, ctx.lr(round_index),
-                          self.step_settings, lambda cands: candidate_losses(ctx.stack, cands, x, labels, self.settings.ntk_loss))
+                          self.step_settings, lambda cands: candidate_losses(ctx.stack, cands, x, labels,
+                                                                             self.settings.ntk_loss, pixels))
         self.taus_chosen.append(result.tau)
         return result.weights
 
