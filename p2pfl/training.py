@@ -311,7 +311,8 @@ def candidate_losses(stack: PeerStack, candidates: torch.Tensor, x: torch.Tensor
     """The mean loss of each row of candidates (T, D) on the same samples: (T,). loss 'task' is the
     task's own loss; 'mse' is the halved squared error against one-hot labels, summed over classes
     (NTK evolution with --ntk-loss mse selects by it, as the reference code does). pixels: x as
-    p2pfl.ntk.pixels.PixelInputs, where it is pixels (an MLP's first layer then in integer arithmetic)."""
+    p2pfl.ntk.pixels.PixelInputs, where it is pixels (an MLP's first layer then in integer arithmetic;
+    x may then be None)."""
     if stack.mlp is not None:
         outputs = _mlp_shared_outputs(stack.mlp, candidates, x, pixels)
     else:
@@ -327,13 +328,12 @@ def _mlp_shared_outputs(shape, flat: torch.Tensor, x: torch.Tensor, pixels=None)
     layer one matrix product whose rows are every model's units. For NTK selection (8 candidates on a
     neighbourhood's 1,200 samples) it takes about half the time of vmap of functional_call."""
     L, n_layers = len(flat), len(shape.dims)
-    a = x.reshape(len(x), -1).T  # (inputs, B)
     for i, (out, inputs) in enumerate(shape.dims):
         W, b = flat[:, shape.weights[i]].reshape(L, out, inputs), flat[:, shape.biases[i]].reshape(L, out, 1)
         if i == 0 and pixels is not None:
             z = pixels.right(W.reshape(L * out, inputs)).add_(b.reshape(L * out, 1)).view(L, out, -1)
         elif i == 0:
-            z = torch.addmm(b.reshape(L * out, 1), W.reshape(L * out, inputs), a).view(L, out, -1)
+            z = torch.addmm(b.reshape(L * out, 1), W.reshape(L * out, inputs), x.reshape(len(x), -1).T).view(L, out, -1)
         else:
             z = torch.baddbmm(b, W, a)
         if i < n_layers - 1:

@@ -33,6 +33,7 @@ def test_products_match_float64_at_least_as_well_as_float32():
         assert relative_error(got, exact) < 3e-7
         assert relative_error(got, exact) <= 2 * relative_error(float32, exact)
     assert torch.equal(pixels.right(torch.zeros(3, 784)), torch.zeros(3, 300))  # a zero row: no division by 0
+    assert torch.equal(pixels.gram(100, 180), pixels.gram()[100:180, 100:])  # a panel of the kernel's
 
 
 def test_products_are_the_same_on_any_number_of_threads():

@@ -165,10 +165,10 @@ class NTKDFL(Algorithm):
         jac = self.codec.cat([part[0] for part in parts], grams, pixels)
         f0 = torch.cat([part[1] for part in parts]).to(ctx.device)
         labels = torch.cat([part[2] for part in parts]).to(ctx.device)
-        selection_x, selection_y = self.selection_data(peer, hood, data)
         # the selection's samples are the neighbourhood's, or the peer's own block of them
         selection_pixels = None if pixels is None else pixels if self.settings.ntk_selection != "own" \
             else blocks[hood.index(peer)]
+        selection_x, selection_y = self.selection_data(peer, hood, data, selection_pixels is None)
         return NTKProblem(jac, w, f0, labels, lambda cands: candidate_losses(
             ctx.stack, cands, selection_x, selection_y, self.settings.ntk_loss, selection_pixels))
 
@@ -187,10 +187,11 @@ class NTKDFL(Algorithm):
                 self.block_cache_bytes += _nbytes(kept)
         return kept
 
-    def selection_data(self, peer, hood, data):
+    def selection_data(self, peer, hood, data, inputs: bool = True):
+        """The selection's inputs (None where not wanted: the pixel codes stand for them) and labels."""
         members = [peer] if self.settings.ntk_selection == "own" else hood
         index = torch.cat([data[j] for j in members]).to(self.ctx.device)
-        return self.ctx.data.train_x[index], self.ctx.data.train_y[index]
+        return self.ctx.data.train_x[index] if inputs else None, self.ctx.data.train_y[index]
 
     def finish(self, run_dir) -> dict | None:
         result = final_averaging(self.ctx)

@@ -109,7 +109,7 @@ def top_subspace(H: np.ndarray, r: int, iterations: int = 6, seed: int = 0) -> n
     Qt = np.ascontiguousarray(np.random.default_rng(seed).standard_normal((r, H.shape[0])).astype(H.dtype))
     HQt = np.empty_like(Qt)  # (H Q)^T = Q^T H
     for _ in range(iterations):
-        split_loop.product(Qt, H, HQt)
+        split_loop.product(Qt, H, HQt, len(Qt))
         split_loop.orthonormalize(HQt)
         Qt, HQt = HQt, Qt
     return Qt.T
@@ -133,7 +133,7 @@ def _split_kernel(H: np.ndarray, rate: float):
         return Vt, M, np.ascontiguousarray((lam[:, None] * V.T).astype(H.dtype)), np.empty((0, 0), H.dtype)
     Vt = np.ascontiguousarray(top_subspace(H, SPLIT_RANK).T)
     VtH, M, VMt = np.empty_like(Vt), np.empty((SPLIT_RANK, SPLIT_RANK), H.dtype), np.empty_like(Vt)
-    split_loop.product(Vt, H, VtH)
+    split_loop.product(Vt, H, VtH, len(Vt))
     split_loop.project(VtH, Vt, M)  # V^T H V
     split_loop.project(np.ascontiguousarray(M.T), np.ascontiguousarray(Vt.T), VMt)  # (V M)^T
     H2 = np.empty_like(H)

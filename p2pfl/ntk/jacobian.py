@@ -125,15 +125,14 @@ class FactoredJacobian:
         blocks = self.blocks or (n,)
         grams = self.input_grams or (None,) * len(blocks)
         H = torch.empty(n, n, dtype=self.acts[0].dtype, device=self.acts[0].device)
-        inputs_gram = None if self.pixels is None else self.pixels.gram().add_(1.0)  # + 1: the bias
         start = 0
         for size, gram in zip(blocks, grams):
             end = start + size
             panel = H[start:end, start:]
             for layer in range(L):
                 rows, cols = self.acts[layer][start:end], self.acts[layer][start:]
-                if layer == 0 and inputs_gram is not None:
-                    term = inputs_gram[start:end, start:]  # each panel's own part of it: changed in place
+                if layer == 0 and self.pixels is not None:
+                    term = self.pixels.gram(start, end).add_(1.0)  # + 1: the bias
                 else:
                     if layer == 0 and gram is not None:
                         term = torch.empty_like(panel)

@@ -22,6 +22,7 @@ MAX_ROWS = 100_000  # rows and features, at most: sums of 100,000 terms of 127 x
 @dataclass
 class PixelInputs:
     codes: torch.Tensor  # (n, d) int8: k - 128
+    codes_t: torch.Tensor  # (d, n) the same, transposed (contiguous: what the products take)
     alpha: float  # x = alpha * code + zero
     zero: float  # the input value of code 0 (pixel level 128)
 
@@ -39,25 +40,28 @@ class PixelInputs:
             return None
         if float((x - (alpha * k + beta)).abs().max()) > 1e-5 * (abs(beta) + 255 * alpha):
             return None
-        return PixelInputs((k - 128).to(torch.int8), alpha, beta + 128 * alpha)
+        codes = (k - 128).to(torch.int8)
+        return PixelInputs(codes, codes.T.contiguous(), alpha, beta + 128 * alpha)
 
     @staticmethod
     def cat(parts: list["PixelInputs | None"]) -> "PixelInputs | None":
         """The parts' rows stacked; None where a part is None or the stack is too tall for int32 sums."""
         if any(p is None for p in parts) or sum(len(p.codes) for p in parts) > MAX_ROWS:
             return None
-        return PixelInputs(torch.cat([p.codes for p in parts]), parts[0].alpha, parts[0].zero)
+        return PixelInputs(torch.cat([p.codes for p in parts]), torch.cat([p.codes_t for p in parts], 1),
+                           parts[0].alpha, parts[0].zero)
 
     def rows(self, index: torch.Tensor) -> "PixelInputs":
-        return PixelInputs(self.codes[index], self.alpha, self.zero)
+        return PixelInputs(self.codes[index], self.codes_t[:, index].contiguous(), self.alpha, self.zero)
 
-    def gram(self) -> torch.Tensor:
-        """X X^T (n, n) float32: alpha^2 K K^T + alpha zero (s_m + s_n) + d zero^2, with s the codes' row sums."""
-        d = self.codes.shape[1]
-        exact = torch._int_mm(self.codes, self.codes.T.contiguous()).to(torch.float32)
-        sums = self.codes.sum(1, dtype=torch.int32).to(torch.float32)
+    def gram(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """Rows start:end of X X^T against the columns from start on (the whole Gram by default), float32:
+        alpha^2 K K^T + alpha zero (s_m + s_n) + d zero^2, with s the codes' row sums."""
+        d, end = self.codes.shape[1], len(self.codes) if end is None else end
+        exact = torch._int_mm(self.codes[start:end], self.codes_t[:, start:]).to(torch.float32)
+        sums = self.codes[start:].sum(1, dtype=torch.int32).to(torch.float32)
         half = (self.alpha * self.zero) * sums + 0.5 * d * self.zero ** 2
-        return exact.mul_(self.alpha ** 2).add_(half[:, None]).add_(half[None, :])
+        return exact.mul_(self.alpha ** 2).add_(half[:end - start, None]).add_(half[None, :])
 
     def left(self, A: torch.Tensor) -> torch.Tensor:
         """A X (M, d) for a float A (M, n)."""
@@ -68,7 +72,7 @@ class PixelInputs:
     def right(self, W: torch.Tensor) -> torch.Tensor:
         """W X^T (M, n) for a float W (M, d): each row of W applied to every input."""
         scale, digits = _digits(W)
-        out = _combine(torch._int_mm(digits, self.codes.T.contiguous()), len(W), scale)
+        out = _combine(torch._int_mm(digits, self.codes_t), len(W), scale)
         return out.mul_(self.alpha).add_((self.zero * W.sum(1))[:, None])
 
 

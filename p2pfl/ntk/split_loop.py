@@ -232,7 +232,7 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
         if lazy and s == due:
             slope_ahead = False
             # g's classes sum to zero (softmax minus one-hot), so H2 g's do: the last row is minus the rest
-            product(grad[:C - 1], H2, exact[:C - 1])
+            product(grad, H2, exact, C - 1)
             for n in range(N):
                 exact[C - 1, n] = 0.0
             for c in range(C - 1):
@@ -347,20 +347,38 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
 
 
 @njit(nogil=True, fastmath=True, cache=True, inline="always")
-def product(g, H, out):
-    """out = g @ H for g (C, N) and a symmetric H (N, N), row by row of H so it is read once: numpy's
-    BLAS serializes calls from several threads here, this runs in parallel."""
-    C, N = g.shape
+def product(g, H, out, C):
+    """out[:C] = g[:C] @ H for g (., N) and a symmetric H (N, N), eight rows of H at a time so it is read
+    once, three classes per pass over them: a pass loads eight rows of H and three of out for 24
+    products (four rows, one class: four; measured 1.9x faster at C = 9, N = 1,185). The rows are
+    counted, not sliced: a slice's layout is not known to be contiguous when compiled, and its loops
+    then ran 2x slower than before. numpy's BLAS serializes calls from several threads here; this runs
+    in parallel."""
+    N = g.shape[1]
     for c in range(C):
         for n in range(N):
             out[c, n] = 0.0
-    full = N - N % 4
-    for m in range(0, full, 4):  # four rows of H at a time: a quarter of the loads and stores of out
-        for c in range(C):
-            w0, w1, w2, w3 = g[c, m], g[c, m + 1], g[c, m + 2], g[c, m + 3]
+    eights, triples = N - N % 8, C - C % 3
+    for m in range(0, eights, 8):
+        for c in range(0, triples, 3):
+            a0, a1, a2, a3 = g[c, m], g[c, m + 1], g[c, m + 2], g[c, m + 3]
+            a4, a5, a6, a7 = g[c, m + 4], g[c, m + 5], g[c, m + 6], g[c, m + 7]
+            b0, b1, b2, b3 = g[c + 1, m], g[c + 1, m + 1], g[c + 1, m + 2], g[c + 1, m + 3]
+            b4, b5, b6, b7 = g[c + 1, m + 4], g[c + 1, m + 5], g[c + 1, m + 6], g[c + 1, m + 7]
+            d0, d1, d2, d3 = g[c + 2, m], g[c + 2, m + 1], g[c + 2, m + 2], g[c + 2, m + 3]
+            d4, d5, d6, d7 = g[c + 2, m + 4], g[c + 2, m + 5], g[c + 2, m + 6], g[c + 2, m + 7]
             for n in range(N):
-                out[c, n] += w0 * H[m, n] + w1 * H[m + 1, n] + w2 * H[m + 2, n] + w3 * H[m + 3, n]
-    for m in range(full, N):
+                h0, h1, h2, h3 = H[m, n], H[m + 1, n], H[m + 2, n], H[m + 3, n]
+                h4, h5, h6, h7 = H[m + 4, n], H[m + 5, n], H[m + 6, n], H[m + 7, n]
+                out[c, n] += a0 * h0 + a1 * h1 + a2 * h2 + a3 * h3 + a4 * h4 + a5 * h5 + a6 * h6 + a7 * h7
+                out[c + 1, n] += b0 * h0 + b1 * h1 + b2 * h2 + b3 * h3 + b4 * h4 + b5 * h5 + b6 * h6 + b7 * h7
+                out[c + 2, n] += d0 * h0 + d1 * h1 + d2 * h2 + d3 * h3 + d4 * h4 + d5 * h5 + d6 * h6 + d7 * h7
+        for c in range(triples, C):
+            for i in range(8):
+                w = g[c, m + i]
+                for n in range(N):
+                    out[c, n] += w * H[m + i, n]
+    for m in range(eights, N):
         for c in range(C):
             w = g[c, m]
             for n in range(N):
