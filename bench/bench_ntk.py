@@ -5,8 +5,9 @@
    round time from its metrics.jsonl (wall_s), peak memory the sum of the ranks' peak RSS.
 2. One peer's evolution step on the same neighbourhood, factored vs dense Jacobians (Jacobian, kernel,
    evolution, candidates, selection), and the largest difference between the weights they pick. Then
-   the neighbourhood's kernel as one product, by blocks, and by blocks with the peers' inputs Grams
-   given, and its candidates' losses by vmap and by batched products.
+   the neighbourhood's kernel as one product, by blocks, by blocks with the peers' inputs Grams given,
+   and with the inputs as 8-bit pixel codes (integer products); its candidates' losses by vmap, by
+   batched products and with the pixel codes; their weights (J^T S) in float32 and with the codes.
 3. The CE evolution methods on that neighbourhood against a tight ODE solution (float64 Runge-Kutta,
    quarter steps): time per peer step and the largest relative error of a candidate's weight update;
    then the default's SSPRK(4,3) steps against RK3's, on that kernel and on it made as stiff as
@@ -31,6 +32,7 @@ from p2pfl.config import make_config, resolve
 from p2pfl.ntk import DenseJacobian, FactoredJacobian, MLPShape
 from p2pfl.ntk import evolution
 from p2pfl.ntk.evolution import evolve_ce, tight_ce_sums
+from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.ntk.step import ntk_step
 from p2pfl.run import build
 from p2pfl.training import candidate_losses
@@ -105,9 +107,10 @@ def alternating(variants: dict, repeats: int = 10) -> dict:
 
 
 def kernel_and_selection(args) -> None:
-    """Peer 0's neighbourhood kernel as one product, by blocks (its upper block triangle) and by blocks
-    with each peer's inputs Gram given (NTK-DFL keeps them across neighbourhoods and rounds); its 8
-    candidates' losses by vmap of functional_call and by the batched MLP products."""
+    """Peer 0's neighbourhood kernel as one product, by blocks (its upper block triangle), by blocks with
+    each peer's inputs Gram given, and by blocks with the inputs as pixel codes (NTK-DFL's default on
+    Fashion-MNIST: it keeps the codes across neighbourhoods and rounds); its 8 candidates' losses by vmap
+    of functional_call, by the batched MLP products and with the codes; their weights likewise."""
     cfg = resolve(make_config({"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1,
                                "progress": False}), 1)
     ctx, _ = build(cfg, 0, 1, 0)
@@ -117,26 +120,45 @@ def kernel_and_selection(args) -> None:
     stacked = FactoredJacobian.cat(parts)
     given = FactoredJacobian.cat(parts, [part.input_gram() for part in parts])
     single = FactoredJacobian(stacked.acts, stacked.gates)
-    kernels = {"one product": lambda: single.kernel(shape, w), "by blocks": lambda: stacked.kernel(shape, w),
-               "by blocks, inputs Grams given": lambda: given.kernel(shape, w)}
-    best = alternating(kernels)
-    gap = float((given.kernel(shape, w) - single.kernel(shape, w)).abs().max())
-    for name, seconds in best.items():
-        print(f"  kernel {name:30s} {1000 * seconds:6.1f} ms ({best['one product'] / seconds:.2f}x)")
-    print(f"  largest difference of the kernels: {gap:.1e}")
     index = torch.cat([ctx.shards[j] for j in hood])
     x, y = ctx.data.train_x[index], ctx.data.train_y[index]
+    pixels = PixelInputs.encode(x, ctx.data.pixel_levels)
+    coded = FactoredJacobian.cat(parts, pixels=pixels)
+    kernels = {"one product": lambda: single.kernel(shape, w), "by blocks": lambda: stacked.kernel(shape, w),
+               "by blocks, inputs Grams given": lambda: given.kernel(shape, w),
+               "by blocks, pixel codes": lambda: coded.kernel(shape, w)}
+    best = alternating(kernels)
+    for name, seconds in best.items():
+        print(f"  kernel {name:30s} {1000 * seconds:6.1f} ms ({best['one product'] / seconds:.2f}x)")
+    wide = FactoredJacobian([a.double() for a in stacked.acts], [g.double() for g in stacked.gates])
+    exact = wide.kernel(shape, w.double())
+    errors = {name: float((jac.kernel(shape, w).double() - exact).abs().max() / exact.abs().max())
+              for name, jac in (("one product", single), ("Grams given", given), ("pixel codes", coded))}
+    print("  kernels' largest error against float64 (relative to the largest entry): "
+          + ", ".join(f"{name} {error:.1e}" for name, error in errors.items()))
     cands = w + 0.01 * torch.randn(len(cfg.settings.ntk_taus), len(w), generator=torch.Generator().manual_seed(0))
 
     def by_vmap():
         outputs = ctx.stack.forward(cands, x, shared_input=True)
         return ctx.stack.task.losses(outputs, y.expand(len(cands), *y.shape)).mean(1)
 
-    best = alternating({"vmap": by_vmap, "batched products": lambda: candidate_losses(ctx.stack, cands, x, y)})
+    best = alternating({"vmap": by_vmap, "batched products": lambda: candidate_losses(ctx.stack, cands, x, y),
+                        "pixel codes": lambda: candidate_losses(ctx.stack, cands, x, y, pixels=pixels)})
     gap = float((by_vmap() - candidate_losses(ctx.stack, cands, x, y)).abs().max())
+    coded_gap = float((candidate_losses(ctx.stack, cands, x, y, pixels=pixels) - by_vmap()).abs().max())
     print(f"  {len(cands)} candidates' losses on {len(y)} samples: vmap {1000 * best['vmap']:.1f} ms, batched "
-          f"products {1000 * best['batched products']:.1f} ms ({best['vmap'] / best['batched products']:.2f}x); "
-          f"largest difference {gap:.1e}")
+          f"products {1000 * best['batched products']:.1f} ms ({best['vmap'] / best['batched products']:.2f}x), "
+          f"pixel codes {1000 * best['pixel codes']:.1f} ms ({best['vmap'] / best['pixel codes']:.2f}x); "
+          f"largest difference from vmap {gap:.1e} and {coded_gap:.1e}")
+    S = torch.randn(len(cands), len(y), ctx.data.n_classes, generator=torch.Generator().manual_seed(1))
+    best = alternating({"float32": lambda: stacked.transpose_apply(shape, w, S),
+                        "pixel codes": lambda: coded.transpose_apply(shape, w, S)})
+    exact = wide.transpose_apply(shape, w.double(), S.double())
+    errors = {name: float((jac.transpose_apply(shape, w, S).double() - exact).abs().max() / exact.abs().max())
+              for name, jac in (("float32", stacked), ("pixel codes", coded))}
+    print(f"  {len(cands)} candidates' J^T S: float32 {1000 * best['float32']:.1f} ms, pixel codes "
+          f"{1000 * best['pixel codes']:.1f} ms ({best['float32'] / best['pixel codes']:.2f}x); largest error against "
+          f"float64 {errors['float32']:.1e} and {errors['pixel codes']:.1e} (relative to the largest entry)")
 
 
 def ode_methods(args) -> None:
