@@ -39,7 +39,7 @@ from p2pfl.training import candidate_losses
 
 
 EVOLVE_CHUNK = 8  # peers whose kernels are held at once: their evolutions share the cores
-INPUTS_CACHE_BYTES = 256 * 2**20  # the inputs' codes or Grams a rank keeps (47 or 48 MB at 300 peers x 200 samples)
+INPUTS_CACHE_BYTES = 256 * 2**20  # the inputs' codes or Grams a rank keeps (94 or 48 MB at 300 peers x 200 samples)
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ class NTKDFL(Algorithm):
         blocks = [self.block_inputs(j, part[0], data[j]) for j, part in zip(hood, parts)] \
             if self.codec.path == "factored" else [None] * len(hood)
         pixels = PixelInputs.cat(blocks) if all(isinstance(b, PixelInputs) for b in blocks) else None
-        grams = None if pixels is not None or blocks[0] is None else blocks
+        grams = None if pixels is not None else [b if isinstance(b, torch.Tensor) else None for b in blocks]
         jac = self.codec.cat([part[0] for part in parts], grams, pixels)
         f0 = torch.cat([part[1] for part in parts]).to(ctx.device)
         labels = torch.cat([part[2] for part in parts]).to(ctx.device)
@@ -207,5 +207,4 @@ class NTKDFL(Algorithm):
 
 
 def _nbytes(kept: PixelInputs | torch.Tensor) -> int:
-    tensor = kept.codes if isinstance(kept, PixelInputs) else kept
-    return tensor.numel() * tensor.element_size()
+    return kept.nbytes if isinstance(kept, PixelInputs) else kept.numel() * kept.element_size()

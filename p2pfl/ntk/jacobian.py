@@ -66,7 +66,7 @@ class FactoredJacobian:
     blocks: tuple[int, ...] = ()
     input_grams: tuple[torch.Tensor | None, ...] = ()
     # the inputs a_0 as 8-bit pixel codes, where they are pixels: the products with them are then exact
-    # integer ones (p2pfl.ntk.pixels), and the kernel takes the whole inputs Gram from them
+    # integer ones (p2pfl.ntk.pixels), and the kernel takes its inputs Gram from them
     pixels: PixelInputs | None = None
 
     @property

@@ -51,6 +51,10 @@ class PixelInputs:
         return PixelInputs(torch.cat([p.codes for p in parts]), torch.cat([p.codes_t for p in parts], 1),
                            parts[0].alpha, parts[0].zero)
 
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel() * 2  # the codes and their transpose, a byte each
+
     def rows(self, index: torch.Tensor) -> "PixelInputs":
         return PixelInputs(self.codes[index], self.codes_t[:, index].contiguous(), self.alpha, self.zero)
 
