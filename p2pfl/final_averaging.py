@@ -27,7 +27,8 @@ def final_averaging(ctx) -> dict | None:
     if weights is None:
         return None
     weights = weights.to(ctx.device)
-    x, y = ctx.data.test_x, ctx.data.test_y
+    count = ctx.cfg.test_samples or len(ctx.data.test_y)  # --test-samples, as every evaluation
+    x, y = ctx.data.test_x[:count], ctx.data.test_y[:count]
     order = torch.randperm(len(y), generator=torch_generator(ctx.cfg.seed, "validation-split"))
     half = len(y) // 2
     val, test = order[:half].to(x.device), order[half:].to(x.device)
@@ -36,7 +37,8 @@ def final_averaging(ctx) -> dict | None:
     if ctx.cfg.aggregate == "uniform":
         counts = torch.ones_like(counts)
     ns = grid(len(weights))
-    result: dict = {"n": ns, "client_val_acc": val_acc.tolist(), "orders": {}}
+    result: dict = {"n": ns, "client_val_acc": val_acc.tolist(), "orders": {}, "val_samples": len(val),
+                    "test_samples": len(test)}
     for name in ORDERS:
         if name == "random":
             perm = torch.randperm(len(weights), generator=torch_generator(ctx.cfg.seed, "final-order"))

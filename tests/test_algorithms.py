@@ -175,3 +175,15 @@ def test_ntk_dfl_reuses_inputs_grams_with_the_same_results(monkeypatch):
         fresh, none = run(**extra)
         monkeypatch.undo()
         assert not none and torch.equal(kept, fresh), extra
+
+
+def test_final_averaging_evaluates_on_the_test_samples_asked_for(tmp_path):
+    """--test-samples bounds every evaluation, final averaging's validation and test halves included."""
+    import json
+
+    out = tmp_path / "few"
+    assert main(["--algo", "ntk-dfl", "--dataset", "synthetic", "--peers", "8", "--kappa", "3", "--rounds", "1",
+                 "--ntk-taus", "20", "--test-samples", "101", "--out", str(out), "--no-progress"]) == 0
+    final = json.loads((out / "final.json").read_text())
+    assert (final["val_samples"], final["test_samples"]) == (50, 51)
+    assert all(abs(a * 50 - round(a * 50)) < 1e-4 for a in final["client_val_acc"])  # counts out of 50

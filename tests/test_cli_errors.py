@@ -72,6 +72,7 @@ HOSTILE = [
     ([*SYN, "--train-samples", "9999999"], "exceeds the 6000 training samples"),
     ([*SYN, "--algo", "ntk-dfl", "--ntk-batches", "100000"], "every Jacobian batch needs at least one sample"),
     ([*SYN, "--algo", "ntk-dfl", "--ntk-subsample", "1000"], "every Jacobian batch needs at least one sample"),
+    ([*SYN, "--algo", "ntk-dfl", "--test-samples", "1"], "validation and test halves and needs at least 2"),
     ([*SYN, "--algo", "ntk-dfl", "--ntk-taus", "0"], "--ntk-taus needs positive integers"),
     ([*SYN, "--algo", "ntk-dfl", "--ntk-topk", "1.5"], "--ntk-topk must be in (0, 1]"),
     ([*SYN, "--algo", "ntk-dfl", "--ntk-quant-bits", "9"], "--ntk-quant-bits must be between"),

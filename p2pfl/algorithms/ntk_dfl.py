@@ -72,6 +72,9 @@ class NTKDFL(Algorithm):
         # neighbourhood the peer belongs to, and unchanged while its samples are; keyed by (peer, its sample indices)
         self.block_cache: dict[tuple[int, bytes], PixelInputs | torch.Tensor] = {}
         self.block_cache_bytes = 0
+        if ctx.cfg.test_samples is not None and ctx.cfg.test_samples < 2:
+            raise UserError(f"--test-samples {ctx.cfg.test_samples}: NTK-DFL's final averaging splits the test samples "
+                            "into validation and test halves and needs at least 2")
         smallest = min(len(s) for s in ctx.shards)
         if self.batches * self.subsample > smallest:
             raise UserError(f"--ntk-batches {self.batches} x --ntk-subsample {self.subsample} exceeds the {smallest} "
