@@ -59,7 +59,7 @@ def test_inputs_that_are_not_pixels_are_refused():
     assert PixelInputs.encode(x + 3.0, LEVELS) is None  # beyond level 255
     assert PixelInputs.encode(x, None) is None  # the data has no levels
     assert PixelInputs.encode(x.double(), LEVELS) is None
-    assert PixelInputs.cat([PixelInputs.encode(x, LEVELS), None]) is None
+    assert PixelInputs.cat([PixelInputs.encode(x, LEVELS), None]) is None and PixelInputs.cat([]) is None
 
 
 @pytest.mark.parametrize("hidden", [[7], [8, 6]])

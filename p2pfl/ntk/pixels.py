@@ -45,8 +45,9 @@ class PixelInputs:
 
     @staticmethod
     def cat(parts: list["PixelInputs | None"]) -> "PixelInputs | None":
-        """The parts' rows stacked; None where a part is None or the stack is too tall for int32 sums."""
-        if any(p is None for p in parts) or sum(len(p.codes) for p in parts) > MAX_ROWS:
+        """The parts' rows stacked; None where there are none, a part is None or the stack is too tall for
+        int32 sums."""
+        if not parts or any(p is None for p in parts) or sum(len(p.codes) for p in parts) > MAX_ROWS:
             return None
         return PixelInputs(torch.cat([p.codes for p in parts]), torch.cat([p.codes_t for p in parts], 1),
                            parts[0].alpha, parts[0].zero)
