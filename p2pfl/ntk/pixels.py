@@ -70,15 +70,17 @@ class PixelInputs:
 
     def left(self, A: torch.Tensor) -> torch.Tensor:
         """A X (M, d) for a float A (M, n)."""
-        scale, digits = _digits(A)
-        out = _combine(torch._int_mm(digits, self.codes), len(A), scale)
-        return out.mul_(self.alpha).add_((self.zero * A.sum(1))[:, None])
+        return self._times(A, self.codes)
 
     def right(self, W: torch.Tensor) -> torch.Tensor:
         """W X^T (M, n) for a float W (M, d): each row of W applied to every input."""
-        scale, digits = _digits(W)
-        out = _combine(torch._int_mm(digits, self.codes_t), len(W), scale)
-        return out.mul_(self.alpha).add_((self.zero * W.sum(1))[:, None])
+        return self._times(W, self.codes_t)
+
+    def _times(self, A: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """A times the inputs laid out as codes (k, m): alpha (A codes) + zero (A's row sums), per column."""
+        scale, digits = _digits(A)
+        out = _combine(torch._int_mm(digits, codes), len(A), scale)
+        return out.mul_(self.alpha).add_((self.zero * A.sum(1))[:, None])
 
 
 def _digits(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
