@@ -41,6 +41,7 @@ class RunConfig:
     data_dir: str | None = None
     labels: str = "fine"
     partition: str | None = None  # None: the dataset's own default (dirichlet; writers for femnist)
+    partition_file: str | None = None  # a peer -> training indices map to use instead of drawing a partition
     dirichlet_style: str = "per-peer"
     classes_style: str = "random"
     alpha: float = 0.1
@@ -127,6 +128,9 @@ def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
     p.add_argument("--labels", help="CIFAR-100 label set: fine (100 classes) or coarse (20) (default fine)")
     p.add_argument("--partition", help=f"one of: {', '.join(PARTITIONS)} (default: the dataset's; dirichlet, "
                    "writers for femnist and linear-rep)")
+    p.add_argument("--partition-file", help="read each peer's training indices from this file instead of drawing "
+                   "them (.json, .npz, or the NTK-FL/NTK-DFL reference codes' pickled dict); the run's P peers "
+                   "take the file's peers 0..P-1")
     p.add_argument("--dirichlet-style", help="per-peer (NTK-FL/NTK-DFL label mix), per-class (NIID-Bench) or "
                    "feddyn (class prior per peer, equal sizes) (default per-peer)")
     p.add_argument("--classes-style", help="--partition classes: random (#C random classes, equal counts) or "
@@ -335,6 +339,12 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"--rep-dim must be at least 1, got {cfg.rep_dim}")
     if cfg.train_samples is not None and cfg.train_samples < 1:
         raise UserError(f"--train-samples must be at least 1, got {cfg.train_samples}")
+    if cfg.partition_file is not None:
+        if not Path(cfg.partition_file).is_file():
+            raise UserError(f"--partition-file {cfg.partition_file}: no such file")
+        if cfg.train_samples is not None:
+            raise UserError("--partition-file indexes the whole training set; --train-samples would renumber it")
+        cfg.partition_file = str(Path(cfg.partition_file).resolve())  # a resumed run reads the same file
     if cfg.test_samples is not None and cfg.test_samples < 1:
         raise UserError(f"--test-samples must be at least 1, got {cfg.test_samples}")
     if cfg.eval_every < 1:

@@ -78,7 +78,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     from p2pfl.algorithms import REGISTRY
     from p2pfl.algorithms.base import RunContext
     from p2pfl.config import check_data_fit, check_model_memory
-    from p2pfl.data import DataRequest, load_dataset, partition
+    from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file
     from p2pfl.faults import Faults
     from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
     from p2pfl.tasks import TASKS
@@ -99,9 +99,13 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     with torch.device("meta"):  # counted before it is allocated
         n_params = count_parameters(build_model(cfg.model, data.input_shape, data.n_classes, cfg))
     check_model_memory(cfg, n_params, len(peers) * (_ranks_on_this_machine() or 1))
-    shards = partition(data.train_y.numpy(), data.train_classes, cfg.peers, cfg.partition, per_peer=cfg.samples_per_peer,
-                       alpha=cfg.alpha, classes=cfg.classes_per_peer, style=cfg.dirichlet_style,
-                       classes_style=cfg.classes_style, groups=data.groups, seed=cfg.seed)
+    if cfg.partition_file:
+        shards = read_partition_file(cfg.partition_file, cfg.peers, len(data.train_y))
+    else:
+        shards = partition(data.train_y.numpy(), data.train_classes, cfg.peers, cfg.partition,
+                           per_peer=cfg.samples_per_peer, alpha=cfg.alpha, classes=cfg.classes_per_peer,
+                           style=cfg.dirichlet_style, classes_style=cfg.classes_style, groups=data.groups,
+                           seed=cfg.seed)
     model = build_model(cfg.model, data.input_shape, data.n_classes, cfg)
     flat = initial_parameters(model, peers, cfg.seed, cfg.init, device)
     data.train_x, data.train_y = data.train_x.to(device), data.train_y.to(device)

@@ -1,0 +1,75 @@
+"""A partition read from a file instead of drawn: to run on exactly the split another code base used.
+
+The NTK-FL and NTK-DFL reference codes ship theirs as pickled dicts {user id: int64 index array} into
+the training set in its published order (`--partition-file user_dataidx_map_0.10_0.dat`). Also read:
+.json ({"0": [indices], ...} or a list of lists) and .npz (one array per peer, named by its number).
+Pickles are read with an unpickler that builds only dicts, lists and numpy arrays, so a file cannot run
+code. As the reference code, a run of P peers takes the file's peers 0..P-1.
+"""
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+from p2pfl.errors import UserError
+
+PICKLED_ARRAYS = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
+                  ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
+                  ("numpy._core.multiarray", "scalar"), ("builtins", "dict"), ("builtins", "list")}
+
+
+class _ArraysOnly(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) in PICKLED_ARRAYS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not an array or a container")
+
+
+def _peer_key(key) -> int:
+    try:
+        return int(key)
+    except (TypeError, ValueError):
+        raise UserError(f"--partition-file: peer {key!r} is not a number") from None
+
+
+def _read(path: Path) -> dict[int, object]:
+    if path.suffix == ".json":
+        raw = json.loads(path.read_text())
+        raw = dict(enumerate(raw)) if isinstance(raw, list) else raw
+    elif path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as arrays:
+            raw = {name: arrays[name] for name in arrays.files}
+    else:
+        with path.open("rb") as f:
+            raw = _ArraysOnly(f).load()
+    if not isinstance(raw, dict):
+        raise UserError(f"--partition-file {path}: expected a map from peer to training indices, got "
+                        f"{type(raw).__name__}")
+    return {_peer_key(k): v for k, v in raw.items()}
+
+
+def read_partition_file(path: str, peers: int, n_train: int) -> list[np.ndarray]:
+    """Peers 0..peers-1's sorted index arrays from the file, each checked against the training set."""
+    file = Path(path)
+    try:
+        shards = _read(file)
+    except (OSError, ValueError, EOFError, pickle.UnpicklingError) as e:  # JSONDecodeError is a ValueError
+        raise UserError(f"--partition-file {path}: cannot be read as .json, .npz or a pickled dict ({e})") from None
+    missing = [p for p in range(peers) if p not in shards]
+    if missing:
+        raise UserError(f"--partition-file {path} holds {len(shards)} peers; peer {missing[0]} of the run's "
+                        f"{peers} is not among them")
+    out = []
+    for p in range(peers):
+        index = np.asarray(shards[p])
+        if index.ndim != 1 or index.size == 0 or not np.issubdtype(index.dtype, np.integer):
+            raise UserError(f"--partition-file {path}: peer {p} needs a non-empty list of integer indices")
+        outside = index[(index < 0) | (index >= n_train)]
+        if outside.size:
+            raise UserError(f"--partition-file {path}: peer {p} has index {int(outside[0])}, outside the "
+                            f"{n_train} training samples")
+        out.append(np.sort(index.astype(np.int64)))
+    return out
