@@ -56,6 +56,7 @@ def test_a_pickle_that_would_run_code_is_refused_unrun(tmp_path, capsys):
     ({0: [1], 1: []}, "peer 1 needs a non-empty list of integer indices"),
     ({0: [1], 1: [0.5]}, "integer indices"),
     ({"a": [1], 1: [2]}, "peer 'a' is not a number"),
+    ({0: [1], 1: [[1, 2], [3]]}, "peer 1 needs a non-empty list of integer indices"),
 ])
 def test_bad_maps_are_named(tmp_path, shards, needle):
     path = tmp_path / "part.json"
@@ -94,10 +95,14 @@ def test_a_run_on_a_file_equals_the_run_that_drew_it(tmp_path):
     (["--partition-file", "{tmp}/absent.dat"], "no such file"),
     (["--partition-file", "{tmp}/part.dat", "--train-samples", "100"], "would renumber it"),
     (["--partition-file", "{tmp}/garbage.dat"], "cannot be read as .json, .npz or a pickled dict"),
+    (["--partition-file", "{tmp}/garbage.npz"], "cannot be read as .json, .npz or a pickled dict"),
+    (["--partition-file", "{tmp}/cut.dat"], "cannot be read as .json, .npz or a pickled dict"),
 ])
 def test_cli_refuses_in_one_line(tmp_path, extra, needle):
     _write(tmp_path, "dat")
     (tmp_path / "garbage.dat").write_bytes(b"\x00 not a pickle")
+    (tmp_path / "garbage.npz").write_bytes(b"PK\x03\x04 a cut zip")
+    (tmp_path / "cut.dat").write_bytes((tmp_path / "part.dat").read_bytes()[:40])
     argv = [a.replace("{tmp}", str(tmp_path)) for a in extra]
     done = run_here("--dataset", "synthetic", "--peers", "3", "--kappa", "2", "--rounds", "1", *argv,
                     "--out", str(tmp_path / "run"), "--no-progress")

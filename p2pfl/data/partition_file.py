@@ -56,7 +56,9 @@ def read_partition_file(path: str, peers: int, n_train: int) -> list[np.ndarray]
     file = Path(path)
     try:
         shards = _read(file)
-    except (OSError, ValueError, EOFError, pickle.UnpicklingError) as e:  # JSONDecodeError is a ValueError
+    except UserError:
+        raise
+    except Exception as e:  # a damaged file fails in many ways (JSON, zip, pickle opcodes); all are one line
         raise UserError(f"--partition-file {path}: cannot be read as .json, .npz or a pickled dict ({e})") from None
     missing = [p for p in range(peers) if p not in shards]
     if missing:
@@ -64,7 +66,10 @@ def read_partition_file(path: str, peers: int, n_train: int) -> list[np.ndarray]
                         f"{peers} is not among them")
     out = []
     for p in range(peers):
-        index = np.asarray(shards[p])
+        try:
+            index = np.asarray(shards[p])
+        except ValueError:  # ragged nesting
+            index = np.asarray([], dtype=object)
         if index.ndim != 1 or index.size == 0 or not np.issubdtype(index.dtype, np.integer):
             raise UserError(f"--partition-file {path}: peer {p} needs a non-empty list of integer indices")
         outside = index[(index < 0) | (index >= n_train)]
