@@ -1,14 +1,13 @@
 """CIFAR-10 and CIFAR-100 from their official distributions: the binary version (fixed-size records:
-label byte(s) then 3,072 pixel bytes) and the python version (pickled dicts, read by an unpickler that
-accepts only what those files hold: dicts, lists, bytes and numpy arrays)."""
+label byte(s) then 3,072 pixel bytes) and the python version (pickled dicts, read as plain data by
+p2pfl.data.plain_pickle: dicts, lists, bytes and numpy arrays)."""
 from __future__ import annotations
 
-import importlib
-import pickle
 from pathlib import Path
 
 import numpy as np
 
+from p2pfl.data.plain_pickle import PlainUnpickler, RefusedName
 from p2pfl.errors import UserError
 
 PIXELS = 3 * 32 * 32
@@ -17,29 +16,15 @@ LAYOUTS = {  # dataset -> (binary folder, train files, test files), (python fold
                 ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"])),
     "cifar100": (("cifar-100-binary", ["train.bin"], ["test.bin"]), ("cifar-100-python", ["train"], ["test"])),
 }
-_ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-            ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
-            ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")}
-
-
-class _CifarUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        if (module, name) not in _ALLOWED:
-            raise UserError(f"data file {self.path} names {module}.{name} in its pickle, which a CIFAR file never "
-                            "holds; refusing to load it")
-        if module.startswith("numpy.core"):  # numpy 2 moved numpy.core to numpy._core
-            module = module.replace("numpy.core", "numpy._core")
-        return getattr(importlib.import_module(module), name)
 
 
 def _read_pickle(path: Path) -> dict:
     try:
         with path.open("rb") as fh:
-            unpickler = _CifarUnpickler(fh, encoding="bytes")
-            unpickler.path = path
-            obj = unpickler.load()
-    except UserError:
-        raise
+            obj = PlainUnpickler(fh, encoding="bytes").load()
+    except RefusedName as exc:
+        raise UserError(f"data file {path} names {exc} in its pickle, which a CIFAR file never holds; refusing "
+                        "to load it") from None
     except Exception as exc:  # truncated or corrupt: EOFError, UnpicklingError, ValueError, ...
         raise UserError(f"data file {path} is truncated or corrupt ({exc.__class__.__name__})")
     if not isinstance(obj, dict):

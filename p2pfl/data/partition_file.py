@@ -3,29 +3,18 @@
 The NTK-FL and NTK-DFL reference codes ship theirs as pickled dicts {user id: int64 index array} into
 the training set in its published order (`--partition-file user_dataidx_map_0.10_0.dat`). Also read:
 .json ({"0": [indices], ...} or a list of lists) and .npz (one array per peer, named by its number).
-Pickles are read with an unpickler that builds only dicts, lists and numpy arrays, so a file cannot run
-code. As the reference code, a run of P peers takes the file's peers 0..P-1.
+Pickles are read as plain data (p2pfl.data.plain_pickle), so a file cannot run code. As the reference
+code, a run of P peers takes the file's peers 0..P-1.
 """
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
 
 import numpy as np
 
+from p2pfl.data.plain_pickle import PlainUnpickler
 from p2pfl.errors import UserError
-
-PICKLED_ARRAYS = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
-                  ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
-                  ("numpy._core.multiarray", "scalar"), ("builtins", "dict"), ("builtins", "list")}
-
-
-class _ArraysOnly(pickle.Unpickler):
-    def find_class(self, module, name):
-        if (module, name) in PICKLED_ARRAYS:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not an array or a container")
 
 
 def _peer_key(key) -> int:
@@ -44,7 +33,7 @@ def _read(path: Path) -> dict[int, object]:
             raw = {name: arrays[name] for name in arrays.files}
     else:
         with path.open("rb") as f:
-            raw = _ArraysOnly(f).load()
+            raw = PlainUnpickler(f).load()
     if not isinstance(raw, dict):
         raise UserError(f"--partition-file {path}: expected a map from peer to training indices, got "
                         f"{type(raw).__name__}")
