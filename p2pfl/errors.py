@@ -9,5 +9,10 @@ class DivergenceError(Exception):
     """A peer's model became NaN/inf; the message names the round and the peers."""
 
 
+class OutOfGPUMemory(Exception):
+    """The run does not fit its GPU: one line naming what shrinks it (exit 2), printed by the rank that
+    ran out, which then ends the job."""
+
+
 class Interrupted(Exception):
     """Ctrl-C or SIGTERM stopped the run; the message says where and how to resume (exit 130)."""

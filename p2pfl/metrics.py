@@ -19,6 +19,13 @@ from p2pfl.seeding import numpy_rng
 from p2pfl.training import evaluate
 
 
+def peak_gpu_mib(device: torch.device) -> float | None:
+    """This process's high-water mark of GPU memory on device, MiB (torch's allocator); None off a GPU."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**20
+
+
 def peak_rss_kib() -> int:
     """This process's peak resident memory, KiB. Linux's ru_maxrss keeps the peak of the process that
     started this one (exec carries it over: a run started from pytest or a bench reported their
@@ -145,8 +152,8 @@ class MetricsLog:
         decentralized = not self.algorithm.centralized
         sent, dense, lost = ctx.transport.counter.take()
         links = ctx.transport.counter.take_links()  # bytes per edge: a graph's diagnostic, not a star's
-        rss = peak_rss_kib()
-        gathered = ctx.transport.gather((sent, dense, rss, lost, links if decentralized else {}))
+        rss, gpu = peak_rss_kib(), peak_gpu_mib(ctx.device)
+        gathered = ctx.transport.gather((sent, dense, rss, lost, links if decentralized else {}, gpu))
         train = ctx.transport.gather_rows(train_losses[:, None].double()) if train_losses is not None else None
         custom = self.algorithm.test_scores(self.test_x, self.test_y) if evaluate_now else None
         weights, clients = self.evaluate_all() if evaluate_now and custom is None else (None, None)
@@ -157,7 +164,7 @@ class MetricsLog:
             return None
         phases: dict[str, int] = {}
         dense_total = 0
-        for s, d, _, _, _ in gathered:
+        for s, d, *_ in gathered:
             for k, v in s.items():
                 phases[k] = phases.get(k, 0) + v
             dense_total += sum(d.values())
@@ -186,6 +193,9 @@ class MetricsLog:
         row.update(bytes_sent=int(sum(phases.values())), bytes_dense=int(dense_total),
                    bytes_by_phase=phases, wall_s=round(wall_s, 4),
                    peak_rss_mb=round(sum(g[2] for g in gathered) / 1024))
+        gpus = [g[5] for g in gathered if g[5] is not None]
+        if gpus:  # the largest rank's high-water mark: what must fit on one GPU
+            row["peak_gpu_mb"] = round(max(gpus))
         self.rows.append(row)
         if self.path is not None:
             with self.path.open("a") as fh:

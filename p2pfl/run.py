@@ -42,7 +42,7 @@ from p2pfl import checkpoint  # noqa: E402
 from p2pfl.comm import make_transport, mpi_world  # noqa: E402
 from p2pfl.config import RunConfig, parse_config, resolve, resolved_dict, write_toml  # noqa: E402
 from p2pfl.comm.transport import CommTimeout  # noqa: E402
-from p2pfl.errors import DivergenceError, Interrupted, UserError  # noqa: E402
+from p2pfl.errors import DivergenceError, Interrupted, OutOfGPUMemory, UserError  # noqa: E402
 
 CHECKPOINT_SECONDS = 30.0  # the default --checkpoint-every: after a round when this long has passed
 
@@ -91,7 +91,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
         data.keep_training_samples(cfg.train_samples, cfg.seed)
     check_data_fit(cfg, len(data.train_y), len(data.test_y))
     cls.prepare_data(data, cfg)
-    transport = make_transport(cfg.peers, 1 if cls.centralized else 0, cfg.comm_timeout)
+    transport = make_transport(cfg.peers, 1 if cls.centralized else 0, cfg.comm_timeout, device)
     faults = Faults(cfg.seed, cfg.peers, cfg.drop_peers, cfg.drop_links, cfg.slow_peers, cfg.slow_factor,
                     cfg.round_deadline)
     transport.faults = faults if faults.active else None
@@ -108,8 +108,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
                            seed=cfg.seed)
     model = build_model(cfg.model, data.input_shape, data.n_classes, cfg)
     flat = initial_parameters(model, peers, cfg.seed, cfg.init, device)
-    data.train_x, data.train_y = data.train_x.to(device), data.train_y.to(device)
-    data.test_x, data.test_y = data.test_x.to(device), data.test_y.to(device)
+    data.to(device)
     ctx = RunContext(cfg=cfg, transport=transport, data=data, shards=[torch.from_numpy(s) for s in shards],
                      schedule=TopologySchedule(cfg.topology, cfg.peers + cls.centralized, cfg.kappa, cfg.seed,
                                                cfg.static),
@@ -143,7 +142,43 @@ def write_run_header(ctx, run_dir: Path, notes: list[str]) -> None:
     draw_graph(ctx.schedule.graph(0), run_dir / "topology.png", title)
 
 
+def device_note(devices: list[str]) -> str:
+    """Which device each rank got, for the run header: 'device cpu', or 'devices cuda:0 (ranks 0, 2), ...'."""
+    ranks: dict[str, list[int]] = {}
+    for r, d in enumerate(devices):
+        ranks.setdefault(d, []).append(r)
+    named = {d: f"{d} ({torch.cuda.get_device_name(torch.device(d))})" if d.startswith("cuda") else d for d in ranks}
+    if len(ranks) == 1:
+        return f"device {named[devices[0]]}" + (f" on all {len(devices)} ranks" if len(devices) > 1 else "")
+    return "devices " + "; ".join(f"{named[d]} on rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}"
+                                  for d, r in ranks.items())
+
+
+def uses_ntk_loop(cfg: RunConfig) -> bool:
+    """Whether the run's NTK evolutions go through the compiled (numba) integrator loop."""
+    settings = cfg.settings
+    return getattr(settings, "ntk_loss", None) == "ce" and getattr(settings, "ntk_ode", None) in ("split", "deflated")
+
+
+def out_of_gpu_memory(cfg: RunConfig, size: int, device: str) -> OutOfGPUMemory:
+    per_rank = -(-cfg.peers // size)
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory / 2**30 \
+        if device.startswith("cuda") else 0
+    return OutOfGPUMemory(
+        f"out of GPU memory on {device} ({total:.0f} GiB) with {per_rank} peers on a rank: use fewer peers per "
+        f"rank (more ranks: mpirun -n, or fewer --peers), fewer samples (--samples-per-peer, --train-samples, "
+        f"--test-samples), a smaller model (--model, --hidden), or --device cpu")
+
+
 def run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
+    """A run on this rank; running out of GPU memory anywhere in it is one line, not a CUDA traceback."""
+    try:
+        return _run(cfg, rank, size, local_rank)
+    except torch.OutOfMemoryError:
+        raise out_of_gpu_memory(cfg, size, str(pick_device(cfg.device, local_rank))) from None
+
+
+def _run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
     from tqdm import tqdm
 
     from analysis.plots import plot_metric
@@ -156,11 +191,19 @@ def run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
         torch.set_num_threads(1)  # CPU conv kernels round differently with their thread count: one per rank
     ctx.transport.barrier()  # every rank has checked --out before rank 0 makes the folder
     run_dir = ctx.transport.bcast(make_run_dir(cfg) if rank == 0 else None)
+    devices = ctx.transport.gather(str(ctx.device))
     notes = algorithm.notes()
     if rank == 0:
-        write_run_header(ctx, run_dir, notes)
-        for note in notes:
+        placed = device_note(devices)
+        write_run_header(ctx, run_dir, [placed, *notes])
+        for note in ([placed] if any(d != "cpu" for d in devices) else []) + notes:  # CPU runs: config.toml only
             print(f"p2pfl: {note}", file=sys.stderr)
+        if uses_ntk_loop(cfg):
+            from p2pfl.ntk.precompile import loop_is_cached
+
+            if not loop_is_cached():
+                print("p2pfl: compiling the NTK integrator loop (numba) for this machine: about 1-2 minutes, once "
+                      "(make install does it ahead)", file=sys.stderr)
     log = MetricsLog(ctx, run_dir if rank == 0 else None, algorithm)
     first, saved = 0, 0
     if cfg.resume:
@@ -286,6 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         if rank == 0:
             print(f"p2pfl: error: {exc}", file=sys.stderr)
+        return 2
+    except OutOfGPUMemory as exc:  # raised on the rank that ran out, which may not be rank 0
+        print(f"p2pfl: error: {exc}", file=sys.stderr)
+        if _under_mpi_world():
+            sys.stderr.flush()
+            from mpi4py import MPI
+
+            MPI.COMM_WORLD.Abort(2)  # the other ranks would wait for this one's messages
         return 2
     except DivergenceError as exc:
         if rank == 0:

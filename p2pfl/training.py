@@ -176,8 +176,9 @@ def _gradients(stack, flat, x, y, mask, noise, contrast=None):
 
 
 def epoch_batches(shards: list[torch.Tensor], batch: int, seed: int, round_index: int, peers: list[int],
-                  epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One epoch's minibatch plan: indices (steps, L, B) into the training set and a mask (steps, L, B)."""
+                  epoch: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """One epoch's minibatch plan: indices (steps, L, B) into the training set and a mask (steps, L, B),
+    drawn on the CPU from the keyed generators and moved to device in one copy each."""
     steps = max(math.ceil(len(s) / batch) for s in shards)
     index = torch.zeros(len(shards), steps * batch, dtype=torch.long)
     mask = torch.zeros(len(shards), steps * batch)
@@ -186,7 +187,8 @@ def epoch_batches(shards: list[torch.Tensor], batch: int, seed: int, round_index
         index[i, :len(order)] = order  # step s takes order[s*batch:(s+1)*batch]
         mask[i, :len(order)] = 1.0
     shape = (len(shards), steps, batch)
-    return index.view(shape).transpose(0, 1).contiguous(), mask.view(shape).transpose(0, 1).contiguous()
+    return (index.view(shape).transpose(0, 1).contiguous().to(device),
+            mask.view(shape).transpose(0, 1).contiguous().to(device))
 
 
 def apply_step(flat: torch.Tensor, grad: torch.Tensor, active: torch.Tensor, opt: SGDSettings, lr: float,
@@ -271,8 +273,7 @@ def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, ro
                                                                  or opt.prox_mu)
     epoch = 0
     while bool((taken < budget).any()):
-        index, mask = epoch_batches(shards, opt.batch_size, seed, round_index, peers, epoch)
-        index, mask = index.to(flat.device), mask.to(flat.device)
+        index, mask = epoch_batches(shards, opt.batch_size, seed, round_index, peers, epoch, flat.device)
         for s in range(len(index)):
             active = (mask[s].sum(1) > 0) & (taken < budget)
             if not bool(active.any()):
@@ -294,15 +295,15 @@ def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, ro
 
 
 def sample_batch(shards: list[torch.Tensor], batch: int, seed: int, round_index: int,
-                 peers: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One minibatch per peer drawn without replacement: indices (L, B) and mask (L, B)."""
+                 peers: list[int], device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """One minibatch per peer drawn without replacement: indices (L, B) and mask (L, B), on device."""
     index = torch.zeros(len(shards), batch, dtype=torch.long)
     mask = torch.zeros(len(shards), batch)
     for i, (shard, peer) in enumerate(zip(shards, peers)):
         pick = torch.randperm(len(shard), generator=torch_generator(seed, "batch", round_index, peer))[:batch]
         index[i, :len(pick)] = shard[pick]
         mask[i, :len(pick)] = 1.0
-    return index, mask
+    return index.to(device), mask.to(device)
 
 
 @torch.no_grad()

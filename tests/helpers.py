@@ -16,4 +16,5 @@ def metric_lines(run_dir):
     for row in rows:
         row.pop("wall_s")
         row.pop("peak_rss_mb")  # machine facts, not results
+        row.pop("peak_gpu_mb", None)
     return rows

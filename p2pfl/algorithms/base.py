@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,6 +29,27 @@ class RunContext:
     device: torch.device
     global_weights: torch.Tensor | None = None  # a star's server model (rank 0); None: average all peers
     faults: Faults | None = None  # simulated faults, where any are asked for
+    _on_device: tuple = field(default=(None, {}), repr=False)  # (the shards list, {peer: its indices there})
+
+    def indices(self, peer: int) -> torch.Tensor:
+        """peer's training indices on the run's device, copied there once (shards stay on the CPU, where
+        minibatch plans are drawn from the keyed generators)."""
+        shards, cache = self._on_device
+        if shards is not self.shards:  # replaced (DataShare mixes the shared set in for a round)
+            shards, cache = self.shards, {}
+            self._on_device = (shards, cache)
+        if peer not in cache:
+            cache[peer] = self.shards[peer].to(self.device)
+        return cache[peer]
+
+    def samples(self, peer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """peer's training inputs and targets, on the run's device."""
+        return self.rows(self.indices(peer))
+
+    def rows(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training inputs and targets at index (drawn on the CPU or held on the device)."""
+        index = index.to(self.device)
+        return self.data.train_x[index], self.data.train_y[index]
 
     def online_rows(self, round_index: int) -> list[int]:
         """Rows of this rank's peers that take part in the round (all of them without faults)."""
@@ -180,6 +201,6 @@ def neighbour_average(ctx: RunContext, round_index: int, flat: torch.Tensor, pha
             heard = [(j, w / total) for j, w in heard]
         acc = torch.zeros_like(flat[0])
         for j, w in heard:
-            acc += w * (flat[row_of[p]] if j == p else inbox[p][j].weights.to(flat.device))
+            acc += w * (flat[row_of[p]] if j == p else inbox[p][j].weights)
         out[row_of[p]] = acc
     return out

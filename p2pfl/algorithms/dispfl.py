@@ -146,10 +146,10 @@ class DisPFL(Algorithm):
     def decode(self, message: SparseWeights) -> tuple[torch.Tensor, torch.Tensor]:
         """A neighbour's dense weights (zero off its mask) and its mask."""
         ctx, width = self.ctx, self.width
-        kept = unpack_mask(message.mask, width).to(ctx.device)
+        kept = unpack_mask(message.mask, width)
         dense = torch.zeros(ctx.flat.shape[1], device=ctx.device)
-        dense[:width][kept] = message.values.to(ctx.device)
-        dense[width:] = message.buffers.to(ctx.device)
+        dense[:width][kept] = message.values
+        dense[width:] = message.buffers
         return dense, kept
 
     def next_masks(self, round_index: int) -> torch.Tensor:
@@ -183,8 +183,7 @@ class DisPFL(Algorithm):
             rows = [torch.rand(self.width, generator=g) for g in gens]
             return torch.stack(rows).to(ctx.device) if rows else torch.zeros(0, self.width, device=ctx.device)
         batch = ctx.cfg.batch_size
-        index, mask = sample_batch(ctx.local_shards, batch, ctx.cfg.seed, round_index, ctx.peers)
-        index, mask = index.to(ctx.device), mask.to(ctx.device)
+        index, mask = sample_batch(ctx.local_shards, batch, ctx.cfg.seed, round_index, ctx.peers, ctx.device)
         grad, _ = gradients(ctx.stack, ctx.flat.clone(), ctx.data.train_x[index], ctx.data.train_y[index], mask)
         return grad.abs()
 

@@ -15,8 +15,7 @@ class DPSGD(Algorithm):
     def round(self, round_index: int) -> torch.Tensor:
         ctx = self.ctx
         opt = ctx.sgd()
-        index, mask = sample_batch(ctx.local_shards, opt.batch_size, ctx.cfg.seed, round_index, ctx.peers)
-        index, mask = index.to(ctx.device), mask.to(ctx.device)
+        index, mask = sample_batch(ctx.local_shards, opt.batch_size, ctx.cfg.seed, round_index, ctx.peers, ctx.device)
         noise = ctx.stack.dropout_noise(ctx.peers, opt.batch_size, ctx.cfg.seed, round_index) if ctx.stack.dropouts else None
         grad, losses = gradients(ctx.stack, ctx.flat, ctx.data.train_x[index], ctx.data.train_y[index], mask, noise)
         ctx.flat = neighbour_average(ctx, round_index, ctx.flat)

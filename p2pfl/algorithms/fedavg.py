@@ -181,8 +181,7 @@ class Centralized(FedAvg):
 
     def client_work(self, round_index, clients, received, losses):
         ctx = self.ctx
-        return {c: (Samples(ctx.data.train_x[ctx.shards[c].to(ctx.device)],
-                            ctx.data.train_y[ctx.shards[c].to(ctx.device)]), None) for c in clients}
+        return {c: (Samples(*ctx.samples(c)), None) for c in clients}
 
     def server_update(self, round_index, clients, uploads):
         ctx = self.ctx
@@ -217,8 +216,8 @@ class DataShare(FedAvg):
         return super().round(round_index)
 
     def send_shared(self):
-        ctx, index = self.ctx, self.shared.to(self.ctx.device)
-        payload = Samples(ctx.data.train_x[index], ctx.data.train_y[index])
+        ctx = self.ctx
+        payload = Samples(*ctx.rows(self.shared))
         msgs = [Message(self.server, c, payload) for c in range(ctx.cfg.peers)] if self.is_server else []
         inbox = ctx.transport.exchange("share", 0, msgs, [(self.server, c) for c in ctx.peers], Samples)
         self.has_share = torch.tensor([self.server in inbox[c] for c in ctx.peers], dtype=torch.bool)

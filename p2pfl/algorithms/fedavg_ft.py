@@ -123,11 +123,11 @@ class FedAvgFT(FedAvg):
         self.truth = ctx.data.truth
         self.history: list[dict] = []
         if self.truth is not None:
-            self.B_star, self.w_star = self.truth["B"].to(ctx.device), self.truth["w"].to(ctx.device)
+            self.B_star, self.w_star = self.truth["B"], self.truth["w"]  # on the run's device (Dataset.to)
             if self.is_server:  # the theorem's start: sqrt(lr) B0 orthonormal, w0 = 0
                 views = ctx.stack.layout.views(ctx.global_weights)
                 q, _ = torch.linalg.qr(torch.randn(views["B"].shape, generator=torch_generator(ctx.cfg.seed, "B0")))
-                views["B"].copy_(q.to(ctx.device) / math.sqrt(ctx.cfg.lr))
+                views["B"].copy_(q / math.sqrt(ctx.cfg.lr))  # copy_ moves it to the run's device
                 views["w"].zero_()
 
     # -- training -------------------------------------------------------------------------------------
@@ -152,8 +152,7 @@ class FedAvgFT(FedAvg):
         if self.settings.ft_gradients == "population":  # f_i = 1/2 ||B w - B* w*_i||^2
             targets = (self.B_star * self.w_star[clients][:, None, :]).sum(2)
             return lambda B, w: betas(B, w) - targets
-        X = [ctx.data.train_x[ctx.shards[c].to(ctx.device)] for c in clients]
-        y = [ctx.data.train_y[ctx.shards[c].to(ctx.device)] for c in clients]
+        X, y = zip(*(ctx.samples(c) for c in clients)) if clients else ((), ())
 
         def samples(B, w):  # f_i = 1/(2 n_i) sum_j (y_ij - <B w, x_ij>)^2
             beta = betas(B, w)
@@ -164,8 +163,7 @@ class FedAvgFT(FedAvg):
     def client_loss(self, client, B, w, g) -> torch.Tensor:
         if self.settings.ft_gradients == "population":
             return 0.5 * (g * g).sum()
-        idx = self.ctx.shards[client].to(self.ctx.device)
-        return 0.5 * (residuals(self.ctx.data.train_x[idx], self.ctx.data.train_y[idx], (B * w).sum(1)) ** 2).mean()
+        return 0.5 * (residuals(*self.ctx.samples(client), (B * w).sum(1)) ** 2).mean()
 
     def row_fields(self, round_index):
         if self.truth is None or not self.is_server:

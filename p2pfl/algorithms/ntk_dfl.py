@@ -127,11 +127,11 @@ class NTKDFL(Algorithm):
         # and outputs
         own, msgs = {}, []
         for i in online:
-            x, y = ctx.data.train_x[data[i].to(ctx.device)], ctx.data.train_y[data[i].to(ctx.device)]
+            x, y = ctx.rows(data[i])
             jac, f = self.codec.compute(weights[row[i]], x)
             own[i] = (jac, f.detach(), y)
             for j, w in heard[i].items():
-                jac, f = self.codec.compute(w.weights.to(ctx.device), x)
+                jac, f = self.codec.compute(w.weights, x)
                 payload, dense = self.codec.pack(jac, f, y)
                 msgs.append(Message(i, j, payload, dense_nbytes=dense))
         expect = [(j, p) for p in ctx.peers for j in graph.neighbors(p)
@@ -166,8 +166,8 @@ class NTKDFL(Algorithm):
         pixels = PixelInputs.cat(blocks) if all(isinstance(b, PixelInputs) for b in blocks) else None
         grams = None if pixels is not None else [b if isinstance(b, torch.Tensor) else None for b in blocks]
         jac = self.codec.cat([part[0] for part in parts], grams, pixels)
-        f0 = torch.cat([part[1] for part in parts]).to(ctx.device)
-        labels = torch.cat([part[2] for part in parts]).to(ctx.device)
+        f0 = torch.cat([part[1] for part in parts])
+        labels = torch.cat([part[2] for part in parts])
         # the selection's samples are the neighbourhood's, or the peer's own block of them
         selection_pixels = None if pixels is None else pixels if self.settings.ntk_selection != "own" \
             else blocks[hood.index(peer)]
@@ -193,8 +193,10 @@ class NTKDFL(Algorithm):
     def selection_data(self, peer, hood, data, inputs: bool = True):
         """The selection's inputs (None where not wanted: the pixel codes stand for them) and labels."""
         members = [peer] if self.settings.ntk_selection == "own" else hood
-        index = torch.cat([data[j] for j in members]).to(self.ctx.device)
-        return self.ctx.data.train_x[index] if inputs else None, self.ctx.data.train_y[index]
+        index = torch.cat([data[j] for j in members])
+        if inputs:
+            return self.ctx.rows(index)
+        return None, self.ctx.data.train_y[index.to(self.ctx.device)]
 
     def finish(self, run_dir) -> dict | None:
         result = final_averaging(self.ctx)

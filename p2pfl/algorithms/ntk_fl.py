@@ -90,8 +90,8 @@ class NTKFL(ServerAlgorithm):
     def client_work(self, round_index, clients, received, losses):
         ctx, out = self.ctx, {}
         for c in clients:
-            index = self.samples(round_index, c).to(ctx.device)
-            x, y = ctx.data.train_x[index], ctx.data.train_y[index]
+            index = self.samples(round_index, c)
+            x, y = ctx.rows(index)
             jac, f = self.codec.compute(received[c].weights, x)
             ctx.flat[self.row[c]] = received[c].weights
             message, dense = self.codec.pack(jac, f, y)
@@ -111,7 +111,7 @@ class NTKFL(ServerAlgorithm):
         if self.shuffle:
             order = torch.randperm(len(labels), generator=torch_generator(ctx.cfg.seed, "shuffler", round_index))
             jac, f0, labels, index = jac.rows(order.to(f0.device)), f0[order], labels[order], index[order]
-        x, pixels = ctx.data.train_x[index], getattr(jac, "pixels", None)
+        x, pixels = ctx.rows(index)[0], getattr(jac, "pixels", None)
         result = ntk_step(jac, self.codec.shape, w, f0, labels, ctx.data.n_classes, ctx.lr(round_index),
                           self.step_settings, lambda cands: candidate_losses(ctx.stack, cands, x, labels,
                                                                              self.settings.ntk_loss, pixels))

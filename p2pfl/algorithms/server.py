@@ -73,13 +73,13 @@ class ServerAlgorithm(Algorithm):
         inbox = ctx.transport.exchange(phases[0], round_index, down, [(self.server, c) for c in mine], Download,
                                        reliable)
         mine = [c for c in mine if self.server in inbox[c]]  # under simulated faults, the clients reached
-        received = {c: inbox[c][self.server].to(ctx.device) for c in mine}
+        received = {c: inbox[c][self.server] for c in mine}
         uploads = work(mine, received) if mine else {}
         up = [Message(c, self.server, payload, dense) for c, (payload, dense) in uploads.items()]
         expect = [(c, self.server) for c in clients if reliable or
                   ctx.transport.delivered(round_index, self.server, c, phases[0])] if self.is_server else []
         inbox = ctx.transport.exchange(phases[1], round_index, up, expect, Upload, reliable)
-        return {c: inbox[self.server][c].to(ctx.device) for c in clients if c in inbox[self.server]} \
+        return {c: inbox[self.server][c] for c in clients if c in inbox[self.server]} \
             if self.is_server else {}
 
     def download(self, round_index: int, client: int) -> Payload:

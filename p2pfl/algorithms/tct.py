@@ -221,8 +221,7 @@ class TCT(FedAvg):
             for c in mine:
                 model, layout, flat = self.convexified(received[c].weights)
                 index = subsample_index(layout.trainable, s.tct_features, s.tct_seed)
-                shard = ctx.shards[c].to(ctx.device)
-                raw[c] = entk_features(model, layout, flat, ctx.data.train_x[shard], index)
+                raw[c] = entk_features(model, layout, flat, ctx.samples(c)[0], index)
                 z = raw[c].double()
                 out[c] = (Moments(z.sum(0), (z * z).sum(0), torch.tensor([float(len(z))], dtype=torch.float64,
                                                                            device=z.device)), None)
@@ -239,13 +238,13 @@ class TCT(FedAvg):
             msgs = [Message(self.server, c, stats) for c in clients] if self.is_server else []
             inbox = ctx.transport.exchange("normalize", round_index, msgs, [(self.server, c) for c in raw],
                                            Standardisation, reliable=True)
-            received = {c: inbox[c][self.server].to(ctx.device) for c in raw}
+            received = {c: inbox[c][self.server] for c in raw}
         else:
             identity = no_standardisation(next(iter(raw.values())).shape[1] if raw else 0, ctx.device)
             received = {c: identity for c in raw}
         for c, z in raw.items():
             self.features[c] = StandardFeatures(z, received[c].mean, received[c].inv_sd)
-            self.targets[c] = centred_one_hot(ctx.data.train_y[ctx.shards[c].to(ctx.device)], self.C)
+            self.targets[c] = centred_one_hot(ctx.samples(c)[1], self.C)
             if self.n_space(len(z), z.shape[1]):
                 self.grams[c] = self.features[c].gram()
         if self.is_server:
@@ -303,7 +302,7 @@ class TCT(FedAvg):
         clients = ctx.transport.gather_rows(mine)
         if not self.is_server:
             return {}, {}
-        models = torch.cat([self.linear[None], clients.to(ctx.device).view(len(clients), *self.linear.shape)])
+        models = torch.cat([self.linear[None], clients.view(len(clients), *self.linear.shape)])
         out = self.test_features.matmul(torch.cat(list(models), 1)).view(len(x), len(models), self.C)
         target = centred_one_hot(y, self.C)
         acc = (out.argmax(2) == y[:, None]).double().mean(0)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from p2pfl.comm.local import LocalTransport
 from p2pfl.comm.transport import CommTimeout, Inbox, Message, Payload, Placement, Tensors, Transport, Weights
 
@@ -25,12 +27,17 @@ def mpi_world() -> tuple[int, int, int]:
     return comm.Get_rank(), comm.Get_size(), local
 
 
-def make_transport(peers: int, extra_on_root: int = 0, timeout: float = 600.0) -> Transport:
+def make_transport(peers: int, extra_on_root: int = 0, timeout: float = 600.0, device=None) -> Transport:
+    """The transport for how we were launched; what it receives is handed over on device."""
     if launched_by_mpi():
         from p2pfl.comm.mpi import MpiTransport
 
-        return MpiTransport(peers, extra_on_root, timeout)
-    return LocalTransport(peers, extra_on_root, timeout)
+        transport = MpiTransport(peers, extra_on_root, timeout)
+    else:
+        transport = LocalTransport(peers, extra_on_root, timeout)
+    if device is not None:
+        transport.device = torch.device(device)
+    return transport
 
 
 __all__ = ["CommTimeout", "Inbox", "LocalTransport", "Message", "Payload", "Placement", "Tensors", "Transport",

@@ -129,7 +129,7 @@ class MpiTransport(Transport):
             buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
             comm.Recv([buf, MPI.BYTE], source=r, tag=tag)
             for src, dst, tensors in unpack(buf):
-                inbox[dst][src] = kind.from_tensors(tensors)
+                inbox[dst][src] = kind.from_tensors(tensors).to(self.device)
 
         deadline = self._poll(senders, tag, receive, what, lambda ranks: sorted({s for s, _ in pending
                                                                               if self.placement.rank_of(s) in ranks}))
@@ -211,7 +211,7 @@ class MpiTransport(Transport):
 
     def gather_rows(self, rows: torch.Tensor) -> torch.Tensor | None:
         parts = self.gather(rows.detach().cpu().numpy())
-        return torch.from_numpy(np.concatenate(parts)) if parts is not None else None
+        return torch.from_numpy(np.concatenate(parts)).to(rows.device) if parts is not None else None
 
     def gather(self, obj):
         what = self._what("gather to rank 0")

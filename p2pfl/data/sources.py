@@ -59,6 +59,16 @@ class Dataset:
     def is_image(self) -> bool:
         return len(self.input_shape) == 3
 
+    def to(self, device: torch.device) -> None:
+        """Every tensor of the dataset onto the run's device, once: training and test sets, the ground
+        truth of a generated task and the held-out classes, so that no step copies samples."""
+        self.train_x, self.train_y = self.train_x.to(device), self.train_y.to(device)
+        self.test_x, self.test_y = self.test_x.to(device), self.test_y.to(device)
+        for extra in (self.truth, self.held_out):
+            for key, value in (extra or {}).items():
+                if isinstance(value, torch.Tensor):
+                    extra[key] = value.to(device)
+
     def keep_training_samples(self, count: int, seed: int) -> None:
         """A seeded random subset of `count` training samples, in their original order."""
         from p2pfl.seeding import numpy_rng

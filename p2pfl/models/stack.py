@@ -7,8 +7,8 @@ buffers travel and are averaged with the weights, and are counted in bytes, but 
 """
 from __future__ import annotations
 
+import copy
 import threading
-
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +66,8 @@ class PeerStack:
 
     def __init__(self, model: nn.Module, batched: bool = True, task: Task = TASKS["classification"]):
         self.model = model
+        # the run's device: where the model sits, and so every tensor its forward passes take
+        self.device = next(iter([*model.parameters(), *model.buffers()]), torch.zeros(0)).device
         self.task = task  # what the outputs mean: the loss and metrics training and evaluation use
         self.layout = ParamLayout(model)
         # vmap turns a convolution with per-peer weights into a grouped convolution: on CPU it was 3.4x
@@ -126,12 +128,13 @@ class PeerStack:
 
     def dropout_noise(self, peers: list[int], batch: int, seed: int, *key: int) -> dict[str, torch.Tensor]:
         """Uniform draws (L, batch * features) for every dropout layer, from each peer's own generator
-        keyed by (seed, key, peer): the same mask whatever else shares the batch."""
+        keyed by (seed, key, peer): the same mask whatever else shares the batch. Drawn on the CPU (its
+        generators are the keyed ones, the same on every layout) and moved to the model's device."""
         out = {}
         for j, (name, layer) in enumerate(self.dropouts.items()):
             rows = [torch.rand(batch * layer.features, generator=torch_generator(seed, "dropout", *key, j, p))
                     for p in peers]
-            out[f"{name}.noise"] = torch.stack(rows)
+            out[f"{name}.noise"] = torch.stack(rows).to(self.device)
         return out
 
 
@@ -164,8 +167,11 @@ def reset_model(model: nn.Module, gen: torch.Generator) -> None:
 
 def initial_parameters(model: nn.Module, peers: list[int], seed: int, init: str,
                        device: torch.device) -> torch.Tensor:
-    """(len(peers), D): one shared initial model ('same') or one per peer ('different')."""
+    """(len(peers), D) on device: one shared initial model ('same') or one per peer ('different').
+    Drawn on a CPU copy of the model, from the keyed CPU generators, whatever device the model is on:
+    the same initial weights on every device and layout."""
     layout = ParamLayout(model)
+    model = copy.deepcopy(model).to("cpu")
     rows = []
     for peer in peers:
         reset_model(model, torch_generator(seed, "init", 0 if init == "same" else peer))

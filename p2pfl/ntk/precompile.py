@@ -8,7 +8,20 @@ import time
 import numpy as np
 import torch
 
+from p2pfl.ntk import split_loop
 from p2pfl.ntk.evolution import evolve_ce
+
+
+def loop_is_cached() -> bool:
+    """Whether numba's cache holds the integrator loop compiled for this machine's processor (else the
+    first evolution compiles it, for a minute or two). Reads numba's cache index; where its layout
+    is not the one known here, says True rather than guess."""
+    try:
+        loop = split_loop.left_sums
+        magic = loop.targetctx.codegen().magic_tuple()
+        return any(key[1] == magic for key in loop._cache._cache_file._load_index())
+    except Exception:  # noqa: BLE001 - a private numba layout: never the reason a run fails
+        return True
 
 
 def precompile() -> float:
