@@ -455,10 +455,16 @@ def check_data_fit(cfg: RunConfig, train_samples: int, test_samples: int) -> Non
 STACK_COPIES = 4  # a peer's weights, its update or gradient, an optimizer buffer and a received copy
 
 
-def check_model_memory(cfg: RunConfig, n_params: int, peers_here: int) -> None:
+def check_model_memory(cfg: RunConfig, n_params: int, peers_here: int, gpu: tuple[str, int, int] | None = None) -> None:
     """Refuse a model that could not be held for the peers on this machine (float32, STACK_COPIES copies)
-    before it is allocated: a typo such as --hidden 100000000 ends in one line, not an allocator error."""
+    before it is allocated: a typo such as --hidden 100000000 ends in one line, not an allocator error.
+    gpu: (name, bytes, peers on it) where the rank's tensors live on a GPU, which must hold them too."""
     need = STACK_COPIES * 4 * n_params * max(1, peers_here)
+    if gpu is not None and STACK_COPIES * 4 * n_params * max(1, gpu[2]) > gpu[1]:
+        need = STACK_COPIES * 4 * n_params * max(1, gpu[2])
+        raise UserError(f"--model {cfg.model} has {n_params:,} parameters; {gpu[2]} peers on {gpu[0]} would need "
+                        f"about {need / 2**30:,.1f} GiB, more than its {gpu[1] / 2**30:,.1f} GiB: use fewer peers per "
+                        "GPU (more ranks or GPUs, or fewer --peers), a smaller model, or --device cpu")
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if need > have:
         raise UserError(f"--model {cfg.model} has {n_params:,} parameters; {peers_here} peers on this machine would "

@@ -75,7 +75,7 @@ def personal_test_sets(ctx) -> list[torch.Tensor]:
     size = math.ceil(len(labels) / ctx.cfg.peers)
     out = []
     for p in ctx.peers:
-        counts = np.bincount(ctx.data.train_y[ctx.shards[p].to(ctx.device)].cpu().numpy(),
+        counts = np.bincount(ctx.samples(p)[1].cpu().numpy(),
                              minlength=ctx.data.n_classes)[: ctx.data.n_classes].astype(float)
         share = size * counts / max(1.0, counts.sum())
         quota = np.floor(share).astype(int)
@@ -115,7 +115,8 @@ class MetricsLog:
         self.test_x, self.test_y = ctx.data.test_x[:test_n], ctx.data.test_y[:test_n]
         self.rows: list[dict] = []
         self.last_weights: torch.Tensor | None = None  # every peer's weights at the last evaluation (rank 0)
-        self.personal = personal_test_sets(ctx) if ctx.stack.task.name == "classification" else None
+        self.personal = [index.to(ctx.device) for index in personal_test_sets(ctx)] \
+            if ctx.stack.task.name == "classification" else None  # on the device once
         if self.path is not None:
             self.path.write_text("")
 
@@ -142,7 +143,6 @@ class MetricsLog:
         ctx, acc = self.ctx, torch.zeros(len(self.ctx.peers), device=self.ctx.device)
         for i, index in enumerate(self.personal):
             if len(index):
-                index = index.to(ctx.device)
                 acc[i] = evaluate(ctx.stack, ctx.flat[i:i + 1], ctx.data.test_x[index], ctx.data.test_y[index])["acc"][0]
         return acc
 

@@ -56,6 +56,14 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     return torch.device(choice)
 
 
+def _gpu_share(device: torch.device, peers_here: int) -> tuple[str, int, int] | None:
+    """(device, its bytes, the peers of the ranks that share it) for a GPU; None for the CPU."""
+    if device.type != "cuda":
+        return None
+    ranks = -(-(_ranks_on_this_machine() or 1) // torch.cuda.device_count())  # local ranks per GPU, rounded up
+    return str(device), torch.cuda.get_device_properties(device).total_memory, peers_here * ranks
+
+
 def make_run_dir(cfg: RunConfig) -> Path:
     if cfg.resume:
         return Path(cfg.resume)
@@ -98,7 +106,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     peers = transport.placement.peers_of(transport.rank)
     with torch.device("meta"):  # counted before it is allocated
         n_params = count_parameters(build_model(cfg.model, data.input_shape, data.n_classes, cfg))
-    check_model_memory(cfg, n_params, len(peers) * (_ranks_on_this_machine() or 1))
+    check_model_memory(cfg, n_params, len(peers) * (_ranks_on_this_machine() or 1), _gpu_share(device, len(peers)))
     if cfg.partition_file:
         shards = read_partition_file(cfg.partition_file, cfg.peers, len(data.train_y))
     else:
@@ -162,10 +170,10 @@ def uses_ntk_loop(cfg: RunConfig) -> bool:
 
 def out_of_gpu_memory(cfg: RunConfig, size: int, device: str) -> OutOfGPUMemory:
     per_rank = -(-cfg.peers // size)
-    total = torch.cuda.get_device_properties(torch.device(device)).total_memory / 2**30 \
-        if device.startswith("cuda") else 0
+    if device.startswith("cuda"):
+        device += f" ({torch.cuda.get_device_properties(torch.device(device)).total_memory / 2**30:.0f} GiB)"
     return OutOfGPUMemory(
-        f"out of GPU memory on {device} ({total:.0f} GiB) with {per_rank} peers on a rank: use fewer peers per "
+        f"out of GPU memory on {device} with {per_rank} peers on a rank: use fewer peers per "
         f"rank (more ranks: mpirun -n, or fewer --peers), fewer samples (--samples-per-peer, --train-samples, "
         f"--test-samples), a smaller model (--model, --hidden), or --device cpu")
 

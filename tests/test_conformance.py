@@ -1,0 +1,57 @@
+"""Every registered algorithm, by being registered, gets the conformance checks (p2pfl.testing): it runs
+and learns in 2 rounds, one process equals 3 MPI ranks, a run stopped after round 1 and resumed equals
+the uninterrupted run, and it finishes with dropped links. With CUDA present, `pytest -m cuda` also
+compares each algorithm's run on the GPU with its run on the CPU."""
+import pytest
+import torch
+
+from p2pfl import testing
+from p2pfl.algorithms import REGISTRY
+
+TINY = ["--dataset", "synthetic", "--peers", "9", "--kappa", "2", "--local-epochs", "1",
+        "--samples-per-peer", "60", "--seed", "3", "--no-progress"]
+# What an algorithm needs on top of TINY to be tiny too (short NTK evolutions, stage and phase lengths that
+# fit 2 rounds). An algorithm not named here runs on TINY alone.
+FITS = {
+    "ntk-dfl": ["--ntk-taus", "50,100", "--lr", "0.1"],
+    "ntk-fl": ["--ntk-taus", "50,100", "--lr", "0.1"],
+    "cp-ntk-fl": ["--ntk-taus", "50,100", "--lr", "0.1", "--ntk-projection", "32"],
+    "tct": ["--tct-stage1-rounds", "1", "--tct-stage2-rounds", "1", "--tct-features", "500",
+            "--tct-local-steps", "20"],
+    "cyclic": ["--cyclic-rounds", "1", "--then", "scaffold"],
+    "fedavg-ft": ["--ft-trials", "1"],
+}
+ALGOS = sorted(REGISTRY)
+
+
+def tiny(algo: str) -> list[str]:
+    """2 rounds, unless the algorithm's own settings fix the rounds (TCT's stages: 1 + 1 in FITS)."""
+    rounds = [] if REGISTRY[algo].round_flags else ["--rounds", "2"]
+    return [*TINY, *rounds, "--algo", algo, *FITS.get(algo, [])]
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_runs_and_learns(tmp_path, algo):
+    testing.check_learns(tiny(algo), tmp_path)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_one_process_equals_three_ranks(tmp_path, algo):
+    testing.check_layout_invariance(tiny(algo), tmp_path, ranks=3)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_stopped_after_round_one_and_resumed_equals_uninterrupted(tmp_path, algo):
+    testing.check_resume(tiny(algo), tmp_path)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_finishes_with_dropped_links(tmp_path, algo):
+    testing.check_faults(tiny(algo), tmp_path)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+@pytest.mark.parametrize("algo", ALGOS)
+def test_cuda_agrees_with_cpu(tmp_path, algo):
+    testing.check_device_agrees(tiny(algo), tmp_path, "cuda")

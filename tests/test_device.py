@@ -1,0 +1,67 @@
+"""The device is the run's: what a CPU can check of it (the GPU side: tests/test_conformance.py -m cuda and
+bench/gpu_smoke.py)."""
+import numpy as np
+import pytest
+import torch
+
+from p2pfl.ntk.compression import pack_mask, unpack_mask
+from p2pfl.run import device_note
+from tests.conftest import run_here
+from tests.helpers import make_context
+
+ARGS = ["--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--rounds", "2", "--no-progress"]
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1000])
+def test_mask_packing_is_numpys_bit_order_and_round_trips(n):
+    mask = torch.from_numpy(np.random.default_rng(n).random(n) < 0.3)
+    packed = pack_mask(mask)
+    assert packed.dtype == torch.uint8 and np.array_equal(packed.numpy(), np.packbits(mask.numpy()))
+    assert torch.equal(unpack_mask(packed, n), mask)
+
+
+def test_device_note_names_each_ranks_device():
+    assert device_note(["cpu"]) == "device cpu"
+    assert device_note(["cpu"] * 3) == "device cpu on all 3 ranks"
+
+
+def test_the_context_holds_every_tensor_on_the_runs_device():
+    ctx, algo = make_context(algo="dpsgd", model="mlp")
+    tensors = [ctx.flat, ctx.data.train_x, ctx.data.train_y, ctx.data.test_x, ctx.data.test_y, ctx.indices(0),
+               *ctx.samples(1), *ctx.rows(torch.tensor([0, 1]))]
+    assert {t.device for t in tensors} == {ctx.device} and ctx.transport.device == ctx.device
+    assert ctx.stack.device == ctx.device
+    assert ctx.indices(0) is ctx.indices(0)  # moved once
+
+
+def test_config_records_the_device_and_cpu_runs_have_no_gpu_peak(tmp_path):
+    assert run_here(*ARGS, "--out", str(tmp_path / "r")).returncode == 0
+    assert "# device cpu" in (tmp_path / "r" / "config.toml").read_text()
+    assert "peak_gpu_mb" not in (tmp_path / "r" / "metrics.jsonl").read_text()
+
+
+def test_running_out_of_gpu_memory_is_one_line_naming_the_knobs(tmp_path, monkeypatch):
+    from p2pfl.algorithms.dfedavg import DFedAvg
+
+    def out_of_memory(self, k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(DFedAvg, "round", out_of_memory)
+    result = run_here(*ARGS, "--algo", "dfedavg", "--out", str(tmp_path / "r"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("p2pfl: error: out of GPU memory"), result.stderr
+    assert "peers per rank" in lines[0] and "--samples-per-peer" in lines[0] and "--model" in lines[0]
+
+
+def test_initial_weights_are_drawn_on_a_copy_and_leave_the_model_alone():
+    """The server's model is on the run's device when the star algorithms draw its weights (on a GPU,
+    drawing in place from the CPU's keyed generator crashed): they are drawn on a CPU copy."""
+    from p2pfl.models import MLP, initial_parameters
+
+    model = MLP(20, [8], 3)
+    before = [p.clone() for p in model.parameters()]
+    a = initial_parameters(model, [0, 1], seed=5, init="different", device=torch.device("cpu"))
+    assert all(torch.equal(x, y) for x, y in zip(model.parameters(), before))
+    assert torch.equal(a, initial_parameters(model, [0, 1], seed=5, init="different", device=torch.device("cpu")))
+    assert not torch.equal(a[0], a[1])
