@@ -80,8 +80,17 @@ def _differences(a: dict, b: dict) -> str:
 
 
 def assert_same_results(a: Path, b: Path, what: str) -> None:
+    """Every metric, final.json and the aggregated model (model.pt) equal."""
+    import torch
+
     diff = _differences(results(a), results(b))
     assert not diff, f"{what}: {diff}"
+    models = [Path(run) / "model.pt" for run in (a, b)]
+    assert models[0].exists() == models[1].exists(), f"{what}: model.pt in one run only"
+    if models[0].exists():
+        first, second = (torch.load(m, weights_only=True) for m in models)
+        assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first), \
+            f"{what}: model.pt differs"
 
 
 def check_learns(args: list[str], workdir: Path) -> list[dict]:

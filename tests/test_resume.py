@@ -97,17 +97,6 @@ def test_ctrl_c_on_one_process_then_resume_on_three_ranks(tmp_path):
     assert full == (tmp_path / "cut" / "edges.jsonl").read_text()
 
 
-@pytest.mark.parametrize("args", [
-    ["--algo", "scaffold", "--local-epochs", "30"],  # control variates on clients and server
-    ["--algo", "dispfl", "--kappa", "3", "--local-epochs", "20"],  # masks
-    ["--algo", "moon", "--local-epochs", "20"],  # which clients have a previous model
-    ["--algo", "ntk-dfl", "--kappa", "3", "--ntk-taus", "50,100", "--lr", "0.1"],  # the chosen t, pooled
-    ["--algo", "cyclic", "--then", "scaffold", "--cyclic-rounds", "2", "--local-epochs", "30"],  # state of phase 2
-], ids=["scaffold", "dispfl", "moon", "ntk-dfl", "cyclic-scaffold"])
-def test_resume_restores_algorithm_state(tmp_path, args):
-    _interrupt_and_resume(tmp_path, [*BASE, *args])
-
-
 def test_a_stalled_rank_stops_the_job_with_one_line_and_exit_4(tmp_path):
     """Rank 2 is stopped (SIGSTOP) mid-run: the others give up after --comm-timeout with one line naming
     the round, the phase, the missing peers and their rank; the checkpoint resumes on one process."""
