@@ -9,7 +9,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install run test bench figures figures-quick data clean
+.PHONY: install run test bench gpu-smoke figures figures-quick data clean
 
 install: $(VENV)/.installed data $(PRECOMPILED)
 
@@ -50,6 +50,10 @@ bench: install
 	$(PY) bench/bench_dfedavg.py
 	$(PY) bench/bench_ntk.py
 	$(PY) bench/bench_cnn.py
+
+# Every algorithm x model pair for 2 rounds on the GPU, one OK/FAIL line each (needs CUDA).
+gpu-smoke: install
+	$(PY) bench/gpu_smoke.py --device cuda
 
 # The NTK-DFL paper's figures: runs, then PNGs with captions in runs/<experiment>/figures/.
 figures: install

@@ -36,15 +36,18 @@ FITS = {  # what an algorithm needs to run 2 rounds at this size
     "cp-ntk-fl": ["--ntk-taus", "100,200"],
     "fedavg-ft": ["--ft-trials", "1"],
 }
-MODEL_PAIRS = [  # (algo, model): code paths the MLP does not take
-    ("fedavg", "simple-cnn"), ("dfedavg", "simple-cnn"), ("dfedavg", "cnn-fmnist"), ("dpsgd", "cnn-fmnist"),
-    ("dfedavg", "lenet5"), ("dfedavg", "resnet8"), ("dfedavg", "cnn-femnist"), ("moon", "simple-cnn"),
-    ("dispfl", "simple-cnn"), ("ntk-dfl", "simple-cnn"), ("tct", "simple-cnn"), ("fedavg-ft", "simple-cnn"),
+MODEL_PAIRS = [  # (algo, model, extra flags): code paths the MLP does not take
+    ("fedavg", "simple-cnn", []), ("dfedavg", "simple-cnn", []), ("dfedavg", "cnn-fmnist", []),
+    ("dpsgd", "cnn-fmnist", []), ("dfedavg", "lenet5", []), ("dfedavg", "resnet8", []),
+    ("dfedavg", "cnn-femnist", []), ("moon", "simple-cnn", []), ("dispfl", "simple-cnn", []),
+    # dense Jacobians of 147,146 parameters: 6 peers of 10 samples keep them within --ntk-memory-gb
+    ("ntk-dfl", "simple-cnn", ["--peers", "6", "--kappa", "2", "--samples-per-peer", "10"]),
+    ("tct", "simple-cnn", []), ("fedavg-ft", "simple-cnn", []),
 ]
 
 
-def pairs(only: set[str] | None) -> list[tuple[str, str]]:
-    out = [(algo, "mlp") for algo in sorted(REGISTRY)] + MODEL_PAIRS
+def pairs(only: set[str] | None) -> list[tuple[str, str, list[str]]]:
+    out = [(algo, "mlp", []) for algo in sorted(REGISTRY)] + MODEL_PAIRS
     return [p for p in out if only is None or p[0] in only]
 
 
@@ -77,9 +80,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data = a.data_dir or str(write_stripes(Path(tmp), 10, 3000, 600))
         common = ["--dataset", "mnist", "--data-dir", data, "--device", a.device, *SMALL]
-        cases = [(f"{algo:10s} {model:11s}", [*common, "--algo", algo, "--model", model, *FITS.get(algo, []),
+        cases = [(f"{algo:10s} {model:11s}", [*common, "--algo", algo, "--model", model, *FITS.get(algo, []), *extra,
                                               *([] if REGISTRY[algo].round_flags else ["--rounds", "2"])], 0)
-                 for algo, model in pairs(only)]
+                 for algo, model, extra in pairs(only)]
         if mpirun() and (only is None or "dfedavg" in only):
             cases.append(("dfedavg    mlp, mpirun -n 4 sharing the device",
                           [*common, "--algo", "dfedavg", "--rounds", "2", "--peers", "40"], 4))
