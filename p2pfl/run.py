@@ -312,7 +312,7 @@ def save_final(ctx, log, run_dir: Path, final: dict | None) -> None:
         (run_dir / "final.json").write_text(json.dumps(final, indent=1))
     if log.last_weights is not None or ctx.global_weights is not None:  # a star's server model needs no gather
         model = run_model(ctx, log.last_weights, log.algorithm)
-        state = {k: v.clone() for k, v in ctx.stack.layout.views(model).items()}
+        state = {k: v.cpu().clone() for k, v in ctx.stack.layout.views(model).items()}  # loadable anywhere
         torch.save(state, run_dir / "model.pt")
 
 

@@ -208,7 +208,7 @@ class DataShare(FedAvg):
         rng = numpy_rng(ctx.cfg.seed, "share")
         size = max(1, int(round(self.settings.share_fraction * len(union))))
         self.shared = torch.from_numpy(np.sort(rng.choice(union.numpy(), size, replace=False)))
-        self.has_share = torch.zeros(len(ctx.peers), dtype=torch.bool)
+        self.has_share = torch.zeros(len(ctx.peers), dtype=torch.bool, device=ctx.device)
 
     def round(self, round_index):
         if round_index == 0:
@@ -220,7 +220,7 @@ class DataShare(FedAvg):
         payload = Samples(*ctx.rows(self.shared))
         msgs = [Message(self.server, c, payload) for c in range(ctx.cfg.peers)] if self.is_server else []
         inbox = ctx.transport.exchange("share", 0, msgs, [(self.server, c) for c in ctx.peers], Samples)
-        self.has_share = torch.tensor([self.server in inbox[c] for c in ctx.peers], dtype=torch.bool)
+        self.has_share = torch.tensor([self.server in inbox[c] for c in ctx.peers], dtype=torch.bool, device=ctx.device)
 
     def local_train(self, round_index, clients, received, losses, terms=None):
         ctx, original = self.ctx, self.ctx.shards

@@ -267,7 +267,7 @@ class FedAvgFT(FedAvg):
                 block = sim[labels == i][:, labels == j]
                 if i == j:
                     m = len(block)
-                    out[i, j] = (block.sum() - block.diagonal().sum()) / max(1, m * (m - 1))
+                    out[i, j] = float((block.sum() - block.diagonal().sum()) / max(1, m * (m - 1)))
                 else:
-                    out[i, j] = block.mean()
+                    out[i, j] = float(block.mean())
         return out

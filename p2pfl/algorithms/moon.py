@@ -32,7 +32,7 @@ class Moon(FedAvg):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.trained = torch.zeros(len(ctx.peers), dtype=torch.bool)  # this rank's clients with a previous model
+        self.trained = torch.zeros(len(ctx.peers), dtype=torch.bool, device=ctx.device)  # this rank's clients with a previous model
 
     def terms(self, clients, received) -> StepTerms:
         global_weights = torch.stack([received[c].weights for c in clients])

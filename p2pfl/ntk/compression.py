@@ -73,12 +73,12 @@ def decode(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
         values = tensors[2]
     else:
         packed, (lo, hi), (bits, count) = tensors[2], tensors[3], tensors[4].tolist()
-        q = torch.from_numpy(_unpack_bits(packed.numpy(), bits, count)).float()
+        q = torch.from_numpy(_unpack_bits(packed.cpu().numpy(), bits, count)).float().to(lo.device)
         values = lo + q / (2**bits - 1) * (hi - lo)
     if index.numel() == 0:
         return values.reshape(shape)
-    out = torch.zeros(math.prod(shape), dtype=values.dtype)
-    out[index.long()] = values
+    out = torch.zeros(math.prod(shape), dtype=values.dtype, device=values.device)  # where the message was handed over
+    out[index.to(values.device).long()] = values
     return out.reshape(shape)
 
 

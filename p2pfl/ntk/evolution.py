@@ -250,7 +250,7 @@ def evolve_mse(H: torch.Tensor, f0: torch.Tensor, Y: torch.Tensor, eta: float, t
     lam, V = torch.linalg.eigh(H.double())
     x = (eta / (N * C)) * lam.clamp(min=0)
     B = V.T @ (f0 - Y).double()
-    t = torch.tensor(taus, dtype=torch.float64)[:, None]
+    t = torch.tensor(taus, dtype=torch.float64, device=H.device)[:, None]
     decay = torch.exp(-x[None] * t)  # (T, N)
     small = x < 1e-12
     safe_x = torch.where(small, torch.ones_like(x), x)
