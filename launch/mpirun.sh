@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # Run p2pfl under Open MPI from the project's virtualenv: launch/mpirun.sh RANKS [p2pfl flags...]
 #   launch/mpirun.sh 4 --algo dfedavg --peers 30     # 4 ranks on this machine (oversubscribed)
+# A SIGTERM to this script (a scheduler's stop) reaches the ranks as SIGUSR1, which mpirun forwards: they
+# save the last completed round and exit 143. (mpirun itself answers SIGTERM by killing the ranks at once.)
 set -euo pipefail
 ranks=${1:?usage: launch/mpirun.sh RANKS [p2pfl flags...]}
 shift
 here=$(cd "$(dirname "$0")/.." && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-exec "$here/.venv/bin/mpirun" -n "$ranks" --oversubscribe "$here/.venv/bin/python" -m p2pfl.run "$@"
+"$here/.venv/bin/mpirun" -n "$ranks" --oversubscribe "$here/.venv/bin/python" -m p2pfl.run "$@" &
+job=$!
+trap 'kill -USR1 "$job" 2>/dev/null' TERM INT
+while kill -0 "$job" 2>/dev/null; do
+    wait "$job" && status=0 || status=$?
+done
+exit "$status"

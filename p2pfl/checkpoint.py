@@ -3,7 +3,8 @@
 Each rank writes one file with its peers' rows (weights and the algorithm's per-peer state) and rank 0
 adds the server's state and the metrics rows so far. Files are written to a temporary name and renamed,
 in two alternating slots, and `latest.json` names the last complete slot only after every rank has
-written: a crash mid-write leaves the previous checkpoint intact. Loading takes plain tensors, lists
+written: a crash mid-write leaves the previous checkpoint intact, and a damaged newest slot falls back
+to the other. Loading takes plain tensors, lists
 and numbers (torch.load with weights_only=True, no unpickled objects) and picks rows by peer id, so a
 run resumes on any number of ranks. Random draws are keyed by (seed, purpose, round, peer)
 (p2pfl.seeding), so no generator state needs saving.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -49,23 +51,35 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
+def capture(ctx, algorithm, rows: list[dict], rounds_done: int, copy: bool = True) -> dict:
+    """This rank's part of a checkpoint after round `rounds_done` (1-based), on the CPU. With copy, its
+    own copies: the next round changes the run's tensors in place, and a stop by SIGTERM writes the
+    last completed round's capture (run.py keeps one in memory)."""
+    take = (lambda v: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v) if copy else _cpu
+    state = {"round": rounds_done, "peers": list(ctx.peers), "flat": take(ctx.flat),
+             "peer_state": {name: take(_get(algorithm, name)) for name in algorithm.peer_state},
+             "pooled": {name: list(_get(algorithm, name)) for name in algorithm.pooled_state}}
+    if ctx.transport.rank == 0:
+        state["server"] = {name: take(_get(algorithm, name)) for name in algorithm.server_state}
+        state["global_weights"] = take(ctx.global_weights)
+        state["rows"] = list(rows)
+    return state
+
+
 def save(ctx, algorithm, rows: list[dict], rounds_done: int, run_dir: Path) -> None:
     """Called on every rank after round `rounds_done` (1-based) is complete and its metrics recorded."""
-    transport = ctx.transport
+    write(capture(ctx, algorithm, rows, rounds_done, copy=False), run_dir, ctx.transport)
+
+
+def write(state: dict, run_dir: Path, transport) -> None:
+    """Every rank's captured state into the slot latest.json does not name, then latest.json (rank 0)."""
     folder = run_dir / FOLDER
     folder.mkdir(parents=True, exist_ok=True)  # every rank writes here: the run folder must be shared
-    state = {"round": rounds_done, "peers": list(ctx.peers), "flat": _cpu(ctx.flat),
-             "peer_state": {name: _cpu(_get(algorithm, name)) for name in algorithm.peer_state},
-             "pooled": {name: list(_get(algorithm, name)) for name in algorithm.pooled_state}}
-    if transport.rank == 0:
-        state["server"] = {name: _cpu(_get(algorithm, name)) for name in algorithm.server_state}
-        state["global_weights"] = _cpu(ctx.global_weights)
-        state["rows"] = rows
-    slot = rounds_done % 2
+    slot = _next_slot(folder)
     _atomic_write(_file(folder, slot, transport.rank, transport.size), lambda p: torch.save(state, p))
     transport.barrier()  # every rank's file is complete before latest.json points at the slot
     if transport.rank == 0:
-        meta = {"round": rounds_done, "slot": slot, "ranks": transport.size}
+        meta = {"round": state["round"], "slot": slot, "ranks": transport.size}
         _atomic_write(folder / LATEST, lambda p: p.write_text(json.dumps(meta)))
         keep = {_file(folder, s, r, transport.size).name for s in (0, 1) for r in range(transport.size)}
         for old in folder.glob("slot*.pt"):  # files of a layout this run has left
@@ -73,26 +87,139 @@ def save(ctx, algorithm, rows: list[dict], rounds_done: int, run_dir: Path) -> N
                 old.unlink()
 
 
-def latest_round(run_dir: Path) -> int | None:
-    path = Path(run_dir) / FOLDER / LATEST
-    if not path.is_file():
-        return None
-    return int(json.loads(path.read_text())["round"])
+def _next_slot(folder: Path) -> int:
+    """The slot latest.json does not name: the newest checkpoint is never overwritten, so a damaged write
+    leaves the previous one to fall back on. Every rank reads the same latest.json (rank 0 rewrites it
+    after the barrier of a save, and the rounds between two saves synchronise the ranks)."""
+    try:
+        return 1 - _latest(folder)[1]
+    except _Damaged:
+        return 0
 
 
-def load(ctx, algorithm, run_dir: Path) -> tuple[int, list[dict]]:
-    """Restore this rank's peers (and, on rank 0, the server) from the run's last checkpoint; returns
-    (rounds done, metrics rows so far: rank 0 only)."""
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether the run folder holds a checkpoint (readable or not: read() says which)."""
     folder = Path(run_dir) / FOLDER
+    return (folder / LATEST).is_file() or any(folder.glob("slot*.pt"))
+
+
+@dataclass
+class Snapshot:
+    """A checkpoint as read: the rounds done, every rank's file, and a line to print where the newest
+    slot was damaged and the previous one is used."""
+
+    round: int
+    parts: list[dict]
+    note: str | None = None
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.parts[0]["rows"]
+
+
+class _Damaged(Exception):
+    """A slot or latest.json that cannot be used; the message says what is wrong with it."""
+
+
+def _latest(folder: Path) -> tuple[int, int, int]:
+    """(round, slot, ranks) from latest.json."""
     try:
         meta = json.loads((folder / LATEST).read_text())
-        parts = [torch.load(_file(folder, meta["slot"], r, meta["ranks"]), map_location="cpu", weights_only=True)
-                 for r in range(meta["ranks"])]
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise UserError(f"--resume {run_dir}: its checkpoint cannot be read ({exc.__class__.__name__}: {exc})")
-    if any(part["round"] != meta["round"] for part in parts):
-        raise UserError(f"--resume {run_dir}: the checkpoint's files disagree on the round")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise _Damaged(f"{LATEST} cannot be read ({exc.__class__.__name__})")
+    fields = meta if isinstance(meta, dict) else {}
+    values = [fields.get(k) for k in ("round", "slot", "ranks")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values) or values[1] not in (0, 1) \
+            or values[0] < 1 or values[2] < 1:
+        raise _Damaged(f"{LATEST} does not name a round, a slot (0 or 1) and a rank count")
+    return values[0], values[1], values[2]
+
+
+def _read_slot(folder: Path, slot: int, ranks: int) -> list[dict]:
+    """Every rank's file of a slot, checked for the shape save() gives them. torch.load with
+    weights_only builds tensors and plain containers only: a file naming any other class is refused
+    unrun."""
+    parts = []
+    for r in range(ranks):
+        path = _file(folder, slot, r, ranks)
+        try:
+            part = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise _Damaged(f"{path.name} is missing")
+        except Exception as exc:  # noqa: BLE001 - truncated, random or foreign bytes: all mean damaged
+            raise _Damaged(f"{path.name} cannot be read ({exc.__class__.__name__})")
+        _check_part(part, path.name, root=r == 0)
+        parts.append(part)
+    if len({part["round"] for part in parts}) != 1:
+        raise _Damaged("its files disagree on the round")
+    return parts
+
+
+def _check_part(part, name: str, root: bool) -> None:
+    ok = isinstance(part, dict) and isinstance(part.get("round"), int) and part["round"] >= 1 \
+        and isinstance(part.get("peers"), list) and all(isinstance(p, int) for p in part["peers"]) \
+        and isinstance(part.get("flat"), torch.Tensor) and part["flat"].dim() == 2 \
+        and len(part["flat"]) == len(part["peers"]) \
+        and isinstance(part.get("peer_state"), dict) and isinstance(part.get("pooled"), dict)
+    if ok and root:
+        ok = isinstance(part.get("server"), dict) and isinstance(part.get("rows"), list) \
+            and all(isinstance(row, dict) for row in part["rows"]) and len(part["rows"]) == part["round"] \
+            and (part.get("global_weights") is None or isinstance(part.get("global_weights"), torch.Tensor))
+    if not ok:
+        raise _Damaged(f"{name} does not hold a checkpoint")
+
+
+def read(run_dir: Path) -> Snapshot:
+    """The newest readable checkpoint of the run. save() alternates two slots, so where the newest is
+    damaged the previous one is used (the note says so); where neither can be read, one UserError
+    saying what is damaged. Reads only: nothing in the folder changes."""
+    folder = Path(run_dir) / FOLDER
+    problems, chosen, slot = [], None, None
+    try:
+        done, slot, ranks = _latest(folder)
+    except _Damaged as exc:
+        problems.append(str(exc))
+    if slot is not None:
+        try:
+            chosen = (slot, _read_slot(folder, slot, ranks))
+        except _Damaged as exc:
+            problems.append(f"slot {slot} (round {done}): {exc}")
+    if chosen is None:  # the other slot, or either where latest.json is unusable: by the files present
+        options = []
+        for other in (0, 1):
+            if other == slot:
+                continue
+            for path in sorted(folder.glob(f"slot{other}-rank0-of*.pt")):
+                count = path.name.rsplit("-of", 1)[1][:-len(".pt")]
+                try:
+                    options.append((other, _read_slot(folder, other, int(count))))
+                except (_Damaged, ValueError) as exc:
+                    problems.append(f"slot {other}: {exc}")
+        if not options:
+            raise UserError(f"--resume {run_dir}: no checkpoint can be read: "
+                            f"{'; '.join(problems) or 'none was written'}")
+        chosen = max(options, key=lambda option: option[1][0]["round"])
+    note = None if not problems else (f"the newest checkpoint is damaged ({'; '.join(problems)}); resuming from "
+                                      f"the previous one, after round {chosen[1][0]['round']}")
+    return Snapshot(chosen[1][0]["round"], chosen[1], note)
+
+
+def restore(ctx, algorithm, snapshot: Snapshot, run_dir: Path) -> None:
+    """This rank's peers (and, on rank 0, the server) from the snapshot, after checking that it fits the
+    run as configured (a config.toml edited since would not): nothing changes where it does not."""
+    parts = snapshot.parts
     where = {p: (part, i) for part in parts for i, p in enumerate(part["peers"])}
+    problem = None
+    if sorted(where) != list(range(ctx.cfg.peers)):
+        problem = f"it holds {len(where)} peers, config.toml {ctx.cfg.peers}"
+    elif any(part["flat"].shape[1] != ctx.stack.layout.size for part in parts):
+        problem = f"its models have {parts[0]['flat'].shape[1]:,} values, the configured model {ctx.stack.layout.size:,}"
+    elif any(set(part["peer_state"]) != set(algorithm.peer_state) or set(part["pooled"]) != set(algorithm.pooled_state)
+             for part in parts) or set(parts[0]["server"]) != set(algorithm.server_state):
+        problem = f"its state is not {ctx.cfg.algo}'s"
+    if problem:
+        raise UserError(f"--resume {run_dir}: the checkpoint does not fit the run's config.toml ({problem}); was "
+                        "config.toml edited?")
 
     def rows_of(key: str, name: str | None = None) -> torch.Tensor:
         picked = [(part[key][name] if name else part[key])[i] for part, i in (where[p] for p in ctx.peers)]
@@ -109,4 +236,3 @@ def load(ctx, algorithm, run_dir: Path) -> tuple[int, list[dict]]:
             _set(algorithm, name, value.to(ctx.device) if isinstance(value, torch.Tensor) else value)
         if root["global_weights"] is not None:
             ctx.global_weights = root["global_weights"].to(ctx.device)
-    return meta["round"], root["rows"] if ctx.transport.rank == 0 else []

@@ -207,7 +207,9 @@ def _not_this_algorithm(name: str, algo: str) -> UserError | None:
 
 
 def parse_config(argv: list[str] | None = None) -> RunConfig:
-    """Merge defaults, the --config file and the flags, then validate."""
+    """Merge defaults, the --config file and the flags, then validate. A resume (--resume, or a `resume`
+    key in the --config file) takes the run's own config.toml, and what is given besides must agree
+    with it."""
     import sys
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -216,12 +218,10 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     pre.add_argument("--algo")
     pre.add_argument("--resume")
     known, _ = pre.parse_known_args(argv)
-    resume = getattr(known, "resume", None)
-    if resume is not None:
-        values = _resume_values(resume, argv)
-    else:
-        values = load_toml(known.config) if getattr(known, "config", None) else {}
-    algo = getattr(known, "algo", values.get("algo", "dfedavg"))
+    values = load_toml(known.config) if getattr(known, "config", None) else {}
+    resume = getattr(known, "resume", None) or values.get("resume")
+    stored = _stored_config(resume) if resume is not None else {}
+    algo = getattr(known, "algo", values.get("algo", stored.get("algo", "dfedavg")))
     for token in argv:
         if token.startswith("--"):
             problem = _not_this_algorithm(token[2:].split("=")[0].replace("-", "_"), str(algo))
@@ -230,27 +230,50 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     args = vars(build_parser(str(algo)).parse_args(argv))
     args.pop("config", None)
     values.update(args)
+    if resume is not None:
+        values = _resume_values(str(resume), stored, values)
     return make_config(values)
 
 
-RESUME_FLAGS = ("--resume", "--comm-timeout", "--no-progress", "--checkpoint-every")  # change no result
+RESULT_NEUTRAL = ("resume", "out", "overwrite", "comm_timeout", "progress", "checkpoint_every")  # change no number
 
 
-def _resume_values(run_dir: str, argv: list[str]) -> dict[str, Any]:
-    """A resumed run's settings: its own config.toml, its folder as --out; only flags that change no
-    number may be added."""
-    from p2pfl.checkpoint import latest_round
-
+def _stored_config(run_dir: str) -> dict[str, Any]:
     folder = Path(run_dir)
     if not (folder / "config.toml").is_file():
         raise UserError(f"--resume {run_dir}: no run folder there (it has no config.toml)")
-    for token in argv:
-        if token.startswith("--") and token.split("=")[0] not in RESUME_FLAGS:
-            raise UserError(f"--resume continues {run_dir} exactly as configured; {token.split('=')[0]} cannot "
-                            f"change (start a new run with --config {folder / 'config.toml'} instead)")
-    if latest_round(folder) is None:
+    return load_toml(str(folder / "config.toml"))
+
+
+def _resume_values(run_dir: str, stored: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """A resumed run's settings: its own config.toml, its folder as --out. What is given besides (the
+    command that started the run, say) must agree with config.toml; only settings that change no
+    number (RESULT_NEUTRAL) may differ."""
+    from p2pfl.checkpoint import has_checkpoint
+
+    folder = Path(run_dir)
+    config = folder / "config.toml"
+    try:
+        before = resolved_dict(make_config(dict(stored)))
+    except UserError as exc:
+        raise UserError(f"--resume {run_dir}: its config.toml is not a valid run configuration ({exc})")
+    if given.get("out") is not None and Path(given["out"]).resolve() != folder.resolve():
+        raise UserError(f"--resume {run_dir} writes into that folder; --out {given['out']} names another")
+    after = resolved_dict(make_config({**stored, **{k: v for k, v in given.items() if k not in RESULT_NEUTRAL}}))
+    changed = [k for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
+    if changed:
+        name = changed[0]
+        flag = "--" + name.replace("_", "-")
+        hint = " (to train longer, start a new run)" if name == "rounds" else ""
+        raise UserError(f"--resume continues {run_dir} as configured: {flag} is {before.get(name)!r} there, "
+                        f"{after.get(name)!r} here{hint}; start a new run with --config {config} for other settings")
+    if not has_checkpoint(folder):
+        if (folder / "metrics.jsonl").is_file() and (folder / "model.pt").is_file():
+            raise UserError(f"--resume {run_dir}: the run finished all its {before.get('rounds')} rounds (a finished "
+                            f"run keeps no checkpoint); to train longer, start a new run with --config {config} "
+                            "--rounds N")
         raise UserError(f"--resume {run_dir}: the run has no checkpoint to continue from")
-    values = load_toml(str(folder / "config.toml"))
+    values = {**stored, **{k: given[k] for k in ("comm_timeout", "progress", "checkpoint_every") if k in given}}
     values.update(out=run_dir, resume=run_dir)
     return values
 

@@ -15,4 +15,9 @@ class OutOfGPUMemory(Exception):
 
 
 class Interrupted(Exception):
-    """Ctrl-C or SIGTERM stopped the run; the message says where and how to resume (exit 130)."""
+    """Ctrl-C or SIGTERM stopped the run; the message says where and how to resume (exit 130 for Ctrl-C,
+    143 for SIGTERM, as a shell reports a process those signals ended)."""
+
+    def __init__(self, message: str, code: int = 130):
+        super().__init__(message)
+        self.code = code

@@ -117,11 +117,10 @@ class MetricsLog:
         self.last_weights: torch.Tensor | None = None  # every peer's weights at the last evaluation (rank 0)
         self.personal = [index.to(ctx.device) for index in personal_test_sets(ctx)] \
             if ctx.stack.task.name == "classification" else None  # on the device once
-        if self.path is not None:
-            self.path.write_text("")
 
     def restore(self, rows: list[dict]) -> None:
-        """A resumed run's rows so far (rank 0), metrics.jsonl rewritten to hold exactly them."""
+        """The rows so far (a resumed run's; none for a new one, rank 0): metrics.jsonl rewritten to hold
+        exactly them. Called once the run is ready to go on, so a run that fails before keeps its file."""
         self.rows = list(rows)
         if self.path is not None:
             self.path.write_text("".join(json.dumps(row) + "\n" for row in rows))

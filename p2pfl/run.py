@@ -6,6 +6,23 @@
 from __future__ import annotations
 
 import os
+import signal
+
+
+_started = False  # the round loop has begun (StopRequest handles signals from then on)
+
+
+def _quiet_early_stop(signum, frame) -> None:
+    """Ctrl-C or SIGTERM while torch loads (before the run can save anything), or after the loop (what
+    mpirun sends the other ranks when one has stopped): no traceback."""
+    if not _started:
+        os.write(2, b"p2pfl: stopped before the run started\n")
+    os._exit(128 + signum)
+
+
+if __name__ == "__main__":  # the CLI only: a script or notebook calling main() keeps its own handlers
+    for _signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_signum, _quiet_early_stop)
 
 
 def _ranks_on_this_machine() -> int | None:
@@ -29,7 +46,6 @@ _threads_per_rank()
 
 import json  # noqa: E402
 import shutil  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -199,11 +215,20 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
         torch.set_num_threads(1)  # CPU conv kernels round differently with their thread count: one per rank
     ctx.transport.barrier()  # every rank has checked --out before rank 0 makes the folder
     run_dir = ctx.transport.bcast(make_run_dir(cfg) if rank == 0 else None)
+    first, rows = 0, []
+    if cfg.resume:  # read and checked before anything in the folder is written: a failed resume loses nothing
+        snapshot = checkpoint.read(run_dir)
+        checkpoint.restore(ctx, algorithm, snapshot, run_dir)
+        first, rows = snapshot.round, snapshot.rows
+        if rank == 0 and snapshot.note:
+            print(f"p2pfl: {snapshot.note}", file=sys.stderr)
+    saved = first
     devices = ctx.transport.gather(str(ctx.device))
     notes = algorithm.notes()
     if rank == 0:
         placed = device_note(devices)
-        write_run_header(ctx, run_dir, [placed, *notes])
+        if not cfg.resume:  # a resumed run's header is the one it started with
+            write_run_header(ctx, run_dir, [placed, *notes])
         for note in ([placed] if any(d != "cpu" for d in devices) else []) + notes:  # CPU runs: config.toml only
             print(f"p2pfl: {note}", file=sys.stderr)
         if uses_ntk_loop(cfg):
@@ -213,17 +238,14 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
                 print("p2pfl: compiling the NTK integrator loop (numba) for this machine: about 1-2 minutes, once "
                       "(make install does it ahead)", file=sys.stderr)
     log = MetricsLog(ctx, run_dir if rank == 0 else None, algorithm)
-    first, saved = 0, 0
-    if cfg.resume:
-        first, rows = checkpoint.load(ctx, algorithm, run_dir)
-        saved = first
-        log.restore(rows)
-        if rank == 0 and cfg.save_edges:
-            (run_dir / "edges.jsonl").write_text("".join(_edges_line(ctx, k) for k in range(first)))
+    log.restore(rows if rank == 0 else [])  # metrics.jsonl holds exactly the rounds done (none for a new run)
+    if rank == 0 and cfg.resume and cfg.save_edges:
+        (run_dir / "edges.jsonl").write_text("".join(_edges_line(ctx, k) for k in range(first)))
     stop = StopRequest(rank)
     bar = tqdm(range(first, cfg.rounds), desc=f"{cfg.algo} {cfg.peers} peers", disable=rank != 0 or not cfg.progress,
                unit="round", file=sys.stderr, initial=first, total=cfg.rounds)
     last_save, k = time.monotonic(), first
+    held: list[dict] = []  # in-memory captures of the last completed rounds: what a stop by SIGTERM saves
     try:
         for k in bar:
             ctx.transport.round_index = k
@@ -247,12 +269,17 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
                 saved, last_save = k + 1, time.monotonic()
             if stopping:
                 raise Interrupted(f"stopped after round {k + 1}; {_resume_hint(run_dir, saved)}")
+            if algorithm.resumable_after(k + 1) and k + 1 > saved:
+                # ranks may be a collective apart when a signal lands: under MPI keep two rounds
+                held = [*(held[-1:] if size > 1 else []), checkpoint.capture(ctx, algorithm, log.rows, k + 1)]
         final = algorithm.finish(run_dir if rank == 0 else None)
         if rank == 0:
             save_final(ctx, log, run_dir, final)
             shutil.rmtree(run_dir / checkpoint.FOLDER, ignore_errors=True)  # a finished run needs none
     except KeyboardInterrupt:
-        raise Interrupted(f"stopped in round {k + 1} by {stop.by}; {_resume_hint(run_dir, saved)}") from None
+        saved = save_held(ctx, held, run_dir, saved)
+        raise Interrupted(f"stopped in round {k + 1} by {stop.by}; {_resume_hint(run_dir, saved)}",
+                          130 if stop.by == "Ctrl-C" else 143) from None
     finally:
         stop.uninstall()
         bar.close()
@@ -267,16 +294,24 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
 
 class StopRequest:
     """Ctrl-C asks the run to finish its round, write a checkpoint and stop (exit 130); a second Ctrl-C,
-    or SIGTERM (what mpirun sends the other ranks when one dies), stops at once."""
+    or SIGTERM (a scheduler's stop or preemption; what mpirun sends the other ranks when one dies), stops
+    at once and saves the last completed round from memory (exit 143 for SIGTERM)."""
 
     def __init__(self, rank: int):
-        self.requested, self.rank, self.by = False, rank, "Ctrl-C"
-        self.previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        global _started
+        _started = True
+        self.requested, self.rank, self.by, self.now = False, rank, "Ctrl-C", False
+        self.previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
 
     def on_signal(self, signum, frame) -> None:
+        if self.now:  # already stopping at once: let it save what it holds
+            return
         if signum == signal.SIGTERM:
-            self.by = "SIGTERM (under mpirun: the job was stopped, or a rank died)"
-        if self.requested or signum == signal.SIGTERM:
+            self.by = "SIGTERM (a scheduler's stop; under mpirun also when a rank died)"
+        elif signum == signal.SIGUSR1:  # mpirun forwards it to every rank, where SIGTERM ends the job at once
+            self.by = "SIGUSR1 (a stop forwarded by mpirun)"
+        if self.requested or signum != signal.SIGINT:
+            self.now = True
             raise KeyboardInterrupt
         self.requested = True
         if self.rank == 0:
@@ -286,6 +321,32 @@ class StopRequest:
     def uninstall(self) -> None:
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+
+
+EMERGENCY_TIMEOUT = 10.0  # seconds a stop by signal waits for the other ranks while it saves (SLURM grants 30)
+
+
+def save_held(ctx, held: list[dict], run_dir: Path, saved: int) -> int:
+    """After SIGTERM or a second Ctrl-C: write the newest round every rank holds a capture of, if it is
+    newer than the last checkpoint; returns the round the run folder now has a checkpoint of. Under MPI
+    the ranks first agree on that round, waiting a few seconds at most: a rank that died (mpirun sends
+    SIGTERM to the others then) leaves the previous checkpoint as it was."""
+    transport, timeout = ctx.transport, ctx.transport.timeout
+    transport.timeout = min(timeout, EMERGENCY_TIMEOUT)
+    try:
+        rounds = transport.gather([state["round"] for state in held])
+        common = transport.bcast(max(set.intersection(*map(set, rounds)), default=0) if rounds is not None else None)
+        if common <= saved:
+            return saved
+        checkpoint.write(next(state for state in held if state["round"] == common), run_dir, transport)
+        transport.barrier()  # latest.json is written before any rank exits (mpirun ends the job at the first)
+        return common
+    except Exception as exc:  # noqa: BLE001 - a dead rank, a full disk, a collective cut by the signal
+        if transport.rank == 0:
+            print(f"p2pfl: the last rounds could not be saved ({exc.__class__.__name__}: {exc})", file=sys.stderr)
+        return saved
+    finally:
+        transport.timeout = timeout
 
 
 def checkpoint_due(every: int | None, rounds_done: int, since_last: float) -> bool:
@@ -353,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as exc:
         if rank == 0:
             print(f"p2pfl: {exc}", file=sys.stderr)
-        return 130
+        return exc.code
     except KeyboardInterrupt:  # before the run started
         return 130
     except CommTimeout as exc:

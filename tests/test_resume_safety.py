@@ -1,0 +1,227 @@
+"""Stopping and resuming never loses what is there: a resume that fails writes nothing, a damaged
+newest checkpoint falls back to the previous slot, the command that started a run plus --resume is
+accepted, and SIGTERM saves the last completed round."""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from p2pfl import testing
+from tests.conftest import ROOT, mpirun
+
+ARGS = ["--dataset", "synthetic", "--peers", "8", "--kappa", "3", "--rounds", "4", "--local-epochs", "2",
+        "--samples-per-peer", "60", "--algo", "scaffold", "--clients-per-round", "5", "--no-progress"]
+
+
+def _stopped(tmp_path, name, rounds_done):
+    """A run stopped by a Ctrl-C-style request after `rounds_done` rounds, one round at a time (each stop
+    writes a checkpoint: after 2 rounds both slots hold one)."""
+    out = tmp_path / name
+    code, err = testing.run_in_process([*ARGS, "--out", str(out)], stop_after_first_round=True)
+    assert code == 130, err
+    for _ in range(rounds_done - 1):
+        code, err = testing.run_in_process(["--resume", str(out), "--no-progress"], stop_after_first_round=True)
+        assert code == 130, err
+    return out
+
+
+@pytest.fixture
+def whole(tmp_path):
+    code, err = testing.run_in_process([*ARGS, "--out", str(tmp_path / "whole")])
+    assert code == 0, err
+    return tmp_path / "whole"
+
+
+def _fingerprint(folder):
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _one_line(err):
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+class Foreign:
+    """A pickle naming a class that is not a tensor or a plain container: loading it must not run it."""
+
+    def __reduce__(self):
+        return (os.system, (f"touch {os.environ['P2PFL_TEST_MARKER']}",))
+
+
+def _damage(path, how, tmp_path):
+    if how == "random bytes":
+        path.write_bytes(os.urandom(300))
+    elif how == "zero bytes":
+        path.write_bytes(b"")
+    elif how == "a plain tensor":
+        torch.save(torch.zeros(3), path)
+    elif how == "a foreign class":
+        os.environ["P2PFL_TEST_MARKER"] = str(tmp_path / "ran")
+        torch.save({"round": Foreign()}, path)  # torch.load without weights_only would run os.system
+    elif how in LATEST_DAMAGE:
+        path.write_text(LATEST_DAMAGE[how])
+
+
+LATEST_DAMAGE = {"garbage": "{not json", "empty": "", "a list": "[1, 0, 1]", "a string round":
+                 '{"round": "2", "slot": 1, "ranks": 1}'}
+SLOT_DAMAGE = ["random bytes", "zero bytes", "a plain tensor", "a foreign class"]
+
+
+@pytest.mark.parametrize("how", SLOT_DAMAGE)
+def test_a_damaged_newest_slot_falls_back_to_the_previous_one(tmp_path, whole, how):
+    run = _stopped(tmp_path, "cut", 2)
+    latest = json.loads((run / "checkpoint" / "latest.json").read_text())
+    _damage(run / "checkpoint" / f"slot{latest['slot']}-rank0-of1.pt", how, tmp_path)
+    code, err = testing.run_in_process(["--resume", str(run), "--no-progress"])
+    assert code == 0, err
+    assert "the newest checkpoint is damaged" in err and "after round 1" in err and "Traceback" not in err
+    testing.assert_same_results(whole, run, f"resumed past a slot of {how}")
+    assert not (tmp_path / "ran").exists()  # the foreign pickle's payload never ran
+
+
+@pytest.mark.parametrize("how", list(LATEST_DAMAGE))
+def test_a_damaged_latest_json_falls_back_to_the_newest_readable_slot(tmp_path, whole, how):
+    run = _stopped(tmp_path, "cut", 2)
+    _damage(run / "checkpoint" / "latest.json", how, tmp_path)
+    code, err = testing.run_in_process(["--resume", str(run), "--no-progress"])
+    assert code == 0, err
+    assert "latest.json" in err and "after round 2" in err
+    testing.assert_same_results(whole, run, f"resumed past a latest.json of {how}")
+
+
+@pytest.mark.parametrize("how", SLOT_DAMAGE)
+def test_when_no_slot_can_be_read_the_resume_says_so_and_changes_nothing(tmp_path, how):
+    run = _stopped(tmp_path, "cut", 2)
+    for slot in (0, 1):
+        _damage(run / "checkpoint" / f"slot{slot}-rank0-of1.pt", how, tmp_path)
+    before = _fingerprint(run)
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    code, err = testing.run_in_process(["--resume", str(run), "--no-progress"])
+    assert code == 2 and "no checkpoint can be read" in _one_line(err)
+    assert _fingerprint(run) == before  # metrics.jsonl, config.toml and the rest as they were
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_config_toml_edited_since_is_one_line_and_changes_nothing(tmp_path):
+    run = _stopped(tmp_path, "cut", 1)
+    config = run / "config.toml"
+    config.write_text(config.read_text().replace("peers = 8", "peers = 6"))
+    before = _fingerprint(run)
+    code, err = testing.run_in_process(["--resume", str(run), "--no-progress"])
+    assert code == 2 and "does not fit the run's config.toml" in _one_line(err)
+    assert _fingerprint(run) == before
+
+
+def test_the_starting_command_plus_resume_is_accepted(tmp_path, whole):
+    run = _stopped(tmp_path, "cut", 1)
+    code, err = testing.run_in_process([*ARGS, "--out", str(run), "--resume", str(run)])
+    assert code == 0, err
+    testing.assert_same_results(whole, run, "the same command plus --resume")
+
+
+def test_a_real_change_names_the_flag_and_both_values(tmp_path):
+    run = _stopped(tmp_path, "cut", 1)
+    before = _fingerprint(run)
+    code, err = testing.run_in_process([*ARGS, "--lr", "0.05", "--resume", str(run)])
+    assert code == 2 and "--lr is 0.1 there, 0.05 here" in _one_line(err)
+    code, err = testing.run_in_process(["--resume", str(run), "--rounds", "9"])
+    line = _one_line(err)
+    assert code == 2 and "--rounds is 4 there, 9 here" in line and "start a new run" in line
+    code, err = testing.run_in_process(["--resume", str(run), "--out", str(tmp_path / "elsewhere")])
+    assert code == 2 and "names another" in _one_line(err)
+    assert _fingerprint(run) == before
+
+
+def test_a_toml_resume_key_follows_the_same_rules(tmp_path, whole):
+    run = _stopped(tmp_path, "cut", 1)
+    before = _fingerprint(run)
+    changed = tmp_path / "changed.toml"
+    changed.write_text(f'resume = "{run}"\nlr = 0.5\n')
+    code, err = testing.run_in_process(["--config", str(changed)])
+    assert code == 2 and "--lr is 0.1 there, 0.5 here" in _one_line(err)
+    assert _fingerprint(run) == before
+    same = tmp_path / "same.toml"
+    same.write_text(f'resume = "{run}"\nlr = 0.1\nprogress = false\n')
+    code, err = testing.run_in_process(["--config", str(same)])
+    assert code == 0, err
+    testing.assert_same_results(whole, run, "resumed through a TOML resume key")
+
+
+def _start(args, ranks=0):
+    cmd = [sys.executable, "-m", "p2pfl.run", *args]
+    if ranks:
+        cmd = [mpirun(), "-n", str(ranks), "--oversubscribe", *cmd]
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _rows(run):
+    path = run / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+SLOW = ["--dataset", "synthetic", "--peers", "12", "--kappa", "3", "--rounds", "5", "--local-epochs", "300",
+        "--algo", "dfedavg", "--no-progress", "--checkpoint-every", "0"]  # long rounds, no checkpoint of its own
+
+
+@pytest.mark.parametrize("ranks", [0, 3], ids=["one process", "mpirun -n 3"])
+def test_sigterm_saves_the_last_completed_round_and_the_resume_equals_the_whole_run(tmp_path, ranks):
+    """SIGTERM to every process (as SLURM sends it to a job's tasks) after round 2, with no checkpoint
+    written by then: the run saves round 2 from memory, exits 143, and resumes to the whole run's numbers."""
+    run = tmp_path / "cut"
+    proc = _start([*SLOW, "--out", str(run)], ranks)
+    start = time.monotonic()
+    while _rows(run) < 2:
+        assert proc.poll() is None and time.monotonic() - start < 300, proc.communicate()
+        time.sleep(0.05)
+    if ranks:
+        pids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            os.kill(int(pid), signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    stopped = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert time.monotonic() - stopped < 15, "saving took longer than a scheduler's grace period allows"
+    assert proc.returncode == 143, err
+    assert "checkpoint after round 2; continue with" in err and "Traceback" not in err
+    assert json.loads((run / "checkpoint" / "latest.json").read_text())["round"] == 2
+    resumed = testing.run_under_mpirun(["--resume", str(run)], 3) if ranks else \
+        subprocess.run([sys.executable, "-m", "p2pfl.run", "--resume", str(run)], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    code, err = testing.run_in_process([*SLOW, "--out", str(tmp_path / "whole")])
+    assert code == 0, err
+    testing.assert_same_results(tmp_path / "whole", run, "stopped by SIGTERM and resumed")
+
+
+def test_sigusr1_to_mpirun_reaches_the_ranks_and_saves(tmp_path):
+    """mpirun answers SIGTERM by killing its ranks at once, but forwards SIGUSR1: launch/mpirun.sh turns a
+    SIGTERM into it."""
+    run = tmp_path / "cut"
+    proc = subprocess.Popen(["bash", str(ROOT / "launch" / "mpirun.sh"), "3", *SLOW, "--out", str(run)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    start = time.monotonic()
+    while _rows(run) < 2:
+        assert proc.poll() is None and time.monotonic() - start < 300, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert json.loads((run / "checkpoint" / "latest.json").read_text())["round"] >= 2
+
+
+def test_ctrl_c_while_starting_is_one_line(tmp_path):
+    proc = _start(["--dataset", "synthetic", "--out", str(tmp_path / "r")])
+    time.sleep(0.3)  # torch is loading
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
