@@ -10,17 +10,16 @@ each folder are read.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from analysis.plots import plt, save
-from p2pfl.metrics import read_metrics
+from analysis.toolkit import Parser, guarded, output_file, read_run
+from p2pfl.errors import UserError
 
 # Settings that do not change a run's numbers: never a reason to split groups.
 NOT_RESULTS = {"seed", "progress", "device", "comm_timeout", "checkpoint_every", "save_edges", "batched", "resume"}
@@ -67,17 +66,12 @@ class Group:
 
 
 def load_run(folder: Path) -> Run:
-    folder = Path(folder)
-    try:
-        config = tomllib.loads((folder / "config.toml").read_text())
-        rows = read_metrics(folder / "metrics.jsonl")
-    except FileNotFoundError as e:
-        raise SystemExit(f"analysis compare: {folder} is not a run folder (no {Path(e.filename).name})")
-    except (tomllib.TOMLDecodeError, ValueError) as e:
-        raise SystemExit(f"analysis compare: {folder}: unreadable run files ({e})")
-    if not rows:
-        raise SystemExit(f"analysis compare: {folder} has no metrics rows yet")
-    return Run(folder, config, rows)
+    config, rows = read_run(folder)
+    if not any("test_acc" in r or "test_loss" in r for r in rows):
+        every = config.get("eval_every")
+        raise UserError(f"{folder} has no evaluated round yet ({len(rows)} rounds done"
+                        f"{f', --eval-every {every}' if isinstance(every, int) and every > 1 else ''})")
+    return Run(Path(folder), config, rows)
 
 
 def group_runs(runs: list[Run], by: list[str] | None) -> list[Group]:
@@ -86,7 +80,7 @@ def group_runs(runs: list[Run], by: list[str] | None) -> list[Group]:
     if by:
         unknown = [k for k in by if not any(k in run.config for run in runs)]
         if unknown:
-            raise SystemExit(f"analysis compare: --by {','.join(unknown)} is not a setting in any config.toml")
+            raise UserError(f"--by {','.join(unknown)} is not a setting in any config.toml")
         keys = by
     else:
         keys = sorted({k for run in runs for k in run.config} - NOT_RESULTS)
@@ -229,6 +223,9 @@ def compare(folders: list[Path], by: list[str] | None = None, targets: list[floa
     """Draws out (PNG) and writes out.md and out.csv; returns the table rows."""
     runs = [load_run(f) for f in folders]
     metric = headline(runs)
+    lacking = [str(run.folder) for run in runs if not run.curve(f"test_{metric}")]
+    if lacking:
+        raise UserError(f"{lacking[0]} has no test_{metric} in any round; compare runs of one task")
     groups = group_runs(runs, by)
     if targets is None:
         targets = [0.8] if metric == "acc" else []
@@ -253,13 +250,17 @@ def run_folders(paths: list[Path]) -> list[Path]:
         else:
             found = sorted(p.parent for p in path.rglob("metrics.jsonl"))
             if not found:
-                raise SystemExit(f"analysis compare: no run folder in {path}")
+                raise UserError(f"no run folder in {path}")
             out.extend(found)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis compare", description=__doc__.split("\n\n")[0])
+    return guarded("analysis compare", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    p = Parser(prog="python -m analysis compare", description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="run folders, or folders holding run folders")
     p.add_argument("--by", help="comma-separated settings that name a group (e.g. algo); default: every "
                                 "setting but the seed")
@@ -273,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         targets = [float(t) for t in args.target.split(",")] if args.target else None
     except ValueError:
         p.error(f"--target takes numbers, got {args.target!r}")
-    rows = compare(run_folders(args.runs), args.by.split(",") if args.by else None, targets, args.band,
-                   args.out, args.title)
-    print(Path(args.out).with_suffix(".md").read_text(), end="")
-    print(f"figure: {args.out}; table: {Path(args.out).with_suffix('.md')}, {Path(args.out).with_suffix('.csv')} "
-          f"({len(rows)} groups)")
+    out = output_file(args.out)
+    rows = compare(run_folders(args.runs), args.by.split(",") if args.by else None, targets, args.band, out,
+                   args.title)
+    print(out.with_suffix(".md").read_text(), end="")
+    print(f"figure: {out}; table: {out.with_suffix('.md')}, {out.with_suffix('.csv')} ({len(rows)} groups)")
     return 0

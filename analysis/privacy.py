@@ -13,13 +13,14 @@ structural_similarity on [0, 1] pixels) and OUT/privacy.png (true images, then o
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from analysis.toolkit import Parser, guarded, output_folder, writable
 
 MAX_IMAGES = 256
 # name -> (NTK-DFL settings, the codec path). The factored path sends what the MLP's layers take in.
@@ -170,7 +171,11 @@ def write(rows: list[dict], truth: np.ndarray, recovered: dict, out: Path, image
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.privacy", description=__doc__.split("\n\n")[0])
+    return guarded("analysis.privacy", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    p = Parser(prog="python -m analysis.privacy", description=__doc__.split("\n\n")[0])
     p.add_argument("--images", type=int, default=16, help="images attacked (default 16)")
     p.add_argument("--steps", type=int, default=300, help="optimisation steps per condition (default 300)")
     p.add_argument("--seed", type=int, default=0)
@@ -179,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.images <= MAX_IMAGES or args.steps < 1:
         p.error(f"--images must be in [1, {MAX_IMAGES}] (each holds 3.2 MB of dense Jacobians a step) and --steps "
                 "at least 1")
+    if not 0 <= args.seed < 2**63:
+        p.error(f"--seed must be in [0, 2^63), got {args.seed}")
+    writable(output_folder(args.out))
     study(args.images, args.steps, args.seed, args.out)
     print((args.out / "privacy.md").read_text(), end="")
     print(f"image grid: {args.out / 'privacy.png'}")

@@ -9,43 +9,53 @@ spectral-gap histograms over the rounds, and one peer's neighbourhood across rou
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-from p2pfl.config import parse_config
+from analysis.toolkit import Parser, guarded, output_folder
+from p2pfl.config import parse_config, resolve
 from p2pfl.diagnostics import mixing_matrix, spectral_gap
 from p2pfl.errors import UserError
 from topologies import TopologySchedule
 from topologies.drawing import draw_views
 
 
+MAX_ROUNDS = 1000  # every round's graph is built and measured: beyond this it takes minutes for nothing new
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis topology", description=__doc__.split("\n\n")[0])
+    return guarded("analysis topology", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    p = Parser(prog="python -m analysis topology", description=__doc__.split("\n\n")[0])
     p.add_argument("source", type=Path, help="a run folder or a run config (TOML)")
     p.add_argument("--rounds", type=int, help="rounds to look at (default: the run's, at most 100)")
     p.add_argument("--peer", type=int, default=0, help="the peer whose neighbourhood is drawn (default 0)")
     p.add_argument("--out", type=Path, help="folder for the PNGs (default RUN_DIR/topology, or ./topology-<name>)")
     args = p.parse_args(argv)
     config = args.source / "config.toml" if args.source.is_dir() else args.source
-    try:
-        cfg = parse_config(["--config", str(config)])
-    except UserError as e:
-        p.error(str(e))
+    if args.source.is_dir() and not config.is_file():
+        raise UserError(f"{args.source} is not a run folder (no config.toml)")
+    cfg = resolve(parse_config(["--config", str(config)]), 1)
     if cfg.topology == "star":
-        p.error("a centralized run's star has no rounds to compare; its topology.png shows it")
-    rounds = args.rounds or min(cfg.rounds, 100)
-    if rounds < 1 or not 0 <= args.peer < cfg.peers:
-        p.error(f"--rounds must be at least 1 and --peer in [0, {cfg.peers})")
+        raise UserError("a centralized run's star has no rounds to compare; its topology.png shows it")
+    rounds = args.rounds if args.rounds is not None else min(cfg.rounds, 100)
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise UserError(f"--rounds must be in [1, {MAX_ROUNDS}]")
+    if not 0 <= args.peer < cfg.peers:
+        raise UserError(f"--peer must be in [0, {cfg.peers})")
     schedule = TopologySchedule(cfg.topology, cfg.peers, cfg.kappa, cfg.seed, cfg.static)
-    out = args.out or (args.source / "topology" if args.source.is_dir() else Path(f"topology-{config.stem}"))
+    out = output_folder(args.out or (args.source / "topology" if args.source.is_dir() else
+                                     Path(f"topology-{config.stem}")))
     title = (f"{cfg.topology} kappa={cfg.kappa:g}, {cfg.peers} peers, "
              f"{'static' if cfg.static else 'new graph each round'}, seed {cfg.seed}")
     counts = None
     if cfg.mixing == "sample-weighted":  # the weights need every peer's sample count: a run folder has them
         partition = args.source / "partition.json"
         if not partition.exists():
-            p.error("--mixing sample-weighted needs the peers' sample counts: give a run folder (partition.json)")
+            raise UserError("--mixing sample-weighted needs the peers' sample counts: give a run folder "
+                            "(partition.json)")
         counts = [peer["samples"] for peer in json.loads(partition.read_text())]
     paths = draw_views(schedule.graph, rounds, lambda g: spectral_gap(mixing_matrix(g, cfg.mixing, counts)), out,
                        title, args.peer)

@@ -5,13 +5,13 @@
 PRESET is a run config (TOML, e.g. launch/presets/ntk-dfl-fmnist300.toml, or its name). Every
 combination of the --set values (keys are p2pfl flags without the dashes; values comma-separated) runs
 once per seed, each in OUT/<key=value_...>/seed<s> (default OUT: runs/sweep-<preset name>). A run whose
-metrics already reach its last round is skipped, so an interrupted sweep picks up where it stopped; an
-unfinished one is run again from the start. At the end `python -m analysis compare` draws OUT/compare.png
+metrics already reach its last round is skipped, and one stopped with a checkpoint is resumed, so an
+interrupted sweep picks up where it stopped; an unfinished one without a checkpoint is run again from the
+start. A folder holding a run of other settings (another preset swept into the same OUT) is refused. At the end `python -m analysis compare` draws OUT/compare.png
 and writes OUT/compare.md and .csv, one group per combination.
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.compare import compare  # noqa: E402
-from launch.table import execute, run_command  # noqa: E402
+from analysis.toolkit import Parser, guarded, output_folder, read_toml, writable  # noqa: E402
+from launch.table import execute, run_command, run_state  # noqa: E402
+from p2pfl.errors import UserError  # noqa: E402
 
 PRESETS = ROOT / "launch" / "presets"
 
@@ -29,13 +31,15 @@ PRESETS = ROOT / "launch" / "presets"
 def preset_path(name: str) -> Path:
     """A TOML path, or the name of a file in launch/presets/."""
     path = Path(name)
-    if path.is_file():
-        return path
-    named = PRESETS / f"{name.removesuffix('.toml')}.toml"
-    if named.is_file():
-        return named
-    known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.toml")))
-    raise SystemExit(f"launch.sweep: no preset {name!r} (a TOML file, or one of: {known})")
+    if not path.is_file():
+        path = PRESETS / f"{name.removesuffix('.toml')}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.toml")))
+        raise UserError(f"no preset {name!r} (a TOML file, or one of: {known})")
+    if "columns" in read_toml(path, "preset"):
+        raise UserError(f"{name} is an experiment (it has [columns]): launch.table runs it; launch.sweep takes a run "
+                        "preset (one run's settings, e.g. launch/presets/*.toml)")
+    return path
 
 
 def parse_sets(items: list[str]) -> dict[str, list[str]]:
@@ -45,7 +49,7 @@ def parse_sets(items: list[str]) -> dict[str, list[str]]:
         key, sep, values = item.partition("=")
         key = key.strip().lstrip("-")
         if not sep or not key or not values.strip():
-            raise SystemExit(f"launch.sweep: --set takes key=v1,v2, got {item!r}")
+            raise UserError(f"--set takes key=v1,v2, got {item!r}")
         grid[key] = [v.strip() for v in values.split(",") if v.strip()]
     return grid
 
@@ -88,8 +92,11 @@ def run_all(runs: list[dict], jobs: int = 1) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.sweep", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    return guarded("launch.sweep", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    p = Parser(prog="python -m launch.sweep", description=__doc__)
     p.add_argument("preset", help="run config (TOML) or the name of one in launch/presets/")
     p.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2", help="a setting's values (repeatable)")
@@ -105,18 +112,26 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--seeds takes integers, got {args.seeds!r}")
     if args.ranks < 1 or args.jobs < 1:
         p.error("--ranks and --jobs must be at least 1")
-    out = args.out or ROOT / "runs" / f"sweep-{preset.stem}"
+    if any(s < 0 for s in seeds):
+        p.error(f"--seeds must be at least 0, got {args.seeds!r}")
+    try:
+        targets = [float(t) for t in args.target.split(",")] if args.target else None
+    except ValueError:
+        p.error(f"--target takes numbers, got {args.target!r}")
+    out = output_folder(args.out or ROOT / "runs" / f"sweep-{preset.stem}")
     runs = plan(preset, seeds, parse_sets(args.set), out, args.ranks, extra)
     problem = check_plan(runs)
     if problem:
         p.error(problem)
+    for run in runs:  # every folder checked before any run starts: skip, resume, or run
+        run["state"] = run_state(run)
+    writable(out)
     print(f"launch.sweep: {len(runs)} runs into {out}", flush=True)
     codes = run_all(runs, args.jobs)
     done = [run["folder"] for run, code in zip(runs, codes) if code == 0]
     if not done:
         print("launch.sweep: every run failed; see the .log files beside the run folders", file=sys.stderr)
         return 1
-    targets = [float(t) for t in args.target.split(",")] if args.target else None
     compare(done, targets=targets, out=out / "compare.png", title=preset.stem)
     print((out / "compare.md").read_text(), end="")
     print(f"figure: {out / 'compare.png'}")

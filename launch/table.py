@@ -13,12 +13,10 @@ OUT/table.md (the final values, then every evaluated round of each column) and O
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.plots import plot_comparison  # noqa: E402
+from analysis.toolkit import Parser, guarded, output_folder, read_toml, writable  # noqa: E402
+from p2pfl.errors import UserError  # noqa: E402
 from p2pfl.metrics import read_metrics  # noqa: E402
 
 
@@ -71,24 +71,67 @@ def runs_of(preset: dict, columns: list[str], out: Path) -> list[dict]:
     return runs
 
 
-def complete(folder: Path) -> bool:
-    """The run finished: its metrics reach the round count its config.toml names."""
+def _settings(argv: list[str]) -> dict:
+    """The resolved settings of a planned run's command line (without its folder and output flags)."""
+    from p2pfl.config import parse_config, resolve, resolved_dict
+
+    args = list(argv[argv.index("p2pfl.run") + 1:])
+    i = args.index("--out")
+    del args[i:i + 2]
+    ranks = int(argv[argv.index("-n") + 1]) if "-n" in argv[:argv.index("p2pfl.run")] else 1
+    return resolved_dict(resolve(parse_config([a for a in args if a not in ("--no-progress", "--overwrite")]), ranks))
+
+
+def _stored(folder: Path, ranks: int) -> dict:
+    from p2pfl.config import load_toml, make_config, resolve, resolved_dict
+
+    return resolved_dict(resolve(make_config(load_toml(str(folder / "config.toml"))), ranks))
+
+
+NEUTRAL = {"progress", "comm_timeout", "checkpoint_every", "device", "save_edges"}  # the same run whatever these say
+
+
+def run_state(run: dict) -> str:
+    """'done' (finished with these settings: skipped), 'resume' (stopped with a checkpoint: continued),
+    or 'new' (run from the start, replacing an unfinished run's files). A folder holding a run of
+    other settings (another preset swept into the same folder) is refused: its results would be
+    reported under this plan's name."""
+    from p2pfl.checkpoint import has_checkpoint
+
+    folder, argv = Path(run["folder"]), run["argv"]
+    if not (folder / "config.toml").is_file():
+        return "new"
+    ranks = int(argv[argv.index("-n") + 1]) if "-n" in argv[:argv.index("p2pfl.run")] else 1
+    planned = _settings(argv)
     try:
-        config = tomllib.loads((folder / "config.toml").read_text())
+        stored = _stored(folder, ranks)
+    except UserError as exc:
+        raise UserError(f"{folder} holds a run this p2pfl cannot read ({exc}); use another --out")
+    differ = [k for k in sorted(set(planned) | set(stored)) if planned.get(k) != stored.get(k) and k not in NEUTRAL]
+    if differ:
+        k = differ[0]
+        raise UserError(f"{folder} holds a run of other settings ({k} {stored.get(k)!r} there, {planned.get(k)!r} "
+                        "in this plan); use another --out")
+    try:
         rows = read_metrics(folder / "metrics.jsonl")
     except (OSError, ValueError):
-        return False
-    return bool(rows) and rows[-1]["round"] == config["rounds"] and (folder / "model.pt").exists()
+        rows = []
+    if rows and rows[-1].get("round") == stored["rounds"] and (folder / "model.pt").exists():
+        return "done"
+    return "resume" if has_checkpoint(folder) else "new"
 
 
 def execute(run: dict) -> int:
-    if complete(run["folder"]):
+    state = run.get("state") or run_state(run)
+    if state == "done":
         return 0
     run["folder"].parent.mkdir(parents=True, exist_ok=True)
     log = run["folder"].parent / f"{run['folder'].name}.log"
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    with log.open("w") as fh:  # an unfinished run's folder is run again from the start
-        code = subprocess.run([*run["argv"], "--overwrite"], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+    # a stopped run continues from its checkpoint; one without a checkpoint runs again from the start
+    argv = [*run["argv"], "--resume", str(run["folder"])] if state == "resume" else [*run["argv"], "--overwrite"]
+    with log.open("a" if state == "resume" else "w") as fh:
+        code = subprocess.run(argv, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
     print(f"{'done' if code == 0 else f'FAILED ({code}), see ' + str(log)}: {run['folder']}", flush=True)
     return code
 
@@ -112,19 +155,31 @@ def per_round(results: dict, column: str, key: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    return guarded("launch.table", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    p = Parser(prog="python -m launch.table", description=__doc__)
     p.add_argument("preset", help="experiment preset (TOML)")
     p.add_argument("--columns", help="comma-separated subset of the preset's columns (default all)")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
     p.add_argument("--out", help="output folder (default runs/<preset name>)")
     args = p.parse_args(argv)
-    preset = tomllib.loads(Path(args.preset).read_text())
+    preset = read_toml(Path(args.preset), "experiment")
+    if not isinstance(preset.get("columns"), dict) or not preset["columns"]:
+        raise UserError(f"{args.preset} is not an experiment (no [columns] table): launch.table takes one from "
+                        "launch/experiments/; a run preset goes to python -m p2pfl.run --config or launch.sweep")
+    if args.jobs < 1:
+        p.error("--jobs must be at least 1")
     columns = args.columns.split(",") if args.columns else list(preset["columns"])
     unknown = [c for c in columns if c not in preset["columns"]]
     if unknown:
         p.error(f"unknown column(s) {unknown}; the preset has {list(preset['columns'])}")
-    out = Path(args.out or Path("runs") / Path(args.preset).stem)
+    out = output_folder(Path(args.out or Path("runs") / Path(args.preset).stem))
     runs = runs_of(preset, columns, out)
+    for run in runs:  # every folder checked before any run starts
+        run["state"] = run_state(run)
+    writable(out)
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         codes = list(pool.map(execute, runs))
     keys = preset.get("metrics", ["test_acc"])

@@ -1,0 +1,124 @@
+"""What the tools beside the run share: the run's contract for bad input (one line `TOOL: error: ...`,
+exit 2, nothing written) and careful readers of run folders and output paths."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import Callable
+
+from p2pfl.errors import UserError
+
+NAME_MAX = 255  # the longest file or folder name most file systems take
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (UserError), not usage and a message."""
+
+    def error(self, message):
+        raise UserError(message)
+
+
+def guarded(prog: str, body: Callable[[], int]) -> int:
+    """body(), with a UserError printed as one line `prog: error: ...` and exit status 2."""
+    try:
+        return body()
+    except UserError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def checked_path(path: Path, what: str) -> Path:
+    """A path that can be made: not too long, no name over 255 characters, no file or dangling link on
+    the way."""
+    text = str(path)
+    if len(text) > 4000:
+        raise UserError(f"{what} is {len(text):,} characters long; use a shorter path")
+    long = [part for part in Path(path).parts if len(part) > NAME_MAX]
+    if long:
+        raise UserError(f"{what} has a name of {len(long[0])} characters ({long[0][:20]}...); at most {NAME_MAX}")
+    for parent in [Path(path), *Path(path).parents]:
+        if parent.is_symlink() and not parent.exists():
+            raise UserError(f"{what}: {parent} is a link to nothing")
+        if parent != Path(path) and parent.exists() and not parent.is_dir():
+            raise UserError(f"{what}: {parent} is a file, not a folder")
+    return Path(path)
+
+
+def output_file(path: Path, what: str = "--out", suffixes: tuple[str, ...] = (".png", ".pdf", ".svg")) -> Path:
+    """A figure path: no suffix gets the first of suffixes (and the caller prints the path as written); an
+    existing folder or another suffix is refused."""
+    path = checked_path(Path(path), what)
+    if path.is_dir():
+        raise UserError(f"{what} {path} is a folder; give a file name such as {path / ('figure' + suffixes[0])}")
+    if not path.suffix:
+        path = path.with_suffix(suffixes[0])
+    elif path.suffix.lower() not in suffixes:
+        raise UserError(f"{what} {path}: a figure is {', '.join(suffixes)}, not {path.suffix}")
+    return path
+
+
+def output_folder(path: Path, what: str = "--out") -> Path:
+    path = checked_path(Path(path), what)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{what} {path} is a file; give a folder")
+    return path
+
+
+def writable(path: Path, what: str = "--out") -> None:
+    """Make the folder (and its parents) now, so that a place that cannot take files fails before any work."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{what} {path} cannot be made ({exc.strerror or exc.__class__.__name__})")
+    if not os.access(path, os.W_OK):
+        raise UserError(f"{what} {path} is not writable")
+
+
+def read_toml(path: Path, what: str) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{what} {path} {'is a folder' if path.is_dir() else 'does not exist'}; give a TOML file")
+    try:
+        return tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{what} {path} is not valid TOML ({exc})")
+    except OSError as exc:
+        raise UserError(f"{what} {path} cannot be read ({exc.strerror or exc.__class__.__name__})")
+
+
+def read_rows(path: Path) -> list[dict]:
+    """metrics.jsonl's rows, each checked to be a round's row: a JSON object with an integer round."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise UserError(f"{path} cannot be read ({exc.strerror or exc.__class__.__name__})")
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not text")
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise UserError(f"{path} line {number} is not JSON")
+        if not isinstance(row, dict) or not isinstance(row.get("round"), int):
+            raise UserError(f"{path} line {number} is not a round's row (an object with an integer round)")
+        rows.append(row)
+    return rows
+
+
+def read_run(folder: Path) -> tuple[dict, list[dict]]:
+    """(config.toml, metrics.jsonl rows) of a run folder, or one line saying why it is not one."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"{folder} is not a run folder ({'a file' if folder.exists() else 'nothing is there'})")
+    for name in ("config.toml", "metrics.jsonl"):
+        if not (folder / name).is_file():
+            raise UserError(f"{folder} is not a run folder (no {name})")
+    return read_toml(folder / "config.toml", "run config"), read_rows(folder / "metrics.jsonl")
