@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from p2pfl.errors import UserError
-
-NAME_MAX = 255  # the longest file or folder name most file systems take
+from p2pfl.paths import checked_path
 
 
 class Parser(argparse.ArgumentParser):
@@ -29,23 +28,6 @@ def guarded(prog: str, body: Callable[[], int]) -> int:
     except UserError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-
-
-def checked_path(path: Path, what: str) -> Path:
-    """A path that can be made: not too long, no name over 255 characters, no file or dangling link on
-    the way."""
-    text = str(path)
-    if len(text) > 4000:
-        raise UserError(f"{what} is {len(text):,} characters long; use a shorter path")
-    long = [part for part in Path(path).parts if len(part) > NAME_MAX]
-    if long:
-        raise UserError(f"{what} has a name of {len(long[0])} characters ({long[0][:20]}...); at most {NAME_MAX}")
-    for parent in [Path(path), *Path(path).parents]:
-        if parent.is_symlink() and not parent.exists():
-            raise UserError(f"{what}: {parent} is a link to nothing")
-        if parent != Path(path) and parent.exists() and not parent.is_dir():
-            raise UserError(f"{what}: {parent} is a file, not a folder")
-    return Path(path)
 
 
 def output_file(path: Path, what: str = "--out", suffixes: tuple[str, ...] = (".png", ".pdf", ".svg")) -> Path:

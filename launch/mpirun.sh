@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run p2pfl under Open MPI from the project's virtualenv: launch/mpirun.sh RANKS [p2pfl flags...]
 #   launch/mpirun.sh 4 --algo dfedavg --peers 30     # 4 ranks on this machine (oversubscribed)
+# A refused run ends with p2pfl's one line and its exit status (2): mpirun runs without its banner for a
+# rank's non-zero status, and p2pfl hands the status back through $P2PFL_STATUS_FILE.
 # A SIGTERM to this script (a scheduler's stop) reaches the ranks as SIGUSR1, which mpirun forwards: they
 # save the last completed round and exit 143. (mpirun itself answers SIGTERM by killing the ranks at once.)
 set -euo pipefail
@@ -8,10 +10,18 @@ ranks=${1:?usage: launch/mpirun.sh RANKS [p2pfl flags...]}
 shift
 here=$(cd "$(dirname "$0")/.." && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-"$here/.venv/bin/mpirun" -n "$ranks" --oversubscribe "$here/.venv/bin/python" -m p2pfl.run "$@" &
+P2PFL_STATUS_FILE=$(mktemp)
+export P2PFL_STATUS_FILE
+trap 'rm -f "$P2PFL_STATUS_FILE"' EXIT
+"$here/.venv/bin/mpirun" --runtime-options error-nonzero-status=false -n "$ranks" --oversubscribe \
+    "$here/.venv/bin/python" -m p2pfl.run "$@" &
 job=$!
 trap 'kill -USR1 "$job" 2>/dev/null' TERM INT
 while kill -0 "$job" 2>/dev/null; do
     wait "$job" && status=0 || status=$?
 done
-exit "$status"
+recorded=$(cat "$P2PFL_STATUS_FILE" 2>/dev/null || true)
+if [ "$status" = 0 ] && [ -z "$recorded" ]; then
+    status=1  # no rank reached the end of p2pfl's main (killed, or mpirun failed to start it)
+fi
+exit "${recorded:-$status}"

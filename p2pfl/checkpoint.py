@@ -46,9 +46,19 @@ def _file(folder: Path, slot: int, rank: int, ranks: int) -> Path:
 
 
 def _atomic_write(path: Path, write) -> None:
+    """write(a temporary name), then rename: a write that fails (a full disk, a read-only folder) leaves
+    the file as it was and raises OSError naming it (torch.save reports a failed write as RuntimeError)."""
     tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "the write failed"
+        raise OSError(getattr(exc, "errno", None) or 5, reason, str(path)) from exc
 
 
 def capture(ctx, algorithm, rows: list[dict], rounds_done: int, copy: bool = True) -> dict:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pfl.errors import UserError
+from p2pfl.paths import checked_path
 
 TOPOLOGIES = ("regular", "erdos-renyi", "ring", "star", "full", "chain")
 PARTITIONS = ("dirichlet", "iid", "classes", "writers")
@@ -424,7 +425,7 @@ def check_out(cfg: RunConfig) -> None:
         return
     if not str(cfg.out).strip():
         raise UserError("--out must name a folder, got an empty name")
-    path = Path(cfg.out)
+    path = checked_path(Path(cfg.out), f"--out {str(cfg.out)[:60]}{'...' if len(str(cfg.out)) > 60 else ''}")
     if path.exists() and not path.is_dir():
         raise UserError(f"--out {cfg.out} is a file, not a folder")
     if path.is_dir() and any(path.iterdir()) and not (cfg.overwrite or cfg.resume):
@@ -517,7 +518,15 @@ def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
     that --config on a run's config.toml never writes into that run's folder."""
     out = {k: v for k, v in cfg.to_dict().items() if v is not None and k not in ("out", "overwrite", "resume")}
     out.update(dataclasses.asdict(cfg.settings))
+    if cfg.partition_file is not None:  # the file is the partition: these settings take no part in the run
+        for name in REPLACED_BY_PARTITION_FILE:
+            if not (name == "samples_per_peer" and cfg.dataset == "linear-rep"):  # it draws that many samples
+                out.pop(name, None)
     return out
+
+
+REPLACED_BY_PARTITION_FILE = ("partition", "alpha", "dirichlet_style", "classes_per_peer", "classes_style",
+                              "samples_per_peer")
 
 
 def write_toml(values: dict[str, Any], path: Path, comments: tuple[str, ...] = ()) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 from pathlib import Path
 
@@ -197,9 +198,23 @@ class MetricsLog:
             row["peak_gpu_mb"] = round(max(gpus))
         self.rows.append(row)
         if self.path is not None:
-            with self.path.open("a") as fh:
-                fh.write(json.dumps(row) + "\n")
+            append_line(self.path, json.dumps(row))
         return row
+
+
+def append_line(path: Path, line: str) -> None:
+    """One line appended whole or not at all: a write cut short (a full disk) is taken back, so the file
+    stays readable line by line."""
+    size = path.stat().st_size if path.exists() else 0
+    try:
+        with path.open("a") as fh:
+            fh.write(line + "\n")
+    except OSError:
+        try:
+            os.truncate(path, size)
+        except OSError:
+            pass
+        raise
 
 
 def read_metrics(path: Path) -> list[dict]:

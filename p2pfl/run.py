@@ -23,6 +23,7 @@ def _quiet_early_stop(signum, frame) -> None:
 if __name__ == "__main__":  # the CLI only: a script or notebook calling main() keeps its own handlers
     for _signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_signum, _quiet_early_stop)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past a file-size limit a write fails (EFBIG), not the process
 
 
 def _ranks_on_this_machine() -> int | None:
@@ -49,6 +50,7 @@ import shutil  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 from datetime import datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -92,9 +94,19 @@ def make_run_dir(cfg: RunConfig) -> Path:
             path = path.with_name(f"{path.name.split('~')[0]}~{suffix}")
             suffix += 1
     path.mkdir(parents=True, exist_ok=True)
-    (path / "edges.jsonl").unlink(missing_ok=True)  # appended to round by round: a replaced run's must go
-    shutil.rmtree(path / checkpoint.FOLDER, ignore_errors=True)  # nor may a replaced run's checkpoint be resumed
+    for product in [*RUN_FILES, *path.glob("*.png")]:  # --overwrite: the replaced run's files go, all of them
+        product = path / product
+        if product.is_dir() and not product.is_symlink():
+            shutil.rmtree(product, ignore_errors=True)
+        else:
+            product.unlink(missing_ok=True)
     return path
+
+
+# What a run writes into its folder besides its plots (*.png): an overwritten run's are removed first, so
+# that one folder never holds two runs (an NTK-DFL run's final.json beside a DFedAvg run's metrics).
+RUN_FILES = ("config.toml", "metrics.jsonl", "partition.json", "model.pt", "final.json", "edges.jsonl",
+             "tct_linear.pt", "checkpoint")
 
 
 def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
@@ -103,6 +115,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     from p2pfl.algorithms.base import RunContext
     from p2pfl.config import check_data_fit, check_model_memory
     from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file
+    from p2pfl.data.partition_file import through_origin
     from p2pfl.faults import Faults
     from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
     from p2pfl.tasks import TASKS
@@ -114,6 +127,9 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     if cfg.train_samples:
         data.keep_training_samples(cfg.train_samples, cfg.seed)
     check_data_fit(cfg, len(data.train_y), len(data.test_y))
+    # a partition file's indices name samples of the training set as loaded: read before the algorithm
+    # drops any (FedAvg-FT's held-out classes), then mapped to the samples kept
+    written = read_partition_file(cfg.partition_file, cfg.peers, len(data.train_y)) if cfg.partition_file else None
     cls.prepare_data(data, cfg)
     transport = make_transport(cfg.peers, 1 if cls.centralized else 0, cfg.comm_timeout, device)
     faults = Faults(cfg.seed, cfg.peers, cfg.drop_peers, cfg.drop_links, cfg.slow_peers, cfg.slow_factor,
@@ -123,8 +139,8 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     with torch.device("meta"):  # counted before it is allocated
         n_params = count_parameters(build_model(cfg.model, data.input_shape, data.n_classes, cfg))
     check_model_memory(cfg, n_params, len(peers) * (_ranks_on_this_machine() or 1), _gpu_share(device, len(peers)))
-    if cfg.partition_file:
-        shards = read_partition_file(cfg.partition_file, cfg.peers, len(data.train_y))
+    if written is not None:
+        shards = through_origin(written, data.train_origin, cfg.partition_file)
     else:
         shards = partition(data.train_y.numpy(), data.train_classes, cfg.peers, cfg.partition,
                            per_peer=cfg.samples_per_peer, alpha=cfg.alpha, classes=cfg.classes_per_peer,
@@ -156,14 +172,27 @@ def write_run_header(ctx, run_dir: Path, notes: list[str]) -> None:
     parts = summary([s.numpy() for s in ctx.shards], ctx.data.train_y.cpu().numpy(), ctx.data.n_classes)
     (run_dir / "partition.json").write_text(json.dumps(parts))
     if "classes" in parts[0]:
-        plot_partition(parts, run_dir / "partition.png")
+        with naming(run_dir / "partition.png"):
+            plot_partition(parts, run_dir / "partition.png")
     if REGISTRY[cfg.algo].centralized:
         title = (f"star: the server (node {cfg.peers}) and {cfg.peers} clients, {clients_per_round(cfg)} sampled "
                  f"each round")
     else:
         title = (f"{cfg.topology} ({'static' if cfg.static else 'round 1 of a new graph each round'}), "
                  f"{cfg.peers} peers")
-    draw_graph(ctx.schedule.graph(0), run_dir / "topology.png", title)
+    with naming(run_dir / "topology.png"):
+        draw_graph(ctx.schedule.graph(0), run_dir / "topology.png", title)
+
+
+@contextmanager
+def naming(path: Path):
+    """An OSError while writing path names it (a plotting library's may not)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename:
+            raise
+        raise OSError(exc.errno or 5, exc.strerror or str(exc), str(path)) from exc
 
 
 def device_note(devices: list[str]) -> str:
@@ -285,8 +314,12 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
         bar.close()
         if rank == 0 and log.rows:
             graph = "star" if cfg.topology == "star" else f"{cfg.topology} kappa={cfg.kappa:g}"
-            plot_metric(log.rows, ctx.stack.task, run_dir, f"{cfg.algo}: {cfg.peers} peers, {graph}, {cfg.model} "
-                        f"on {cfg.dataset} {cfg.partition}" + (f" alpha={cfg.alpha:g}" if cfg.partition == "dirichlet" else ""))
+            try:
+                plot_metric(log.rows, ctx.stack.task, run_dir, f"{cfg.algo}: {cfg.peers} peers, {graph}, {cfg.model} on "
+                            f"{cfg.dataset} {cfg.partition}" + (f" alpha={cfg.alpha:g}" if cfg.partition == "dirichlet"
+                                                                else ""))
+            except OSError as exc:  # a full disk or a read-only folder: the run's own error says so, not this
+                print(f"p2pfl: the plot was not drawn ({exc.strerror or exc})", file=sys.stderr)
     if rank == 0:
         print(summary_line(log.rows, ctx.stack.task, run_dir), file=sys.stderr)
     return 0
@@ -374,7 +407,10 @@ def save_final(ctx, log, run_dir: Path, final: dict | None) -> None:
     if log.last_weights is not None or ctx.global_weights is not None:  # a star's server model needs no gather
         model = run_model(ctx, log.last_weights, log.algorithm)
         state = {k: v.cpu().clone() for k, v in ctx.stack.layout.views(model).items()}  # loadable anywhere
-        torch.save(state, run_dir / "model.pt")
+        try:
+            torch.save(state, run_dir / "model.pt")
+        except RuntimeError as exc:  # torch's own report of a failed write
+            raise OSError(5, "the write failed", str(run_dir / "model.pt")) from exc
 
 
 def summary_line(rows: list[dict], task, run_dir: Path) -> str:
@@ -389,6 +425,24 @@ def summary_line(rows: list[dict], task, run_dir: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    if mpi_world()[0] == 0:
+        record_status(code)
+    return code
+
+
+def record_status(code: int) -> None:
+    """The exit status into $P2PFL_STATUS_FILE where launch/mpirun.sh set it: it runs mpirun without its
+    banner for a rank's non-zero status, and so without the status itself."""
+    path = os.environ.get("P2PFL_STATUS_FILE")
+    if path:
+        try:
+            Path(path).write_text(f"{code}\n")
+        except OSError:
+            pass
+
+
+def _main(argv: list[str] | None) -> int:
     rank = 0
     try:
         rank, size, local_rank = mpi_world()
@@ -405,8 +459,20 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.flush()
             from mpi4py import MPI
 
+            record_status(2)
             MPI.COMM_WORLD.Abort(2)  # the other ranks would wait for this one's messages
         return 2
+    except OSError as exc:  # a full disk, a folder made read-only mid-run: one line, the files before intact
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"p2pfl: stopped: cannot write{where} ({exc.strerror or exc}); the files written before it are "
+              "intact", file=sys.stderr)
+        if _under_mpi_world():
+            sys.stderr.flush()
+            from mpi4py import MPI
+
+            record_status(5)
+            MPI.COMM_WORLD.Abort(5)  # the other ranks would wait for this one
+        return 5
     except DivergenceError as exc:
         if rank == 0:
             print(f"p2pfl: diverged: {exc}", file=sys.stderr)
@@ -422,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             exc.notify()  # the reporter prints the line and ends the job; if it cannot, this rank does
         print(f"p2pfl: stopped: {exc}", file=sys.stderr)
         if _under_mpi_world():
+            record_status(4)
             sys.stderr.flush()
             os._exit(4)  # MPI_Finalize would wait for the missing rank
         return 4
@@ -430,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         if _under_mpi_world():
             from mpi4py import MPI
 
+            record_status(1)
             MPI.COMM_WORLD.Abort(1)  # other ranks would wait forever on this one
         return 1
 

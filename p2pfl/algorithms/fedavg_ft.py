@@ -115,7 +115,7 @@ class FedAvgFT(FedAvg):
         data.held_out = {"x": data.train_x[train], "y": data.train_y[train], "test_x": data.test_x[test],
                          "test_y": data.test_y[test], "classes": list(range(first_new, data.n_classes)),
                          "all_test_x": data.test_x, "all_test_y": data.test_y}
-        data.train_x, data.train_y = data.train_x[~train], data.train_y[~train]
+        data.select_training((~train).numpy())
         data.test_x, data.test_y = data.test_x[~test], data.test_y[~test]
 
     def __init__(self, ctx):

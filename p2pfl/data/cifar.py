@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from p2pfl.data.plain_pickle import PlainUnpickler, RefusedName
+from p2pfl.data.plain_pickle import PlainUnpickler, RefusedName, integers
 from p2pfl.errors import UserError
 
 PIXELS = 3 * 32 * 32
@@ -38,9 +38,13 @@ def _python_split(folder: Path, files: list[str], label_key: str) -> tuple[np.nd
         batch = _read_pickle(folder / name)
         if "data" not in batch or label_key not in batch:
             raise UserError(f"data file {folder / name} lacks 'data' or '{label_key}'")
-        x = np.asarray(batch["data"], dtype=np.uint8)
-        y = np.asarray(batch[label_key], dtype=np.int64)
-        if x.ndim != 2 or x.shape[1] != PIXELS or len(x) != len(y):
+        x, y = batch["data"], integers(batch[label_key])
+        if not isinstance(x, np.ndarray) or x.dtype != np.uint8:
+            raise UserError(f"data file {folder / name}: 'data' is not 8-bit pixels (it is "
+                            f"{getattr(x, 'dtype', type(x).__name__)})")
+        if y is None:
+            raise UserError(f"data file {folder / name}: '{label_key}' is not a list of integer labels")
+        if x.ndim != 2 or x.shape[1] != PIXELS or len(x) != len(y) or len(x) == 0:
             raise UserError(f"data file {folder / name} is corrupt: data {x.shape}, labels {y.shape}")
         xs.append(x)
         ys.append(y)

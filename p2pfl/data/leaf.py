@@ -23,6 +23,10 @@ def find_leaf(root: Path) -> Path | None:
 def _read_split(folder: Path) -> tuple[list[str], list[np.ndarray], list[np.ndarray]]:
     users, xs, ys = [], [], []
     for path in sorted(folder.glob("*.json")):
+        if path.is_symlink() and not path.exists():
+            raise UserError(f"data file {path} is a link to nothing")
+        if path.is_dir():
+            raise UserError(f"data file {path} is a folder, not a LEAF JSON file")
         try:
             blob = json.loads(path.read_text())
             for user in blob["users"]:
@@ -31,9 +35,13 @@ def _read_split(folder: Path) -> tuple[list[str], list[np.ndarray], list[np.ndar
                 y = np.asarray(data["y"], dtype=np.int64)
                 if x.ndim != 2 or x.shape[1] != 784 or len(x) != len(y):
                     raise ValueError(f"writer {user}: x {x.shape}, y {y.shape}")
+                if not np.isfinite(x).all():
+                    raise UserError(f"data file {path}: writer {user} has NaN or infinite pixels")
                 users.append(str(user))
                 xs.append(x)
                 ys.append(y)
+        except OSError as exc:
+            raise UserError(f"data file {path} cannot be read ({exc.strerror or exc.__class__.__name__})")
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise UserError(f"data file {path} is not a LEAF FEMNIST file or is truncated ({exc.__class__.__name__}: "
                             f"{str(exc)[:80]})")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from p2pfl.data.plain_pickle import PlainUnpickler
+from p2pfl.data.plain_pickle import PlainUnpickler, integers
 from p2pfl.errors import UserError
 
 
@@ -40,6 +40,22 @@ def _read(path: Path) -> dict[int, object]:
     return {_peer_key(k): v for k, v in raw.items()}
 
 
+def through_origin(shards: list[np.ndarray], origin: np.ndarray | None, path: str) -> list[np.ndarray]:
+    """Indices into the training set as loaded, mapped to the samples kept (Dataset.train_origin): FedAvg-FT
+    keeps its held-out classes out of training, and the file's indices must still name the same images."""
+    if origin is None:
+        return shards
+    out = []
+    for p, index in enumerate(shards):
+        at = np.searchsorted(origin, index)
+        dropped = (at >= len(origin)) | (origin[np.minimum(at, len(origin) - 1)] != index)
+        if dropped.any():
+            raise UserError(f"--partition-file {path}: peer {p} has training sample {int(index[dropped][0])}, which "
+                            "this run keeps out of training (a held-out class)")
+        out.append(at.astype(np.int64))
+    return out
+
+
 def read_partition_file(path: str, peers: int, n_train: int) -> list[np.ndarray]:
     """Peers 0..peers-1's sorted index arrays from the file, each checked against the training set."""
     file = Path(path)
@@ -55,11 +71,8 @@ def read_partition_file(path: str, peers: int, n_train: int) -> list[np.ndarray]
                         f"{peers} is not among them")
     out = []
     for p in range(peers):
-        try:
-            index = np.asarray(shards[p])
-        except ValueError:  # ragged nesting
-            index = np.asarray([], dtype=object)
-        if index.ndim != 1 or index.size == 0 or not np.issubdtype(index.dtype, np.integer):
+        index = integers(shards[p])
+        if index is None or index.size == 0:
             raise UserError(f"--partition-file {path}: peer {p} needs a non-empty list of integer indices")
         outside = index[(index < 0) | (index >= n_train)]
         if outside.size:

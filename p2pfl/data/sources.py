@@ -45,6 +45,9 @@ class Dataset:
     # (alpha, beta) where every input is alpha k + beta for 8-bit pixel levels k (one channel): NTK products
     # then run in exact integer arithmetic (p2pfl.ntk.pixels); None where the inputs are not such
     pixel_levels: tuple[float, float] | None = None
+    # each training sample's position in the set as loaded, once samples were dropped (None: none were):
+    # what a partition file's indices, written against the whole set, are mapped through
+    train_origin: np.ndarray | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -75,8 +78,14 @@ class Dataset:
 
         if count > len(self.train_y):
             raise UserError(f"--train-samples {count} exceeds the {len(self.train_y)} training samples of {self.name}")
-        keep = np.sort(numpy_rng(seed, "train-samples").choice(len(self.train_y), count, replace=False))
+        self.select_training(np.sort(numpy_rng(seed, "train-samples").choice(len(self.train_y), count, replace=False)))
+
+    def select_training(self, keep) -> None:
+        """Keep these training samples (a boolean mask or sorted positions), in order."""
+        keep = np.flatnonzero(np.asarray(keep)) if np.asarray(keep).dtype == bool else np.asarray(keep)
+        origin = np.arange(len(self.train_y)) if self.train_origin is None else self.train_origin
         self.train_x, self.train_y = self.train_x[keep], self.train_y[keep]
+        self.train_origin = origin[keep]
         if self.groups is not None:
             self.groups = self.groups[keep]
 
@@ -156,6 +165,8 @@ def _check_splits(name: str, where, arrays: dict) -> None:
         x, y = arrays[f"{split}_x"], arrays[f"{split}_y"]
         if len(x) != len(y) or len(x) == 0:
             raise UserError(f"{name} {split} files in {where} disagree: images {x.shape}, labels {y.shape}")
+        if 0 in x.shape[1:]:
+            raise UserError(f"{name} {split} images in {where} have no pixels: {x.shape}")
     if arrays["train_x"].shape[1:] != arrays["test_x"].shape[1:]:
         raise UserError(f"{name} in {where}: test images {arrays['test_x'].shape[1:]} differ from training "
                         f"images {arrays['train_x'].shape[1:]}")
