@@ -425,7 +425,8 @@ def check_out(cfg: RunConfig) -> None:
         return
     if not str(cfg.out).strip():
         raise UserError("--out must name a folder, got an empty name")
-    path = checked_path(Path(cfg.out), f"--out {str(cfg.out)[:60]}{'...' if len(str(cfg.out)) > 60 else ''}")
+    text = str(cfg.out)
+    path = checked_path(Path(cfg.out), f"--out {text if len(text) <= 100 else text[:60] + '...'}")
     if path.exists() and not path.is_dir():
         raise UserError(f"--out {cfg.out} is a file, not a folder")
     if path.is_dir() and any(path.iterdir()) and not (cfg.overwrite or cfg.resume):

@@ -23,5 +23,5 @@ def checked_path(path: Path, what: str) -> Path:
         if parent.is_symlink() and not parent.exists():
             raise UserError(f"{what}: {parent} is a link to nothing")
         if parent != Path(path) and parent.exists() and not parent.is_dir():
-            raise UserError(f"{what}: {parent} is a file, not a folder")
+            raise UserError(f"{what} cannot be made: {parent} is a file, not a folder")
     return Path(path)

@@ -194,9 +194,9 @@ def test_sigterm_saves_the_last_completed_round_and_the_resume_equals_the_whole_
     assert proc.returncode == 143, err
     assert "checkpoint after round 2; continue with" in err and "Traceback" not in err
     assert json.loads((run / "checkpoint" / "latest.json").read_text())["round"] == 2
-    resumed = testing.run_under_mpirun(["--resume", str(run)], 3) if ranks else \
-        subprocess.run([sys.executable, "-m", "p2pfl.run", "--resume", str(run)], cwd=ROOT, capture_output=True,
-                       text=True)
+    again = [*SLOW, "--out", str(run), "--resume", str(run)]  # the same command plus --resume
+    resumed = testing.run_under_mpirun(again, 3) if ranks else \
+        subprocess.run([sys.executable, "-m", "p2pfl.run", *again], cwd=ROOT, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     code, err = testing.run_in_process([*SLOW, "--out", str(tmp_path / "whole")])
     assert code == 0, err
