@@ -71,14 +71,13 @@ def runs_of(preset: dict, columns: list[str], out: Path) -> list[dict]:
     return runs
 
 
-def _settings(argv: list[str]) -> dict:
+def _settings(argv: list[str], ranks: int) -> dict:
     """The resolved settings of a planned run's command line (without its folder and output flags)."""
     from p2pfl.config import parse_config, resolve, resolved_dict
 
     args = list(argv[argv.index("p2pfl.run") + 1:])
     i = args.index("--out")
     del args[i:i + 2]
-    ranks = int(argv[argv.index("-n") + 1]) if "-n" in argv[:argv.index("p2pfl.run")] else 1
     return resolved_dict(resolve(parse_config([a for a in args if a not in ("--no-progress", "--overwrite")]), ranks))
 
 
@@ -97,19 +96,19 @@ def run_state(run: dict) -> str:
     other settings (another preset swept into the same folder) is refused: its results would be
     reported under this plan's name."""
     from p2pfl.checkpoint import has_checkpoint
+    from p2pfl.config import first_difference
 
     folder, argv = Path(run["folder"]), run["argv"]
     if not (folder / "config.toml").is_file():
         return "new"
     ranks = int(argv[argv.index("-n") + 1]) if "-n" in argv[:argv.index("p2pfl.run")] else 1
-    planned = _settings(argv)
+    planned = _settings(argv, ranks)
     try:
         stored = _stored(folder, ranks)
     except UserError as exc:
         raise UserError(f"{folder} holds a run this p2pfl cannot read ({exc}); use another --out")
-    differ = [k for k in sorted(set(planned) | set(stored)) if planned.get(k) != stored.get(k) and k not in NEUTRAL]
-    if differ:
-        k = differ[0]
+    k = first_difference(stored, planned, NEUTRAL)
+    if k:
         raise UserError(f"{folder} holds a run of other settings ({k} {stored.get(k)!r} there, {planned.get(k)!r} "
                         "in this plan); use another --out")
     try:

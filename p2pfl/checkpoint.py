@@ -45,7 +45,7 @@ def _file(folder: Path, slot: int, rank: int, ranks: int) -> Path:
     return folder / f"slot{slot}-rank{rank}-of{ranks}.pt"
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
     """write(a temporary name), then rename: a write that fails (a full disk, a read-only folder) leaves
     the file as it was and raises OSError naming it (torch.save reports a failed write as RuntimeError)."""
     tmp = path.with_name(path.name + ".tmp")
@@ -86,11 +86,11 @@ def write(state: dict, run_dir: Path, transport) -> None:
     folder = run_dir / FOLDER
     folder.mkdir(parents=True, exist_ok=True)  # every rank writes here: the run folder must be shared
     slot = _next_slot(folder)
-    _atomic_write(_file(folder, slot, transport.rank, transport.size), lambda p: torch.save(state, p))
+    atomic_write(_file(folder, slot, transport.rank, transport.size), lambda p: torch.save(state, p))
     transport.barrier()  # every rank's file is complete before latest.json points at the slot
     if transport.rank == 0:
         meta = {"round": state["round"], "slot": slot, "ranks": transport.size}
-        _atomic_write(folder / LATEST, lambda p: p.write_text(json.dumps(meta)))
+        atomic_write(folder / LATEST, lambda p: p.write_text(json.dumps(meta)))
         keep = {_file(folder, s, r, transport.size).name for s in (0, 1) for r in range(transport.size)}
         for old in folder.glob("slot*.pt"):  # files of a layout this run has left
             if old.name not in keep:

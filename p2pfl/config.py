@@ -246,6 +246,11 @@ def _stored_config(run_dir: str) -> dict[str, Any]:
     return load_toml(str(folder / "config.toml"))
 
 
+def first_difference(a: dict[str, Any], b: dict[str, Any], ignore=()) -> str | None:
+    """The first setting (in name order) two resolved configs disagree on, ignoring some; None if none."""
+    return next((k for k in sorted(set(a) | set(b)) if k not in ignore and a.get(k) != b.get(k)), None)
+
+
 def _resume_values(run_dir: str, stored: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     """A resumed run's settings: its own config.toml, its folder as --out. What is given besides (the
     command that started the run, say) must agree with config.toml; only settings that change no
@@ -261,9 +266,8 @@ def _resume_values(run_dir: str, stored: dict[str, Any], given: dict[str, Any]) 
     if given.get("out") is not None and Path(given["out"]).resolve() != folder.resolve():
         raise UserError(f"--resume {run_dir} writes into that folder; --out {given['out']} names another")
     after = resolved_dict(make_config({**stored, **{k: v for k, v in given.items() if k not in RESULT_NEUTRAL}}))
-    changed = [k for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
-    if changed:
-        name = changed[0]
+    name = first_difference(before, after)
+    if name:
         flag = "--" + name.replace("_", "-")
         hint = " (to train longer, start a new run)" if name == "rounds" else ""
         raise UserError(f"--resume continues {run_dir} as configured: {flag} is {before.get(name)!r} there, "
@@ -484,12 +488,12 @@ def check_model_memory(cfg: RunConfig, n_params: int, peers_here: int, gpu: tupl
     """Refuse a model that could not be held for the peers on this machine (float32, STACK_COPIES copies)
     before it is allocated: a typo such as --hidden 100000000 ends in one line, not an allocator error.
     gpu: (name, bytes, peers on it) where the rank's tensors live on a GPU, which must hold them too."""
-    need = STACK_COPIES * 4 * n_params * max(1, peers_here)
-    if gpu is not None and STACK_COPIES * 4 * n_params * max(1, gpu[2]) > gpu[1]:
-        need = STACK_COPIES * 4 * n_params * max(1, gpu[2])
+    per_peer = STACK_COPIES * 4 * n_params
+    if gpu is not None and per_peer * max(1, gpu[2]) > gpu[1]:
         raise UserError(f"--model {cfg.model} has {n_params:,} parameters; {gpu[2]} peers on {gpu[0]} would need "
-                        f"about {need / 2**30:,.1f} GiB, more than its {gpu[1] / 2**30:,.1f} GiB: use fewer peers per "
-                        "GPU (more ranks or GPUs, or fewer --peers), a smaller model, or --device cpu")
+                        f"about {per_peer * max(1, gpu[2]) / 2**30:,.1f} GiB, more than its {gpu[1] / 2**30:,.1f} GiB: "
+                        "use fewer peers per GPU (more ranks or GPUs, or fewer --peers), a smaller model, or --device cpu")
+    need = per_peer * max(1, peers_here)
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if need > have:
         raise UserError(f"--model {cfg.model} has {n_params:,} parameters; {peers_here} peers on this machine would "

@@ -407,10 +407,7 @@ def save_final(ctx, log, run_dir: Path, final: dict | None) -> None:
     if log.last_weights is not None or ctx.global_weights is not None:  # a star's server model needs no gather
         model = run_model(ctx, log.last_weights, log.algorithm)
         state = {k: v.cpu().clone() for k, v in ctx.stack.layout.views(model).items()}  # loadable anywhere
-        try:
-            torch.save(state, run_dir / "model.pt")
-        except RuntimeError as exc:  # torch's own report of a failed write
-            raise OSError(5, "the write failed", str(run_dir / "model.pt")) from exc
+        checkpoint.atomic_write(run_dir / "model.pt", lambda path: torch.save(state, path))
 
 
 def summary_line(rows: list[dict], task, run_dir: Path) -> str:

@@ -54,9 +54,7 @@ def write_stripes(root: Path, classes: int, n_train: int, n_test: int) -> Path:
     return root
 
 
-def mpirun() -> str | None:
-    exe = Path(sys.executable).parent / "mpirun"
-    return str(exe) if exe.exists() else None
+from p2pfl.testing import mpirun  # noqa: E402,F401 - the one lookup of Open MPI's launcher
 
 
 def run_cli(*args: str, ranks: int = 0, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -1,7 +1,6 @@
 """Output paths, overwritten folders, pickles and damaged data at their edges: one line and exit 2 (5
 for a write that fails mid-run), never a traceback, never a run folder holding two runs."""
 import json
-import os
 import pickle
 import resource
 import subprocess

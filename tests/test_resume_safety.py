@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from p2pfl import testing
-from tests.conftest import ROOT, mpirun
+from tests.conftest import ROOT
+from tests.test_resume import _start, _wait_for_rows
 
 ARGS = ["--dataset", "synthetic", "--peers", "8", "--kappa", "3", "--rounds", "4", "--local-epochs", "2",
         "--samples-per-peer", "60", "--algo", "scaffold", "--clients-per-round", "5", "--no-progress"]
@@ -155,19 +156,6 @@ def test_a_toml_resume_key_follows_the_same_rules(tmp_path, whole):
     testing.assert_same_results(whole, run, "resumed through a TOML resume key")
 
 
-def _start(args, ranks=0):
-    cmd = [sys.executable, "-m", "p2pfl.run", *args]
-    if ranks:
-        cmd = [mpirun(), "-n", str(ranks), "--oversubscribe", *cmd]
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
-def _rows(run):
-    path = run / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
 SLOW = ["--dataset", "synthetic", "--peers", "12", "--kappa", "3", "--rounds", "5", "--local-epochs", "300",
         "--algo", "dfedavg", "--no-progress", "--checkpoint-every", "0"]  # long rounds, no checkpoint of its own
 
@@ -177,11 +165,8 @@ def test_sigterm_saves_the_last_completed_round_and_the_resume_equals_the_whole_
     """SIGTERM to every process (as SLURM sends it to a job's tasks) after round 2, with no checkpoint
     written by then: the run saves round 2 from memory, exits 143, and resumes to the whole run's numbers."""
     run = tmp_path / "cut"
-    proc = _start([*SLOW, "--out", str(run)], ranks)
-    start = time.monotonic()
-    while _rows(run) < 2:
-        assert proc.poll() is None and time.monotonic() - start < 300, proc.communicate()
-        time.sleep(0.05)
+    proc = _start(SLOW, run, ranks)
+    _wait_for_rows(proc, run, 2)
     if ranks:
         pids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
         for pid in pids:
@@ -207,10 +192,7 @@ def test_sigusr1_to_mpirun_reaches_the_ranks_and_saves(tmp_path):
     run = tmp_path / "cut"
     proc = subprocess.Popen(["bash", str(ROOT / "launch" / "mpirun.sh"), "3", *SLOW, "--out", str(run)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    start = time.monotonic()
-    while _rows(run) < 2:
-        assert proc.poll() is None and time.monotonic() - start < 300, proc.communicate()
-        time.sleep(0.05)
+    _wait_for_rows(proc, run, 2)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
@@ -218,7 +200,7 @@ def test_sigusr1_to_mpirun_reaches_the_ranks_and_saves(tmp_path):
 
 
 def test_ctrl_c_while_starting_is_one_line(tmp_path):
-    proc = _start(["--dataset", "synthetic", "--out", str(tmp_path / "r")])
+    proc = _start(["--dataset", "synthetic"], tmp_path / "r")
     time.sleep(0.3)  # torch is loading
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)

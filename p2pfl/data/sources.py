@@ -82,7 +82,9 @@ class Dataset:
 
     def select_training(self, keep) -> None:
         """Keep these training samples (a boolean mask or sorted positions), in order."""
-        keep = np.flatnonzero(np.asarray(keep)) if np.asarray(keep).dtype == bool else np.asarray(keep)
+        keep = np.asarray(keep)
+        if keep.dtype == bool:
+            keep = np.flatnonzero(keep)
         origin = np.arange(len(self.train_y)) if self.train_origin is None else self.train_origin
         self.train_x, self.train_y = self.train_x[keep], self.train_y[keep]
         self.train_origin = origin[keep]
