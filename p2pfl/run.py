@@ -356,7 +356,10 @@ class StopRequest:
             signal.signal(s, handler)
 
 
-EMERGENCY_TIMEOUT = 10.0  # seconds a stop by signal waits for the other ranks while it saves (SLURM grants 30)
+# Seconds a stop by signal waits for the other ranks while it saves. A rank finishes the block of local
+# training under way before it sees the signal, which took over 10 s on an oversubscribed machine; a dead
+# rank is what the wait gives up on. launch/slurm.sh asks for the signal 90 s before the limit.
+EMERGENCY_TIMEOUT = 60.0
 
 
 def save_held(ctx, held: list[dict], run_dir: Path, saved: int) -> int:
