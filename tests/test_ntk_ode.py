@@ -1,7 +1,8 @@
-"""The default CE evolution ('split') against a tight, independent solution of the ODE
-df/ds = -(eta/N) H (softmax(f) - Y) on real Fashion-MNIST neighbourhoods of the sizes the presets make
-(60 to about 1,200 samples), the paper's lr 0.01 and candidates t = 100..800: every candidate's weight
-update within 1e-4 (relative, 2-norm), and the same t chosen by the true network's loss."""
+"""The default CE evolution ('split' on the CPU, the batched products a GPU runs) against a tight,
+independent solution of the ODE df/ds = -(eta/N) H (softmax(f) - Y) on real Fashion-MNIST neighbourhoods
+of the sizes the presets make (60 to about 1,200 samples), the paper's lr 0.01 and candidates
+t = 100..800: every candidate's weight update within 1e-4 (relative, 2-norm), and the same t chosen by
+the true network's loss."""
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 
 from p2pfl.config import make_config, resolve
 from p2pfl.ntk import FactoredJacobian, MLPShape
+from p2pfl.ntk.batched_evolution import evolve_ce_batched
 from p2pfl.ntk.evolution import evolve_ce, tight_ce_sums
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.run import build
@@ -20,8 +22,9 @@ TAUS = [100, 200, 300, 400, 500, 600, 700, 800]
 
 
 @pytest.mark.skipif(not FMNIST.exists(), reason="Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed")
+@pytest.mark.parametrize("batched", [False, True], ids=["split", "batched"])
 @pytest.mark.parametrize("peers,kappa,samples,peer", [(30, 2, 20, 0), (30, 3, 100, 4), (300, 5, 200, 7)])
-def test_split_evolution_matches_a_tight_ode_solution(peers, kappa, samples, peer):
+def test_evolution_matches_a_tight_ode_solution(peers, kappa, samples, peer, batched):
     cfg = resolve(make_config({"algo": "ntk-dfl", "dataset": "fashion-mnist", "peers": peers, "kappa": kappa,
                                "alpha": 0.1, "samples_per_peer": samples, "progress": False}), 1)
     ctx, _ = build(cfg, 0, 1, 0)
@@ -36,7 +39,13 @@ def test_split_evolution_matches_a_tight_ode_solution(peers, kappa, samples, pee
     assert pixels is not None
     fast = FactoredJacobian.cat([jac], pixels=pixels)
     Y, eta = F.one_hot(y, 10).float(), 0.01
-    ours = evolve_ce(fast.kernel(shape, w), f0, Y, eta, TAUS)  # the default method
+    kernel = fast.kernel(shape, w)
+    if batched:  # in a batch with a larger neighbourhood's kernel: its padding must not move this one
+        other = torch.randn(len(y) + 7, 3 * len(y) // 2)
+        ours = evolve_ce_batched([kernel, other @ other.T / other.shape[1]], [f0, torch.zeros(len(y) + 7, 10)],
+                                 [Y, F.one_hot(torch.arange(len(y) + 7) % 10, 10).float()], eta, TAUS)[0]
+    else:
+        ours = evolve_ce(kernel, f0, Y, eta, TAUS)  # the default method
     ref = tight_ce_sums(jac.kernel(shape, w), f0, Y, eta, TAUS)
 
     def updates(jacobian, sums):
@@ -80,3 +89,60 @@ def test_projected_inputs_are_no_longer_pixels():
     cfg = resolve(make_config({"algo": "cp-ntk-fl", "dataset": "fashion-mnist", "peers": 10, "progress": False}), 1)
     ctx, _ = build(cfg, 0, 1, 0)
     assert ctx.cfg.settings.ntk_projection and ctx.data.pixel_levels is None
+
+
+def _random_problem(n: int, seed: int, scale: float = 1.0):
+    gen = torch.Generator().manual_seed(seed)
+    A = torch.randn(n, 2 * n, generator=gen)
+    return (scale * A @ A.T / n, torch.randn(n, 10, generator=gen),
+            F.one_hot(torch.randint(0, 10, (n,), generator=gen), 10).float())
+
+
+@pytest.mark.parametrize("scale", [1.0, 40.0, 90.0], ids=["steps-of-2", "steps-of-1.5", "short-steps"])
+def test_batched_evolution_is_each_kernels_own(scale):
+    """Each kernel in a batch evolves as it would alone, whatever its neighbours' sizes and step plans
+    (kernels of other stiffness take other steps), and as the CPU's split method does."""
+    problems = [_random_problem(n, seed, s) for seed, (n, s) in enumerate([(40, scale), (64, 1.0), (23, 90.0)])]
+    eta, taus = 1.0, [3, 20, 41, 60]
+    together = evolve_ce_batched(*map(list, zip(*problems)), eta, taus)
+    for (H, f0, Y), evo in zip(problems, together):
+        alone = evolve_ce_batched([H], [f0], [Y], eta, taus)[0]
+        assert evo.residual_sums.shape == (len(taus), len(H), 10)
+        assert torch.allclose(evo.residual_sums, alone.residual_sums, atol=1e-5)
+        assert evo.scale == alone.scale == eta / len(H)
+        ref = tight_ce_sums(H, f0, Y, eta, taus)
+        assert torch.allclose(evo.residual_sums.double(), ref, rtol=1e-3, atol=1e-3)
+
+
+def test_batched_euler_steps_are_the_cpus():
+    problems = [_random_problem(n, 5 + n) for n in (30, 50)]
+    taus = [1, 7, 30]
+    for (H, f0, Y), evo in zip(problems, evolve_ce_batched(*map(list, zip(*problems)), 0.5, taus, euler=True)):
+        cpu = evolve_ce(H, f0, Y, 0.5, taus, "euler")
+        assert torch.allclose(evo.residual_sums, cpu.residual_sums, atol=1e-4)
+        assert torch.allclose(evo.outputs, cpu.outputs, atol=1e-4)
+
+
+@pytest.mark.skipif(not FMNIST.exists(), reason="Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed")
+def test_ntk_dfl_rounds_with_the_batched_evolution_are_the_cpu_loops(monkeypatch):
+    """Two NTK-DFL rounds as a GPU takes them (the rank's neighbourhoods as one batch), run here on the
+    CPU, against the numba loop: the same t chosen at every peer, and weights within rounding."""
+    import p2pfl.algorithms.ntk_dfl as ntk_dfl
+    import p2pfl.ntk.step as step
+
+    def run(batched: bool):
+        if batched:
+            monkeypatch.setattr(step, "evolves_batched", lambda device, settings: True)
+            monkeypatch.setattr(ntk_dfl, "evolves_batched", lambda device, settings: True)
+        cfg = resolve(make_config({"algo": "ntk-dfl", "dataset": "fashion-mnist", "peers": 8, "kappa": 3,
+                                   "alpha": 0.1, "samples_per_peer": 30, "progress": False}), 1)
+        ctx, algorithm = build(cfg, 0, 1, 0)
+        for r in range(2):
+            algorithm.round(r)
+        return ctx.flat.clone(), list(algorithm.taus_chosen), algorithm.chunk
+
+    loop, taus_loop, chunk_loop = run(False)
+    batch, taus_batch, chunk_batch = run(True)
+    assert (chunk_loop, chunk_batch) == (ntk_dfl.EVOLVE_CHUNK, 8)  # all 8 peers in one batch
+    assert taus_batch == taus_loop
+    assert torch.allclose(batch, loop, rtol=1e-4, atol=1e-5)

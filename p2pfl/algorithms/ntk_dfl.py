@@ -33,12 +33,13 @@ from p2pfl.errors import UserError
 from p2pfl.final_averaging import final_averaging
 from p2pfl.ntk.codec import JacobianMessage, tau_histogram
 from p2pfl.ntk.pixels import PixelInputs
-from p2pfl.ntk.step import NTKProblem, ntk_steps
+from p2pfl.ntk.step import NTKProblem, evolves_batched, ntk_steps
 from p2pfl.seeding import numpy_rng
 from p2pfl.training import candidate_losses
 
 
-EVOLVE_CHUNK = 8  # peers whose kernels are held at once: their evolutions share the cores
+EVOLVE_CHUNK = 8  # peers whose kernels are held at once on the CPU: their evolutions share the cores
+KERNEL_COPIES = 4  # (N, N) float32 arrays a batched evolution holds per neighbourhood (kernel, padded, scaled, slack)
 INPUTS_CACHE_BYTES = 256 * 2**20  # the inputs' codes or Grams a rank keeps (94 or 48 MB at 300 peers x 200 samples)
 
 
@@ -83,6 +84,10 @@ class NTKDFL(Algorithm):
         per_peer = max(len(s) for s in ctx.shards) // self.subsample
         touched = sum(graph.degree(p) + 1 for p in ctx.peers) * math.ceil(per_peer / self.batches)
         check_memory(self.codec, self.settings, ctx.data.n_classes, touched)
+        largest_hood = (max(d for _, d in graph.degree()) + 1) * math.ceil(per_peer / self.batches)
+        stacked = largest_hood * ctx.data.n_classes * self.codec.n_params * 4 if self.codec.path == "dense" else 0
+        self.chunk = evolve_chunk(ctx.device, self.step_settings, KERNEL_COPIES * 4 * largest_hood ** 2 + stacked,
+                                  len(ctx.peers))
 
     @classmethod
     def prepare_data(cls, data, cfg):
@@ -139,8 +144,8 @@ class NTKDFL(Algorithm):
         inbox = ctx.transport.exchange("jacobians", round_index, msgs, expect, JacobianMessage)
         new = ctx.flat.clone()
         losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)  # NaN: offline this round
-        for chunk in range(0, len(online), EVOLVE_CHUNK):
-            peers = online[chunk:chunk + EVOLVE_CHUNK]
+        for chunk in range(0, len(online), self.chunk):
+            peers = online[chunk:chunk + self.chunk]
             members = {p: [j for j in hood[p] if j == p or j in inbox[p]] for p in peers}  # what arrived
             problems = [self.problem(p, members[p], own, inbox, weights[row[p]], data) for p in peers]
             results = ntk_steps(problems, self.codec.shape, n_classes, eta, self.step_settings)
@@ -209,6 +214,16 @@ class NTKDFL(Algorithm):
 
                 plot_final_averaging(result, run_dir / "final_averaging.png")
         return result
+
+
+def evolve_chunk(device: torch.device, settings, hood_bytes: int, peers: int) -> int:
+    """How many peers' evolutions are held at once: EVOLVE_CHUNK on the CPU; on a GPU, one batch of all
+    the rank's peers where half its free memory holds their kernels (and stacked dense Jacobians), else
+    as many as it does."""
+    if not evolves_batched(device, settings):
+        return EVOLVE_CHUNK
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 16 * 2**30
+    return max(1, min(peers, free // 2 // max(1, hood_bytes)))
 
 
 def _nbytes(kept: PixelInputs | torch.Tensor) -> int:

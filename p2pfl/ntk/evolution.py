@@ -141,6 +141,22 @@ def _split_kernel(H: np.ndarray, rate: float):
     return Vt, M, VMt, H2
 
 
+def step_plan(stiffness: float, euler: bool = False) -> tuple[int, float]:
+    """(substeps per unit in the warm-up, step length after it) for a kernel whose stiffest rate is
+    stiffness = (eta/N) lambda_max. The softmax's Jacobian has eigenvalues up to 1/2, so a step h sees at
+    most h stiffness / 2: SSPRK(4,3) (stability interval 5.15) steps of 2 units while stiffness <=
+    SPLIT_STIFF, of 1.5 up to 4/3 SPLIT_STIFF, of 1/k beyond; without SPLIT_WIDE (or for Euler), RK3
+    (interval 2.51) steps of 1/k. The warm-up's RK3 steps are SPLIT_SUBSTEPS times as short."""
+    warm_steps = SPLIT_SUBSTEPS * max(1, math.ceil(stiffness / SPLIT_STIFF))
+    if not SPLIT_WIDE or euler:
+        return warm_steps, 1.0 / max(1, math.ceil(stiffness / SPLIT_STIFF))
+    if stiffness <= SPLIT_STIFF:
+        return warm_steps, 2.0
+    if SPLIT_THREE_HALVES and 1.5 * stiffness <= 2 * SPLIT_STIFF:
+        return warm_steps, 1.5
+    return warm_steps, 1.0 / math.ceil(stiffness / (2 * SPLIT_STIFF))
+
+
 def _split_sums(H, Y, rate, f, taus, euler: bool):
     """The compiled whole-step loop (split_loop.left_sums) on the split kernel: the stiff rank-16 part
     exactly at every stage, the remainder lazily (see there). None where the split does not apply.
@@ -157,23 +173,8 @@ def _split_sums(H, Y, rate, f, taus, euler: bool):
     ritz = np.linalg.eigvalsh(M)
     if not euler and len(H2) and rate * float(ritz[0]) > SPLIT_SLOW:
         return None  # the rest of the spectrum is not slow: the split does not pay, the caller falls back
-    # step length: the softmax's Jacobian has eigenvalues up to 1/2, so with the kernel's stiffest rate
-    # x = (eta/N) lambda_max a step h sees at most h x / 2. SSPRK(4,3) (stability interval 5.15) steps of
-    # 2 units while x <= SPLIT_STIFF, of 1.5 up to 4/3 SPLIT_STIFF, of 1 up to 2 SPLIT_STIFF, shorter beyond;
-    # without SPLIT_WIDE, RK3 (interval 2.51) steps of 1 while x <= SPLIT_STIFF, shorter beyond. In the
-    # transient, RK3 steps four times as short as RK3 alone would take.
-    stiffness = rate * float(ritz[-1])
-    warm_steps = SPLIT_SUBSTEPS * max(1, math.ceil(stiffness / SPLIT_STIFF))
+    warm_steps, h = step_plan(rate * float(ritz[-1]), euler)
     wide = SPLIT_WIDE and not euler
-    if wide:
-        if stiffness <= SPLIT_STIFF:
-            h = 2.0
-        elif SPLIT_THREE_HALVES and 1.5 * stiffness <= 2 * SPLIT_STIFF:
-            h = 1.5
-        else:
-            h = 1.0 / math.ceil(stiffness / (2 * SPLIT_STIFF))
-    else:
-        h = 1.0 / max(1, math.ceil(stiffness / SPLIT_STIFF))
     wanted = np.full(max(taus) + 1, -1, dtype=np.int64)
     wanted[list(taus)] = np.arange(len(taus))
     sums = np.empty((len(taus),) + f.shape, dtype=f.dtype)

@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from p2pfl.ntk.batched_evolution import evolve_ce_batched
 from p2pfl.ntk.evolution import evolve, linearized_loss
 
 
@@ -43,9 +44,9 @@ class NTKProblem:
 
 
 def ntk_steps(problems: list[NTKProblem], shape, n_classes: int, eta: float, settings: NTKSettings) -> list[StepResult]:
-    """Kernel, evolution, candidate weights and selection of several problems. The evolutions (compiled
-    loops that release the GIL) run on as many threads as torch has (the rank's share of the cores),
-    one problem each; the kernels and candidates are torch's, which uses those threads itself (measured:
+    """Kernel, evolution, candidate weights and selection of several problems. On a GPU the evolutions
+    are one batch (p2pfl.ntk.batched_evolution). On the CPU they are compiled loops that release the
+    GIL, run on as many threads as torch has (the rank's share of the cores), one problem each; the kernels and candidates are torch's, which uses those threads itself (measured:
     faster than each problem whole on one thread with one torch thread). Each problem's arithmetic is
     the same whatever the threads, so the results are too."""
     workers = torch.get_num_threads()
@@ -55,7 +56,10 @@ def ntk_steps(problems: list[NTKProblem], shape, n_classes: int, eta: float, set
     def evolution(i):
         return evolve(settings.loss, kernels[i], problems[i].f0, targets[i], eta, list(settings.taus), settings.ode)
 
-    if workers > 1 and len(problems) > 1:
+    if problems and evolves_batched(kernels[0].device, settings):
+        evolutions = evolve_ce_batched(kernels, [p.f0 for p in problems], targets, eta, list(settings.taus),
+                                       euler=settings.ode != "split")
+    elif workers > 1 and len(problems) > 1:
         with ThreadPoolExecutor(workers) as pool:
             evolutions = list(pool.map(evolution, range(len(problems))))
     else:
@@ -72,6 +76,12 @@ def ntk_steps(problems: list[NTKProblem], shape, n_classes: int, eta: float, set
         best = int(torch.argmin(losses))  # first of equals, as the reference code
         results.append(StepResult(candidates[best], settings.taus[best], losses))
     return results
+
+
+def evolves_batched(device: torch.device, settings: NTKSettings) -> bool:
+    """Whether the evolutions run as one batch of products on the device (a GPU: the CE ODE and its Euler
+    steps) rather than one compiled loop per CPU thread (the CPU; the MSE closed form; 'adaptive')."""
+    return device.type != "cpu" and settings.loss == "ce" and settings.ode in ("split", "euler", "deflated")
 
 
 def ntk_step(jac, shape, w: torch.Tensor, f0: torch.Tensor, labels: torch.Tensor, n_classes: int, eta: float,
