@@ -46,10 +46,12 @@ run: install
 test: install
 	P2PFL_NO_DOWNLOAD=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist worksteal tests
 
+# Each on the CPU and, where CUDA is present, on the GPU beside it; TCT's stage 1 at paper scale on the GPU only.
 bench: install
 	$(PY) bench/bench_dfedavg.py
 	$(PY) bench/bench_ntk.py
 	$(PY) bench/bench_cnn.py
+	$(PY) bench/bench_cnn.py --tct-stage1 --device gpu --repeats 1
 
 # Every algorithm x model pair for 2 rounds on the GPU, one OK/FAIL line each (needs CUDA).
 gpu-smoke: install

@@ -1,29 +1,28 @@
-"""Seconds per DFedAvg round at 300 peers: the rank's peers trained together (batched products) vs a per-peer loop.
+"""Seconds per DFedAvg round at 300 peers: the rank's peers trained together (batched products) vs a
+per-peer loop on the CPU, and, where CUDA is present, the batched round on the GPU beside them.
 
-Both are measured in this one run, on the same data and starting weights, so the ratio is fair on a
-shared, noisy machine. Usage: python bench/bench_dfedavg.py [--peers 300] [--epochs 20] [--repeats 1]
+All are measured in this one run, on the same data and starting weights, so the ratios are fair on a
+shared, noisy machine. With CUDA, also --ranks processes sharing the GPU (real runs under mpirun).
+Usage: python bench/bench_dfedavg.py [--peers 300] [--epochs 20] [--repeats 1] [--device all] [--ranks 4]
 """
 import argparse
-import time
 
 import torch
 
+from common import devices, gpu_peak_gb, reset_gpu_peak, run_rounds, timed
 from p2pfl.config import make_config, resolve
 from p2pfl.metrics import peak_rss_kib
 from p2pfl.run import build
 
 
-def seconds_per_round(batched: bool, args) -> tuple[float, torch.Tensor]:
+def seconds_per_round(batched: bool, args, device: str = "cpu") -> tuple[float, torch.Tensor]:
     cfg = resolve(make_config({"algo": "dfedavg", "peers": args.peers, "kappa": 5, "alpha": 0.1,
                                "dataset": args.dataset, "local_epochs": args.epochs, "batched": batched,
-                               "progress": False}), 1)
+                               "device": device, "progress": False}), 1)
     ctx, algo = build(cfg, 0, 1, 0)
-    times = []
-    for k in range(args.repeats):
-        start = time.perf_counter()
-        algo.round(k)
-        times.append(time.perf_counter() - start)
-    return min(times), ctx.flat
+    reset_gpu_peak(device)
+    times = [timed(lambda: algo.round(k), device) for k in range(args.repeats)]
+    return min(times), ctx.flat.cpu()
 
 
 def main() -> None:
@@ -32,16 +31,34 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=20, help="local epochs per round (DFedAvg default 20)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--dataset", default="fashion-mnist")
+    p.add_argument("--device", default="all", help="all (the CPU, and the GPU where CUDA is present), gpu (that GPU only), cpu or cuda")
+    p.add_argument("--ranks", type=int, default=4, help="processes sharing the GPU in the last row")
     args = p.parse_args()
     print(f"DFedAvg, {args.peers} peers, kappa 5, alpha 0.1, batch 25, {args.epochs} local epochs, "
           f"{torch.get_num_threads()} threads")
-    batched, w_batched = seconds_per_round(True, args)
-    print(f"  batched (peers together):  {batched:8.2f} s/round")
-    loop, w_loop = seconds_per_round(False, args)
-    print(f"  per-peer loop:             {loop:8.2f} s/round")
-    print(f"  speed-up batched vs loop:  {loop / batched:8.2f}x   "
-          f"(max weight difference {float((w_batched - w_loop).abs().max()):.2e})")
-    print(f"  peak memory of this process (both runs): {peak_rss_kib() / 2**20:.2f} GB")
+    on = devices(args.device)
+    first = None
+    if "cpu" in on:
+        batched, first = seconds_per_round(True, args)
+        print(f"  cpu, batched (peers together): {batched:8.2f} s/round")
+        loop, w_loop = seconds_per_round(False, args)
+        print(f"  cpu, per-peer loop:            {loop:8.2f} s/round")
+        print(f"  speed-up batched vs loop:      {loop / batched:8.2f}x   "
+              f"(max weight difference {float((first - w_loop).abs().max()):.2e})")
+    for device in (d for d in on if d != "cpu"):
+        seconds, weights = seconds_per_round(True, args, device)
+        print(f"  {device}, batched:                {seconds:8.3f} s/round{gpu_peak_gb(device)}")
+        if first is not None:
+            print(f"  speed-up {device} vs cpu batched:  {batched / seconds:8.1f}x   "
+                  f"(max weight difference {float((weights - first).abs().max()):.2e})")
+        if args.ranks > 1:
+            flags = ["--algo", "dfedavg", "--peers", str(args.peers), "--kappa", "5", "--alpha", "0.1", "--dataset",
+                     args.dataset, "--local-epochs", str(args.epochs), "--rounds", "2", "--device", device]
+            one = min(r["wall_s"] for r in run_rounds(flags)[0])
+            shared = min(r["wall_s"] for r in run_rounds(flags, args.ranks)[0])
+            print(f"  {device}, real runs: 1 process {one:.3f} s/round, {args.ranks} ranks sharing it {shared:.3f} "
+                  f"s/round ({one / shared:.2f}x)")
+    print(f"  peak memory of this process (all runs): {peak_rss_kib() / 2**20:.2f} GB")
 
 
 if __name__ == "__main__":

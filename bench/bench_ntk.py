@@ -1,8 +1,9 @@
 """NTK-DFL benchmarks, measured side by side in one run.
 
-1. Seconds per round at 300 peers (kappa 5, Fashion-MNIST alpha 0.1, ~200 samples per peer, 8 candidate
-   t), and the job's peak memory: a real `python -m p2pfl.run` child (under mpirun with --ranks > 1),
-   round time from its metrics.jsonl (wall_s), peak memory the sum of the ranks' peak RSS.
+1. (printed last) Seconds per round at 300 peers (kappa 5, Fashion-MNIST alpha 0.1, ~200 samples per
+   peer, 8 candidate t), and the job's peak memory: a real `python -m p2pfl.run` child (under mpirun
+   with --ranks > 1), round time from its metrics.jsonl (wall_s), peak memory the sum of the ranks'
+   peak RSS; on the CPU and, where CUDA is present (--device all), on the GPU with one process.
 2. One peer's evolution step on the same neighbourhood, factored vs dense Jacobians (Jacobian, kernel,
    evolution, candidates, selection), and the largest difference between the weights they pick. Then
    the neighbourhood's kernel as one product, by blocks, by blocks with the peers' inputs Grams given,
@@ -12,25 +13,25 @@
    quarter steps): time per peer step and the largest relative error of a candidate's weight update;
    then the default's SSPRK(4,3) steps against RK3's, on that kernel and on it made as stiff as
    trained ones.
+4. Every neighbourhood's evolution of a round as one batch of products (a GPU run's path): its time on
+   each device, and one of them against the tight solution.
 
 Usage: python bench/bench_ntk.py [--peers 300] [--rounds 2] [--ranks 1,2] [--skip-round] [--skip-dense]
+       [--device all]
 """
 import argparse
-import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import p2pfl  # noqa: F401  (first: it keeps numpy's BLAS on one thread, which torch's import would start)
 import torch
 
+from common import devices, gpu_peak_gb, reset_gpu_peak, run_rounds, timed
 from p2pfl.config import make_config, resolve
 from p2pfl.ntk import DenseJacobian, FactoredJacobian, MLPShape
 from p2pfl.ntk import evolution
+from p2pfl.ntk.batched_evolution import evolve_ce_batched
 from p2pfl.ntk.evolution import evolve_ce, tight_ce_sums
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.ntk.step import ntk_step
@@ -38,22 +39,49 @@ from p2pfl.run import build
 from p2pfl.training import candidate_losses
 
 
-def round_seconds(args, ranks: int) -> None:
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "p2pfl.run", "--algo", "ntk-dfl", "--peers", str(args.peers), "--kappa", "5",
-               "--alpha", "0.1", "--rounds", str(args.rounds), "--out", out, "--no-progress"]
-        if ranks > 1:
-            cmd = [str(Path(sys.executable).parent / "mpirun"), "-n", str(ranks), "--oversubscribe", *cmd]
-        start = time.perf_counter()
-        subprocess.run(cmd, check=True, env=dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1",
-                                                 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
-        total = time.perf_counter() - start
-        rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+def round_seconds(args, ranks: int, device: str = "cpu") -> float:
+    """A real run's rounds; returns its fastest round's seconds."""
+    rows, total = run_rounds(["--algo", "ntk-dfl", "--peers", str(args.peers), "--kappa", "5", "--alpha", "0.1",
+                              "--rounds", str(args.rounds), "--device", device], ranks)
     peak = max(r["peak_rss_mb"] for r in rows) / 1024  # summed over ranks by the run itself
+    gpu = max((r.get("peak_gpu_mb", 0) for r in rows), default=0) / 1024
     for r in rows:
-        print(f"  round {r['round']}: {r['wall_s']:.1f} s (aggregated accuracy {100 * r['test_acc']:.1f}%, "
-              f"sent {r['bytes_sent'] / 1e6:.0f} MB, dense-equivalent {r['bytes_dense'] / 1e9:.0f} GB)")
-    print(f"  whole job {total:.0f} s with start-up and evaluation; peak memory {peak:.2f} GB")
+        print(f"  round {r['round']}: {r['wall_s']:.2f} s (aggregated accuracy {100 * r['test_acc']:.1f}%, "
+              f"sent {r['bytes_sent'] / 1e6:.0f} MB, dense-equivalent {r['bytes_dense'] / 1e9:.0f} GB, "
+              f"t chosen {r.get('ntk_t_hist')})")
+    print(f"  whole job {total:.0f} s with start-up and evaluation; peak memory {peak:.2f} GB"
+          + (f", peak GPU memory {gpu:.2f} GB" if gpu else ""))
+    return min(r["wall_s"] for r in rows)
+
+
+def batched_evolutions(args, device: str) -> None:
+    """The evolutions of every neighbourhood of round 1 as one batch on the device (what a GPU run does),
+    timed; and one of them against the tight ODE solution and against the CPU's split method."""
+    cfg = resolve(make_config({"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1,
+                               "progress": False}), 1)
+    ctx, _ = build(cfg, 0, 1, 0)
+    graph, shape = ctx.schedule.graph(0), MLPShape.of(ctx.stack.model, ctx.stack.layout)
+    count = args.peers if device != "cpu" else 2  # on the CPU this path is slow by design: two for the check
+    kernels, f0s, targets = [], [], []
+    for peer in range(count):
+        index = torch.cat([ctx.shards[j] for j in sorted(list(graph.neighbors(peer)) + [peer])])
+        jac, f0 = FactoredJacobian.compute(shape, ctx.flat[peer], ctx.data.train_x[index])
+        kernels.append(jac.kernel(shape, ctx.flat[peer]).to(device))
+        f0s.append(f0.to(device))
+        targets.append(torch.nn.functional.one_hot(ctx.data.train_y[index], 10).float().to(device))
+    taus, eta = list(cfg.settings.ntk_taus), 0.01
+    reset_gpu_peak(device)
+    seconds = min(timed(lambda: evolve_ce_batched(kernels, f0s, targets, eta, taus), device) for _ in range(2))
+    print(f"  {device}: {count} neighbourhoods (up to {max(len(k) for k in kernels)} samples) evolved as one batch "
+          f"in {seconds:.3f} s{gpu_peak_gb(device)}")
+    H, f0, Y = kernels[0].cpu(), f0s[0].cpu(), targets[0].cpu()
+    truth = tight_ce_sums(H, f0, Y, eta, taus)
+    batched = evolve_ce_batched(kernels[:1], f0s[:1], targets[:1], eta, taus)[0].residual_sums.cpu().double()
+    split = evolve_ce(H, f0, Y, eta, taus).residual_sums.double()
+    off = {name: float(((s - truth).norm(dim=(1, 2)) / truth.norm(dim=(1, 2))).max())
+           for name, s in (("batched", batched), ("split", split))}
+    print(f"  peer 0's residual sums against the tight solution: batched off by {off['batched']:.1e}, "
+          f"split (the CPU's) by {off['split']:.1e}")
 
 
 def one_step(ctx, path: str, peer: int = 0):
@@ -245,18 +273,27 @@ def main() -> None:
     p.add_argument("--ranks", default="1,2", help="MPI rank counts to time the round with, comma-separated")
     p.add_argument("--skip-round", action="store_true")
     p.add_argument("--skip-dense", action="store_true")
+    p.add_argument("--device", default="all", help="all (the CPU, and the GPU where CUDA is present), gpu (that GPU only), cpu or cuda")
     args = p.parse_args()
+    on = devices(args.device)
     print(f"NTK-DFL step on one neighbourhood ({torch.get_num_threads()} threads)")
     factored_vs_dense(args)
     print("Kernel and candidate selection of one neighbourhood, side by side")
     kernel_and_selection(args)
     print("CE evolution methods vs a tight ODE solution (one neighbourhood, lr 0.01)")
     ode_methods(args)
+    print("A rank's evolutions as one batch of products (the GPU's path)")
+    for device in on:
+        batched_evolutions(args, device)
     if not args.skip_round:
-        for ranks in (int(r) for r in args.ranks.split(",")):
-            print(f"NTK-DFL round: {args.peers} peers on {ranks} rank(s), kappa 5, Fashion-MNIST alpha 0.1, "
-                  "200 samples per peer")
-            round_seconds(args, ranks)
+        seconds = {}
+        for device in on:
+            for ranks in ((int(r) for r in args.ranks.split(",")) if device == "cpu" else (1,)):
+                print(f"NTK-DFL round on {device}: {args.peers} peers on {ranks} rank(s), kappa 5, Fashion-MNIST "
+                      "alpha 0.1, 200 samples per peer")
+                seconds[device, ranks] = round_seconds(args, ranks, device)
+        if ("cuda", 1) in seconds:
+            print(f"  fastest round, cuda against cpu (1 rank each): {seconds['cpu', 1] / seconds['cuda', 1]:.1f}x")
 
 
 if __name__ == "__main__":

@@ -87,12 +87,14 @@ def masked_loss(task: Task, outputs: torch.Tensor, y: torch.Tensor, mask: torch.
 
 def gradients(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
               noise: dict[str, torch.Tensor] | None = None,
-              contrast: Contrast | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              contrast: Contrast | None = None, sizes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-peer gradients of the masked mean loss with respect to the trainable part of each row:
     (L, trainable), and the losses (L,). Batch norm's running statistics in flat are updated in place.
 
     With batch norm, padded rows would enter the batch statistics, so peers are forwarded in groups of
-    equal batch length, each with its real rows only; rows without a batch are not forwarded at all."""
+    equal batch length, each with its real rows only; rows without a batch are not forwarded at all.
+    sizes: each row's batch length, on the CPU, where the caller knows it (reading it from a GPU's mask
+    would wait for the device)."""
     if _hand_written(stack, noise, contrast):
         with one_torch_thread():
             return _mlp_gradients(stack, flat, x, y, mask)
@@ -100,9 +102,9 @@ def gradients(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Te
         return _gradients(stack, flat, x, y, mask, noise, contrast)
     grad = torch.zeros(len(flat), stack.layout.trainable, device=flat.device, dtype=flat.dtype)
     losses = torch.zeros(len(flat), device=flat.device, dtype=flat.dtype)
-    sizes = mask.sum(1).long()
+    sizes = (mask.sum(1) if sizes is None else sizes).long().cpu()
     for b in sorted(set(sizes.tolist()) - {0}):
-        rows = (sizes == b).nonzero()[:, 0]
+        rows = (sizes == b).nonzero()[:, 0].to(flat.device)
         sub = flat[rows]
         part_noise = {k: v[rows, : v.shape[1] // x.shape[1] * b] for k, v in (noise or {}).items()}
         grad[rows], losses[rows] = _gradients(stack, sub, x[rows, :b], y[rows, :b], mask[rows, :b], part_noise,
@@ -178,7 +180,7 @@ def _gradients(stack, flat, x, y, mask, noise, contrast=None):
 def epoch_batches(shards: list[torch.Tensor], batch: int, seed: int, round_index: int, peers: list[int],
                   epoch: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """One epoch's minibatch plan: indices (steps, L, B) into the training set and a mask (steps, L, B),
-    drawn on the CPU from the keyed generators and moved to device in one copy each."""
+    drawn on the CPU from the keyed generators and moved to device (to_device) in one copy each."""
     steps = max(math.ceil(len(s) / batch) for s in shards)
     index = torch.zeros(len(shards), steps * batch, dtype=torch.long)
     mask = torch.zeros(len(shards), steps * batch)
@@ -187,17 +189,26 @@ def epoch_batches(shards: list[torch.Tensor], batch: int, seed: int, round_index
         index[i, :len(order)] = order  # step s takes order[s*batch:(s+1)*batch]
         mask[i, :len(order)] = 1.0
     shape = (len(shards), steps, batch)
-    return (index.view(shape).transpose(0, 1).contiguous().to(device),
-            mask.view(shape).transpose(0, 1).contiguous().to(device))
+    return (to_device(index.view(shape).transpose(0, 1).contiguous(), device),
+            to_device(mask.view(shape).transpose(0, 1).contiguous(), device))
+
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """t (on the CPU) on device, without waiting for the device: through pinned memory to a GPU (a plain
+    copy from pageable memory waits for the device's queue to drain, one stall per step)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def apply_step(flat: torch.Tensor, grad: torch.Tensor, active: torch.Tensor, opt: SGDSettings, lr: float,
                velocity: torch.Tensor | None, terms: StepTerms | None = None) -> None:
     """In-place SGD (torch semantics: buf = m*buf + g, dampening 0) on the rows where active is true,
     on the trainable part of flat (the first grad.shape[1] columns; buffers are not stepped).
-    grad is consumed (modified in place)."""
+    grad is consumed (modified in place). active on the CPU costs the device no wait."""
     if not bool(active.all()):
-        rows = active.nonzero()[:, 0]
+        rows = active.nonzero()[:, 0].to(flat.device)
         sub_v = velocity[rows] if velocity is not None else None
         sub_w = flat[rows]
         apply_step(sub_w, grad[rows], torch.ones(len(rows), dtype=torch.bool), opt, lr, sub_v,
@@ -235,7 +246,22 @@ def one_torch_thread():
         torch.set_num_threads(threads)
 
 
-PEER_BLOCK = 24  # MLP peers trained together: their weights stay in the CPU's cache for all their steps
+PEER_BLOCK = 24  # MLP peers trained together on a CPU: their weights stay in its cache for all their steps
+GPU_MEMORY_SHARE = 0.5  # of a GPU's free memory, what one block of peers' training may take
+STEP_COPIES = 6  # (D,) float32 arrays a peer's step holds beside its activations: weights, grads, velocity, slack
+
+
+def peer_block(stack: PeerStack, peers: int, batch: int, sample_shape: tuple[int, ...]) -> int:
+    """How many peers train as one batch. On the CPU, PEER_BLOCK MLPs (a cache's worth; blocks spread
+    over the cores) or all the rank's other models. On a GPU, all the rank's peers, as many as fit in
+    GPU_MEMORY_SHARE of its free memory by their weights and a step's activations."""
+    if not stack.batched:
+        return 1
+    if stack.device.type == "cpu":
+        return PEER_BLOCK if stack.mlp is not None else peers
+    free = torch.cuda.mem_get_info(stack.device)[0] if stack.device.type == "cuda" else 16 * 2**30
+    per_peer = STEP_COPIES * 4 * stack.layout.size + batch * stack.activation_bytes(sample_shape)
+    return max(1, min(peers, int(free * GPU_MEMORY_SHARE) // per_peer))
 
 
 def train_epochs(stack: PeerStack, flat: torch.Tensor, shards: list[torch.Tensor], peers: list[int],
@@ -245,14 +271,14 @@ def train_epochs(stack: PeerStack, flat: torch.Tensor, shards: list[torch.Tensor
     last minibatch loss. Momentum starts from zero each call, as a fresh optimizer per round (the
     DFedAvgM reference code). With stack.batched false, peers train one after another without vmap
     (the per-peer baseline of the benchmark)."""
-    size = (PEER_BLOCK if stack.mlp is not None else len(peers)) if stack.batched else 1
+    size = peer_block(stack, len(peers), opt.batch_size, tuple(train_x.shape[1:]))
     blocks = [slice(i, i + size) for i in range(0, len(peers), size)]
 
     def train(b):
         return _train_block(stack, flat[b], shards[b], peers[b], train_x, train_y, opt, lr, seed, round_index,
                             terms.rows(b) if terms else None)
 
-    if stack.mlp is None:
+    if stack.mlp is None or stack.device.type != "cpu":
         return torch.cat([train(b) for b in blocks])
     threads = torch.get_num_threads()
     with one_torch_thread(), ThreadPoolExecutor(threads) as pool:
@@ -265,31 +291,38 @@ def local_steps(n_samples: int, opt: SGDSettings) -> int:
 
 
 def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, round_index, terms) -> torch.Tensor:
+    """The block's steps. Which peers step when follows from the shard sizes alone, so the plan (which
+    rows are active at each step, the masks, the batch lengths) is made on the CPU, an epoch at a time,
+    and the steps never wait for the device to say it."""
     velocity = torch.zeros_like(flat[:, : stack.layout.trainable]) if opt.momentum else None
     last = torch.zeros(len(peers), device=flat.device)
-    budget = torch.tensor([local_steps(len(s), opt) if len(s) else 0 for s in shards], device=flat.device)
+    budget = torch.tensor([local_steps(len(s), opt) if len(s) else 0 for s in shards])
     taken = torch.zeros_like(budget)
     plain_mlp = _hand_written(stack) and terms is None and not (opt.momentum or opt.weight_decay or opt.clip
                                                                  or opt.prox_mu)
     epoch = 0
     while bool((taken < budget).any()):
-        index, mask = epoch_batches(shards, opt.batch_size, seed, round_index, peers, epoch, flat.device)
+        index, mask = epoch_batches(shards, opt.batch_size, seed, round_index, peers, epoch)
+        active = torch.zeros(mask.shape[:2], dtype=torch.bool)
         for s in range(len(index)):
-            active = (mask[s].sum(1) > 0) & (taken < budget)
-            if not bool(active.any()):
+            active[s] = (mask[s].sum(1) > 0) & (taken < budget)
+            taken += active[s].long()
+        sizes = (mask * active[..., None]).sum(2)
+        index, mask, on_device = (to_device(t, flat.device) for t in (index, mask * active[..., None], active))
+        for s in range(len(index)):
+            if not bool(active[s].any()):
                 continue
             noise = stack.dropout_noise(peers, opt.batch_size, seed, round_index, epoch, s) if stack.dropouts else None
             x = torch.index_select(train_x, 0, index[s].reshape(-1), out=stack.scratch(
                 "batch", (index.shape[1] * index.shape[2], *train_x.shape[1:]), train_x))
             x = x.view(*index.shape[1:], *train_x.shape[1:])
             if plain_mlp:  # inactive peers have a zero mask, hence a zero step
-                _, losses = _mlp_gradients(stack, flat, x, train_y[index[s]], mask[s] * active[:, None], lr)
+                _, losses = _mlp_gradients(stack, flat, x, train_y[index[s]], mask[s], lr)
             else:
-                grad, losses = gradients(stack, flat, x, train_y[index[s]], mask[s] * active[:, None], noise,
-                                         terms.contrast if terms else None)
-                apply_step(flat, grad, active, opt, lr, velocity, terms)
-            taken += active.long()
-            last = torch.where(active, losses, last)
+                grad, losses = gradients(stack, flat, x, train_y[index[s]], mask[s], noise,
+                                         terms.contrast if terms else None, sizes[s])
+                apply_step(flat, grad, active[s], opt, lr, velocity, terms)
+            last = torch.where(on_device[s], losses, last)
         epoch += 1
     return last
 

@@ -96,3 +96,38 @@ def test_candidate_losses_of_mlps_equal_their_forward_passes():
         assert torch.allclose(candidate_losses(stack, candidates, x, y), torch.stack(direct).detach(), atol=1e-6)
         mse = candidate_losses(stack, candidates, x, y, "mse")
         assert mse.shape == (5,) and torch.all(mse > 0)
+
+
+def test_conv_nets_train_as_one_vmap_batch_as_a_gpu_runs_them():
+    """On a GPU conv nets train as one vmap batch (dropout noise and batch norm's per-length groups
+    included); forced here on the CPU, it equals one peer at a time within float rounding."""
+    from p2pfl.models import build_model
+
+    class Options:
+        hidden, norm, rep_dim = [8], "batch", 2
+
+    torch.manual_seed(0)
+    x, y = torch.rand(120, 1, 28, 28), torch.randint(0, 10, (120,))
+    shards = [torch.arange(i * 30, i * 30 + 30 - 6 * i) for i in range(4)]  # unequal: ragged last batches
+    for name in ("cnn-fmnist", "resnet8"):  # dropout; batch norm
+        model = build_model(name, (1, 28, 28), 10, Options())
+        flat = initial_parameters(model, list(range(4)), seed=1, init="different", device=torch.device("cpu"))
+        opt = SGDSettings(lr=0.05, batch_size=8, epochs=1, momentum=0.9)
+        runs = []
+        for batched in (True, False):
+            stack, w = PeerStack(model), flat.clone()
+            assert not stack.batched  # the CPU's choice for conv nets
+            stack.batched = batched
+            runs.append((w, train_epochs(stack, w, shards, [0, 1, 2, 3], x, y, opt, 0.05, 3, 0)))
+        (a, la), (b, lb) = runs
+        assert not torch.allclose(a, flat)
+        assert torch.allclose(a, b, atol=1e-5) and torch.allclose(la, lb, atol=1e-5), name
+
+
+def test_peer_block_by_device():
+    from p2pfl.training import PEER_BLOCK, peer_block
+
+    model, *_ = setup()
+    assert peer_block(PeerStack(model), 300, 25, (12,)) == PEER_BLOCK  # a CPU cache's worth of MLPs
+    assert peer_block(PeerStack(model, batched=False), 300, 25, (12,)) == 1
+    assert PeerStack(model).activation_bytes((12,)) > 3 * 4 * (8 + 3)  # the hidden and output units, at least
