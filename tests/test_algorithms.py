@@ -187,3 +187,16 @@ def test_final_averaging_evaluates_on_the_test_samples_asked_for(tmp_path):
     final = json.loads((out / "final.json").read_text())
     assert (final["val_samples"], final["test_samples"]) == (50, 51)
     assert all(abs(a * 50 - round(a * 50)) < 1e-4 for a in final["client_val_acc"])  # counts out of 50
+
+
+def test_the_gpu_preset_is_the_papers_run_on_cuda():
+    """ntk-dfl-fmnist300-gpu.toml differs from the paper's preset only in where it runs and for how long."""
+    from pathlib import Path
+
+    from p2pfl.config import load_toml
+
+    presets = Path(__file__).resolve().parents[1] / "launch/presets"
+    cpu, gpu = (load_toml(str(presets / name)) for name in ("ntk-dfl-fmnist300.toml", "ntk-dfl-fmnist300-gpu.toml"))
+    assert gpu.pop("device") == "cuda" and gpu.pop("rounds") == 40
+    cpu.pop("rounds")
+    assert gpu == cpu
