@@ -74,12 +74,16 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     return torch.device(choice)
 
 
+def _ranks_per_gpu() -> int:
+    """The local ranks that share each GPU, rounded up."""
+    return -(-(_ranks_on_this_machine() or 1) // torch.cuda.device_count())
+
+
 def _gpu_share(device: torch.device, peers_here: int) -> tuple[str, int, int] | None:
     """(device, its bytes, the peers of the ranks that share it) for a GPU; None for the CPU."""
     if device.type != "cuda":
         return None
-    ranks = -(-(_ranks_on_this_machine() or 1) // torch.cuda.device_count())  # local ranks per GPU, rounded up
-    return str(device), torch.cuda.get_device_properties(device).total_memory, peers_here * ranks
+    return str(device), torch.cuda.get_device_properties(device).total_memory, peers_here * _ranks_per_gpu()
 
 
 def make_run_dir(cfg: RunConfig) -> Path:
@@ -149,11 +153,13 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     model = build_model(cfg.model, data.input_shape, data.n_classes, cfg)
     flat = initial_parameters(model, peers, cfg.seed, cfg.init, device)
     data.to(device)
+    stack = PeerStack(model.to(device), cfg.batched, TASKS[data.task])
+    if device.type == "cuda":  # the ranks that share a GPU share its free memory for their batches
+        stack.memory_share /= _ranks_per_gpu()
     ctx = RunContext(cfg=cfg, transport=transport, data=data, shards=[torch.from_numpy(s) for s in shards],
                      schedule=TopologySchedule(cfg.topology, cfg.peers + cls.centralized, cfg.kappa, cfg.seed,
                                                cfg.static),
-                     stack=PeerStack(model.to(device), cfg.batched, TASKS[data.task]), peers=peers, flat=flat,
-                     device=device, faults=transport.faults)
+                     stack=stack, peers=peers, flat=flat, device=device, faults=transport.faults)
     return ctx, cls(ctx)
 
 

@@ -87,7 +87,7 @@ class NTKDFL(Algorithm):
         largest_hood = (max(d for _, d in graph.degree()) + 1) * math.ceil(per_peer / self.batches)
         stacked = largest_hood * ctx.data.n_classes * self.codec.n_params * 4 if self.codec.path == "dense" else 0
         self.chunk = evolve_chunk(ctx.device, self.step_settings, KERNEL_COPIES * 4 * largest_hood ** 2 + stacked,
-                                  len(ctx.peers))
+                                  len(ctx.peers), ctx.stack.memory_share)
 
     @classmethod
     def prepare_data(cls, data, cfg):
@@ -216,14 +216,14 @@ class NTKDFL(Algorithm):
         return result
 
 
-def evolve_chunk(device: torch.device, settings, hood_bytes: int, peers: int) -> int:
+def evolve_chunk(device: torch.device, settings, hood_bytes: int, peers: int, share: float) -> int:
     """How many peers' evolutions are held at once: EVOLVE_CHUNK on the CPU; on a GPU, one batch of all
-    the rank's peers where half its free memory holds their kernels (and stacked dense Jacobians), else
-    as many as it does."""
+    the rank's peers where its share of the free memory holds their kernels (and stacked dense
+    Jacobians), else as many as it does."""
     if not evolves_batched(device, settings):
         return EVOLVE_CHUNK
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 16 * 2**30
-    return max(1, min(peers, free // 2 // max(1, hood_bytes)))
+    return max(1, min(peers, int(free * share) // max(1, hood_bytes)))
 
 
 def _nbytes(kept: PixelInputs | torch.Tensor) -> int:

@@ -77,6 +77,9 @@ class PeerStack:
         self.convolutional = any(isinstance(m, nn.Conv2d) for m in model.modules())
         self.batched = batched and (not self.convolutional or self.device.type != "cpu")
         self._activations: dict[tuple[int, ...], int] = {}
+        # on a GPU, the part of its free memory this rank's batches may take (the run divides it among the
+        # ranks that share the GPU)
+        self.memory_share = 0.5
         self.dropouts = {name: m for name, m in model.named_modules() if isinstance(m, PeerDropout)}
         # a batched MLP trains through hand-written batched products (p2pfl.training._mlp_gradients)
         self.mlp = _mlp_shape(model, self.layout) if self.batched else None
