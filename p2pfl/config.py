@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from p2pfl.errors import UserError
 from p2pfl.paths import checked_path
 
@@ -484,6 +486,14 @@ def check_data_fit(cfg: RunConfig, train_samples: int, test_samples: int) -> Non
 STACK_COPIES = 4  # a peer's weights, its update or gradient, an optimizer buffer and a received copy
 
 
+def machine_memory(device) -> tuple[str, int]:
+    """(what, bytes): the memory a rank's tensors live in, its GPU's or this machine's."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return str(device), torch.cuda.get_device_properties(device).total_memory
+    return "this machine", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def check_model_memory(cfg: RunConfig, n_params: int, peers_here: int, gpu: tuple[str, int, int] | None = None) -> None:
     """Refuse a model that could not be held for the peers on this machine (float32, STACK_COPIES copies)
     before it is allocated: a typo such as --hidden 100000000 ends in one line, not an allocator error.
@@ -494,7 +504,7 @@ def check_model_memory(cfg: RunConfig, n_params: int, peers_here: int, gpu: tupl
                         f"about {per_peer * max(1, gpu[2]) / 2**30:,.1f} GiB, more than its {gpu[1] / 2**30:,.1f} GiB: "
                         "use fewer peers per GPU (more ranks or GPUs, or fewer --peers), a smaller model, or --device cpu")
     need = per_peer * max(1, peers_here)
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    have = machine_memory("cpu")[1]
     if need > have:
         raise UserError(f"--model {cfg.model} has {n_params:,} parameters; {peers_here} peers on this machine would "
                         f"need about {need / 2**30:,.1f} GiB, more than its {have / 2**30:,.1f} GiB of memory")

@@ -139,3 +139,48 @@ def test_tct_under_mpi_equals_one_process(digits, tmp_path):
     one = torch.load(tmp_path / "one" / "tct_linear.pt", weights_only=True)
     three = torch.load(tmp_path / "three" / "tct_linear.pt", weights_only=True)
     assert torch.equal(one["weight"], three["weight"])
+
+
+def test_tct_lr_auto_is_half_the_stability_limit_of_the_stiffest_client(digits):
+    """--tct-lr auto: each client's lambda_max of Z~^T Z~ / n_k by power iteration, one lr for all of
+    AUTO_LR_SHARE * 2 / the largest; against the eigenvalues of the dense features."""
+    from p2pfl.algorithms.tct import AUTO_LR_SHARE
+    from p2pfl.config import parse_config, resolve
+    from p2pfl.run import build
+
+    args = [a if a != "1e-5" else "auto" for a in TCT_ARGS] + ["--data-dir", str(digits), "--tct-solver", "p-space"]
+    ctx, algorithm = build(resolve(parse_config(args), 1), 0, 1, 0)
+    for r in range(3):
+        algorithm.round(r)
+    largest = 0.0
+    for Z in algorithm.features.values():
+        dense = torch.cat([(Z.raw.double() - Z.mean.double()) * Z.inv_sd.double(),
+                           torch.ones(len(Z), 1, dtype=torch.float64)], 1)
+        largest = max(largest, float(torch.linalg.eigvalsh(dense.T @ dense / len(Z))[-1]))
+    assert algorithm.lr == pytest.approx(AUTO_LR_SHARE * 2 / largest, rel=0.02)
+    assert algorithm.row_fields(2) == {"stage": 2, "tct_lr": algorithm.lr}
+
+
+def test_tct_says_what_its_features_cost_and_refuses_what_cannot_fit(digits, tmp_path, monkeypatch):
+    import p2pfl.algorithms.tct as tct
+
+    result = run_here(*TCT_ARGS, "--data-dir", str(digits), "--out", str(tmp_path / "fits"), "--tct-stage2-rounds", "1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "GiB (n x p x 2 bytes" in (tmp_path / "fits" / "config.toml").read_text()
+    monkeypatch.setattr(tct, "machine_memory", lambda device: ("this machine", 2**30))
+    result = run_here(*TCT_ARGS, "--data-dir", str(digits), "--out", str(tmp_path / "refused"))
+    assert result.returncode == 2 and not (tmp_path / "refused" / "metrics.jsonl").exists()
+    line = result.stderr.strip().splitlines()[-1]
+    assert "eNTK features" in line and "--train-samples" in line and "1.0 GiB" in line
+
+
+@pytest.mark.parametrize("value,ok", [("auto", True), ("3e-4", True), ("0", False), ("fast", False)])
+def test_tct_lr_takes_a_positive_number_or_auto(value, ok):
+    from p2pfl.config import parse_config
+
+    if ok:
+        assert parse_config(["--algo", "tct", "--tct-lr", value]).settings.tct_lr in ("auto", float(value) if
+                                                                                       value != "auto" else None)
+    else:
+        with pytest.raises(Exception, match="--tct-lr"):
+            parse_config(["--algo", "tct", "--tct-lr", value])

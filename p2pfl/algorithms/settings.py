@@ -42,9 +42,16 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def positive_or_auto(v) -> str | None:
+    return None if v == "auto" or v > 0 else f"must be positive or auto, got {v}"
+
+
 def kind_of(f: dataclasses.Field) -> str:
-    """bool, int, float, str or ints (a tuple of ints), from the field's annotation."""
+    """bool, int, float, str, ints (a tuple of ints) or float|auto (a number, or the word auto: the
+    algorithm works it out), from the field's annotation."""
     text = str(f.type).replace(" | None", "")
+    if text == "float | str":
+        return "float|auto"
     for kind in ("bool", "int", "float", "str"):
         if text == kind:
             return kind
@@ -59,7 +66,7 @@ def coerce(f: dataclasses.Field, value: Any, strict: bool = True) -> Any:
     are parsed."""
     kind, where = kind_of(f), flag(f.name)
     try:
-        if strict and kind != "str" and isinstance(value, str):
+        if strict and kind != "str" and isinstance(value, str) and not (kind == "float|auto" and value == "auto"):
             raise ValueError
         if kind == "bool":
             if isinstance(value, bool):
@@ -70,7 +77,9 @@ def coerce(f: dataclasses.Field, value: Any, strict: bool = True) -> Any:
             return tuple(_integer(v) for v in items if v != "")
         if kind == "int":
             return _integer(value)
-        if kind == "float":
+        if kind == "float|auto" and value == "auto":
+            return value
+        if kind in ("float", "float|auto"):
             if isinstance(value, bool):
                 raise ValueError
             number = float(value)
@@ -82,7 +91,7 @@ def coerce(f: dataclasses.Field, value: Any, strict: bool = True) -> Any:
         return value
     except (TypeError, ValueError):
         wanted = {"bool": "true or false", "ints": "comma-separated integers", "int": "an integer",
-                  "float": "a finite number", "str": "a name"}[kind]
+                  "float": "a finite number", "float|auto": "a finite number or auto", "str": "a name"}[kind]
         raise UserError(f"{where} takes {wanted}, not {value!r}")
 
 

@@ -13,12 +13,19 @@ import math
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
 from p2pfl.algorithms.fedavg import FedAvg
-from p2pfl.algorithms.settings import non_negative, option, positive
+from p2pfl.algorithms.settings import non_negative, option, positive, positive_or_auto
 from p2pfl.comm import Message, Payload, Weights
-from p2pfl.errors import DivergenceError
+from p2pfl.config import machine_memory
+from p2pfl.errors import DivergenceError, UserError
 from p2pfl.ntk.entk import entk_features, one_logit_network, subsample_index
+
+PAPER_LR = 5e-5  # stage 2's local lr in the paper's experiments
+AUTO_LR_SHARE = 0.5  # --tct-lr auto: this share of the stability limit 2 / lambda_max
+POWER_ITERATIONS = 30  # for each client's lambda_max (an estimate from below: the share leaves room)
+FEATURE_WORKING_SET = 2 * 2**30  # the per-sample gradients entk_features holds for a chunk (its memory_gb)
 
 
 @dataclass(frozen=True)
@@ -27,7 +34,9 @@ class TCTSettings:
     tct_stage2_rounds: int = option(100, "stage 2: rounds of the convexified (linear) problem", positive)
     tct_features: int = option(100_000, "p: eNTK coordinates kept (all of them if the network has fewer)", positive)
     tct_local_steps: int = option(500, "M: full-batch local gradient steps per stage-2 round", positive)
-    tct_lr: float = option(5e-5, "stage-2 local learning rate", positive)
+    tct_lr: float | str = option(PAPER_LR, "stage-2 local learning rate (the paper's), or auto: half of 2 / the largest "
+                                 "eigenvalue of the clients' Z^T Z / n_k, estimated by power iteration",
+                                 positive_or_auto)
     tct_seed: int = option(123, "seed of the one-logit head and of the coordinate subset (Alg. 3: 123)",
                            non_negative)
     tct_normalize: bool = option(True, "standardise every eNTK coordinate with global mean and variance")
@@ -44,6 +53,13 @@ class Moments(Payload):
     total: torch.Tensor  # (p,) float64
     squares: torch.Tensor  # (p,) float64
     count: torch.Tensor  # (1,) float64
+
+
+@dataclass
+class Scalar(Payload):
+    """One number: a client's curvature going up, the stage-2 lr coming down (--tct-lr auto)."""
+
+    value: torch.Tensor  # (1,) float64
 
 
 @dataclass
@@ -138,6 +154,22 @@ def local_steps_n_space(Z: StandardFeatures, gram: torch.Tensor, Y, theta, h, lr
     return theta + (steps * lr) * h + Z.t_matmul(A)
 
 
+def largest_curvature(Z: StandardFeatures, gram: torch.Tensor | None, iterations: int = POWER_ITERATIONS) -> float:
+    """lambda_max of Z~^T Z~ / n by power iteration: on the Gram Z~ Z~^T / n where the client keeps it
+    (the same nonzero eigenvalues, n x n instead of p x p), else through the features."""
+    n = len(Z)
+    size = n if gram is not None else Z.raw.shape[1] + 1
+    v = torch.randn(size, 1, generator=torch.Generator().manual_seed(0)).to(Z.raw.device)
+    value = 0.0
+    for _ in range(iterations):
+        v = (gram @ v if gram is not None else Z.t_matmul(Z.matmul(v))) / n
+        value = float(v.norm())
+        if value == 0:
+            return 0.0
+        v /= value
+    return value
+
+
 def client_round(Z: StandardFeatures, gram: torch.Tensor | None, Y, theta, h, previous, lr: float, steps: int,
                  scaffold: bool = True, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One client's stage-2 round (the paper's Alg. 1): eq. (2) h_k += (theta - previous) / (M lr), where
@@ -171,6 +203,8 @@ class TCT(FedAvg):
         self.C = ctx.data.n_classes
         self.features, self.grams, self.targets, self.h, self.previous = {}, {}, {}, {}, {}
         self.test_features = self.linear = None
+        self.lr = None if s.tct_lr == "auto" else s.tct_lr  # stage 2's; auto: agreed at convexify
+        self.check_feature_memory()
 
     def sgd(self):
         return self.ctx.sgd()  # stage 1 is plain FedAvg: --local-epochs of minibatch SGD
@@ -178,20 +212,53 @@ class TCT(FedAvg):
     def notes(self):
         s, cfg = self.settings, self.ctx.cfg
         network = self.ctx.stack.layout.trainable
-        _, layout, _ = self.convexified(torch.zeros(self.ctx.stack.layout.size))
-        total = layout.trainable
+        total = self.convexified_size()
         if s.tct_features >= total:
-            return [f"tct: the convexified {cfg.model} has {total:,} parameters (head of 1 logit), not more than "
-                    f"--tct-features {s.tct_features:,}: all of them are kept, no subsampling"]
-        return [f"tct: eNTK features: {s.tct_features:,} of the convexified {cfg.model}'s {total:,} parameters "
-                f"(the network has {network:,})"]
+            kept = (f"tct: the convexified {cfg.model} has {total:,} parameters (head of 1 logit), not more than "
+                    f"--tct-features {s.tct_features:,}: all of them are kept, no subsampling")
+        else:
+            kept = (f"tct: eNTK features: {s.tct_features:,} of the convexified {cfg.model}'s {total:,} parameters "
+                    f"(the network has {network:,})")
+        samples, need = self.feature_memory()
+        return [kept, f"tct: stage 2 holds the features of {samples:,} samples on the busiest rank: about "
+                      f"{need / 2**30:.1f} GiB (n x p x 2 bytes, with the Grams where n < p and the server's test "
+                      f"features); --train-samples and --tct-features shrink it"]
+
+    def convexified_size(self) -> int:
+        _, layout, _ = self.convexified(torch.zeros(self.ctx.stack.layout.size))
+        return layout.trainable
+
+    def feature_memory(self) -> tuple[int, int]:
+        """(samples, bytes) of what stage 2 keeps on this rank: each client's float16 features (n_k x p),
+        its float32 Gram where it steps in n-space, the server's test features, and the computation's
+        working set."""
+        ctx = self.ctx
+        p = min(self.settings.tct_features, self.convexified_size())
+        sizes = [len(ctx.shards[c]) for c in ctx.peers if c != self.server]
+        need = sum(2 * n * p + (4 * n * n if self.n_space(n, p) else 0) for n in sizes)
+        samples = sum(sizes)
+        if self.is_server:
+            tests = ctx.cfg.test_samples or len(ctx.data.test_x)
+            need, samples = need + 2 * tests * p, samples + tests
+        return samples, need + FEATURE_WORKING_SET
+
+    def check_feature_memory(self) -> None:
+        """Refuse, before stage 1 is spent, a run whose stage-2 features cannot fit this machine."""
+        samples, need = self.feature_memory()
+        where, have = machine_memory(self.ctx.device)
+        if need > have:
+            raise UserError(f"tct: the eNTK features of {samples:,} samples would take about {need / 2**30:,.1f} GiB "
+                            f"on one rank, more than {where}'s {have / 2**30:,.1f} GiB: use --train-samples (fewer "
+                            "samples), --tct-features (fewer coordinates) or more ranks")
 
     def convexified(self, network: torch.Tensor):
         cfg = self.ctx.cfg
         return one_logit_network(cfg.model, self.ctx.data.input_shape, cfg, network, self.C, self.settings.tct_seed)
 
     def row_fields(self, round_index):
-        return {"stage": 1 if round_index < self.stage1 else 2}
+        if round_index < self.stage1:
+            return {"stage": 1}
+        return {"stage": 2, "tct_lr": self.lr}  # what --tct-lr auto chose, where it did
 
     def resumable_after(self, rounds_done):
         return rounds_done <= self.stage1  # stage 2's features and Grams are not checkpointed (too large)
@@ -215,13 +282,15 @@ class TCT(FedAvg):
         clients = list(range(ctx.cfg.peers))
         network = ctx.global_weights if self.is_server else None
         raw: dict[int, torch.Tensor] = {}
+        bar = tqdm(total=self.feature_memory()[0], desc="tct: eNTK features", unit="sample", leave=False,
+                   disable=ctx.transport.rank != 0 or not ctx.cfg.progress)
 
         def features_of(mine, received):
             out = {}
             for c in mine:
                 model, layout, flat = self.convexified(received[c].weights)
                 index = subsample_index(layout.trainable, s.tct_features, s.tct_seed)
-                raw[c] = entk_features(model, layout, flat, ctx.samples(c)[0], index)
+                raw[c] = entk_features(model, layout, flat, ctx.samples(c)[0], index, done=bar.update)
                 z = raw[c].double()
                 out[c] = (Moments(z.sum(0), (z * z).sum(0), torch.tensor([float(len(z))], dtype=torch.float64,
                                                                            device=z.device)), None)
@@ -251,9 +320,35 @@ class TCT(FedAvg):
             model, layout, flat = self.convexified(network)
             index = subsample_index(layout.trainable, s.tct_features, s.tct_seed)
             test_x = ctx.data.test_x[: ctx.cfg.test_samples or len(ctx.data.test_x)]
-            self.test_features = StandardFeatures(entk_features(model, layout, flat, test_x, index), stats.mean,
-                                                  stats.inv_sd)
+            self.test_features = StandardFeatures(entk_features(model, layout, flat, test_x, index, done=bar.update),
+                                                  stats.mean, stats.inv_sd)
             self.linear = torch.zeros(len(index) + 1, self.C, device=ctx.device)  # psi^0 = 0, bias last row
+        bar.close()
+        if s.tct_lr == "auto":
+            self.lr = self.agree_on_lr(round_index, clients)
+
+    def agree_on_lr(self, round_index: int, clients: list[int]) -> float:
+        """--tct-lr auto: every client sends its lambda_max of Z~^T Z~ / n_k, and the server sends back
+        AUTO_LR_SHARE of the stability limit 2 / lambda_max of the largest, one lr for all (reliably, as
+        the rest of this setup)."""
+        ctx = self.ctx
+
+        def scalar(value):
+            return Scalar(torch.tensor([value], dtype=torch.float64, device=ctx.device))
+
+        up = [Message(c, self.server, scalar(largest_curvature(self.features[c], self.grams.get(c))))
+              for c in self.features]
+        inbox = ctx.transport.exchange("tct-curvature", round_index, up,
+                                       [(c, self.server) for c in clients] if self.is_server else [], Scalar,
+                                       reliable=True)
+        lr = None
+        if self.is_server:
+            largest = max(float(inbox[self.server][c].value) for c in clients)
+            lr = AUTO_LR_SHARE * 2 / largest if largest > 0 else PAPER_LR
+        down = [Message(self.server, c, scalar(lr)) for c in clients] if self.is_server else []
+        inbox = ctx.transport.exchange("tct-lr", round_index, down, [(self.server, c) for c in self.features],
+                                       Scalar, reliable=True)
+        return lr if lr is not None else float(next(iter(inbox.values()))[self.server].value)
 
     def n_space(self, n: int, p: int) -> bool:
         solver = self.settings.tct_solver
@@ -274,7 +369,7 @@ class TCT(FedAvg):
                 residual = Z.matmul(theta) - Y
                 losses[self.row[c]] = 0.5 * (residual**2).sum(1).mean()
                 W, self.h[c] = client_round(Z, self.grams.get(c), Y, theta, self.h.get(c, torch.zeros_like(theta)),
-                                            self.previous.get(c), s.tct_lr, s.tct_local_steps,
+                                            self.previous.get(c), self.lr, s.tct_local_steps,
                                             s.tct_stage2 == "scaffold", residual)
                 self.previous[c] = W
                 out[c] = (Weights(W.reshape(-1)), None)
@@ -289,7 +384,7 @@ class TCT(FedAvg):
         if ctx.transport.bcast(bool(not torch.isfinite(self.linear).all()) if self.is_server else None):
             raise DivergenceError(f"round {round_index + 1}: the stage-2 linear model holds NaN/inf; the local steps "
                                   f"are unstable when --tct-lr exceeds 2 / (largest eigenvalue of a client's "
-                                  f"Z^T Z / n_k): lower --tct-lr (now {s.tct_lr:g})")
+                                  f"Z^T Z / n_k): lower --tct-lr (now {self.lr:g}), or use --tct-lr auto")
         return losses
 
     def test_scores(self, x, y):

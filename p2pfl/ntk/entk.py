@@ -44,10 +44,11 @@ def subsample_index(total: int, keep: int, seed: int) -> torch.Tensor:
 
 
 def entk_features(model: nn.Module, layout: ParamLayout, flat: torch.Tensor, x: torch.Tensor,
-                  index: torch.Tensor, memory_gb: float = 2.0) -> torch.Tensor:
+                  index: torch.Tensor, memory_gb: float = 2.0, done=None) -> torch.Tensor:
     """(n, len(index)) float16: per-sample gradients of the single logit with respect to the trainable
     parameters, flattened in parameter order (torch.func: vmap of grad), evaluation mode with batch
-    norm on its running statistics, in chunks whose (chunk, P) float32 gradients fit in memory_gb."""
+    norm on its running statistics, in chunks whose (chunk, P) float32 gradients fit in memory_gb.
+    done(k), where given, hears of every chunk of k samples finished (a progress bar)."""
     model.eval()
     views = layout.views(flat)
     params = {s.name: views[s.name] for s in layout.slots[: layout.n_params]}
@@ -64,4 +65,6 @@ def entk_features(model: nn.Module, layout: ParamLayout, flat: torch.Tensor, x: 
         grads = per_sample(params, x[s:s + chunk])
         rows = torch.cat([grads[name].reshape(len(grads[name]), -1) for name in params], 1)
         out[s:s + chunk] = rows[:, index].to(torch.float16)
+        if done is not None:
+            done(len(rows))
     return out
