@@ -1,6 +1,7 @@
 """Every model trains from the CLI with FedAvg and DFedAvg and writes the usual run folder; the CNN
 path under mpirun equals one process; NTK-DFL runs a CNN on the dense path within its memory cap."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,42 @@ def test_ntk_dfl_with_a_cnn_on_fashion_mnist_within_the_memory_cap(tmp_path):
                       "--kappa", "2", "--rounds", "1", "--samples-per-peer", "200", "--ntk-memory-gb", str(cap_gb),
                       "--no-progress", "--out", str(tmp_path / "r2"))
     assert refused.returncode == 2 and "above --ntk-memory-gb" in refused.stderr
+
+
+DENSE_NTK = ["--algo", "ntk-dfl", "--dataset", "synthetic", "--ntk-jacobian", "dense", "--peers", "7", "--kappa", "2",
+             "--rounds", "2", "--samples-per-peer", "20", "--ntk-taus", "50,100", "--lr", "0.1", "--no-progress"]
+
+
+def test_dense_jacobians_a_group_of_neighbourhoods_at_a_time_give_the_same_numbers(tmp_path, monkeypatch):
+    """NTK-DFL holds dense Jacobians one group of neighbourhoods at a time; the groups change what is held,
+    not the results: one neighbourhood a group equals all in one, in every metric."""
+    from p2pfl.algorithms.ntk_dfl import NTKDFL
+    from p2pfl.testing import assert_same_results
+
+    assert run_here(*DENSE_NTK, "--out", str(tmp_path / "default")).returncode == 0
+    groups = []
+    monkeypatch.setattr(NTKDFL, "receiver_groups", lambda self, r, hood: groups.append(r) or [{p} for p in hood])
+    assert run_here(*DENSE_NTK, "--out", str(tmp_path / "singles")).returncode == 0
+    assert groups  # the run took the patched groups
+    assert_same_results(tmp_path / "default", tmp_path / "singles", "one neighbourhood a group")
+
+
+def test_dense_jacobian_groups_under_mpi_equal_one_process(tmp_path):
+    """A cap that fits a few neighbourhoods: several 'jacobians' exchanges a round (other groups on 3 ranks,
+    which hold a third copy), the same numbers. (The cap also sets jacrev's chunk of samples; below a
+    peer's 20 samples, a chunk's rounding depends on the thread count, hence on the layout.)"""
+    args = [*DENSE_NTK, "--ntk-memory-gb", "0.23", "--peers", "14"]
+    one = run_here(*args, "--out", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr
+    note = (tmp_path / "one" / "config.toml").read_text()
+    exchanges = int(re.search(r"\((\d+) Jacobian exchanges in round 1\)", note).group(1))
+    assert exchanges >= 2
+    three = run_cli(*args, "--out", str(tmp_path / "three"), ranks=3)
+    assert three.returncode == 0, three.stderr
+    assert metric_lines(tmp_path / "one") == metric_lines(tmp_path / "three")
+
+
+def test_dense_ntk_dfl_is_refused_only_when_one_neighbourhood_cannot_fit(tmp_path):
+    refused = run_here(*DENSE_NTK, "--ntk-memory-gb", "0.02", "--out", str(tmp_path / "x"))
+    assert refused.returncode == 2, refused.stderr
+    assert "one neighbourhood's" in refused.stderr and "above --ntk-memory-gb" in refused.stderr

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from p2pfl.algorithms.base import Algorithm, RunContext, neighbour_average
-from p2pfl.algorithms.ntk_options import NTKOptions, check_memory, make_codec, project_inputs
+from p2pfl.algorithms.ntk_options import GB, NTKOptions, check_memory, make_codec, project_inputs
 from p2pfl.algorithms.settings import option, positive
 from p2pfl.comm import Message, Weights
 from p2pfl.errors import UserError
@@ -39,6 +39,8 @@ from p2pfl.training import candidate_losses
 
 
 EVOLVE_CHUNK = 8  # peers whose kernels are held at once on the CPU: their evolutions share the cores
+JACOBIAN_COPIES = 3  # of a group's dense Jacobians on a rank under MPI: sent, received, stacked
+JACOBIAN_COPIES_ONE_RANK = 2  # in one process a message is the receiver's copy: computed and stacked
 KERNEL_COPIES = 4  # (N, N) float32 arrays a batched evolution holds per neighbourhood (kernel, padded, scaled, slack)
 INPUTS_CACHE_BYTES = 256 * 2**20  # the inputs' codes or Grams a rank keeps (94 or 48 MB at 300 peers x 200 samples)
 
@@ -82,12 +84,27 @@ class NTKDFL(Algorithm):
                             "samples of the smallest peer: every Jacobian batch needs at least one sample")
         graph = ctx.schedule.graph(0)
         per_peer = max(len(s) for s in ctx.shards) // self.subsample
-        touched = sum(graph.degree(p) + 1 for p in ctx.peers) * math.ceil(per_peer / self.batches)
-        check_memory(self.codec, self.settings, ctx.data.n_classes, touched)
         largest_hood = (max(d for _, d in graph.degree()) + 1) * math.ceil(per_peer / self.batches)
+        # Jacobians are held a group of neighbourhoods at a time (receiver_groups): one must fit the cap
+        self.copies = JACOBIAN_COPIES_ONE_RANK if ctx.transport.size == 1 else JACOBIAN_COPIES
+        check_memory(self.codec, self.settings, ctx.data.n_classes, largest_hood, self.copies,
+                     "one neighbourhood's (the largest of the first round's graph)")
         stacked = largest_hood * ctx.data.n_classes * self.codec.n_params * 4 if self.codec.path == "dense" else 0
         self.chunk = evolve_chunk(ctx.device, self.step_settings, KERNEL_COPIES * 4 * largest_hood ** 2 + stacked,
                                   len(ctx.peers), ctx.stack.memory_share)
+
+    def notes(self) -> list[str]:
+        if self.codec.path != "dense":
+            return []
+        graph = self.ctx.schedule.graph(0)
+        hood = {p: sorted(list(graph.neighbors(p)) + [p]) for p in range(self.ctx.cfg.peers)}
+        groups = self.receiver_groups(0, hood)
+        hood_bytes = [self.jacobian_bytes(sum(self.batch_size(0, j) for j in hood[p])) for p in range(len(hood))]
+        # the groups' copies, and one neighbourhood's transients (J^T R rearranges a stacked Jacobian)
+        held = max(sum(self.copies * hood_bytes[p] for p in group) for group in groups) + max(hood_bytes)
+        return [f"ntk-dfl: dense Jacobians of at most {max(map(len, groups))} neighbourhoods held at once "
+                f"({len(groups)} Jacobian exchange{'s' if len(groups) > 1 else ''} in round 1): about "
+                f"{held / GB:.2f} GiB on a rank, within --ntk-memory-gb {self.settings.ntk_memory_gb:g}"]
 
     @classmethod
     def prepare_data(cls, data, cfg):
@@ -128,34 +145,73 @@ class NTKDFL(Algorithm):
         msgs = [Message(p, j, Weights(weights[row[p]])) for p in ctx.peers for j in graph.neighbors(p)]
         heard = ctx.transport.exchange("weights", round_index, msgs,
                                        [(j, p) for p in ctx.peers for j in graph.neighbors(p)], Weights)
-        # 'jacobians': J of my samples at each neighbour's weights (those that reached me), with my labels
-        # and outputs
+        new = ctx.flat.clone()
+        losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)  # NaN: offline this round
+        for group in self.receiver_groups(round_index, hood):
+            own, inbox = self.exchange_jacobians(round_index, graph, weights, heard, data, online, group)
+            receivers = [p for p in online if p in group]
+            for chunk in range(0, len(receivers), self.chunk):
+                peers = receivers[chunk:chunk + self.chunk]
+                members = {p: [j for j in hood[p] if j == p or j in inbox[p]] for p in peers}  # what arrived
+                problems = [self.problem(p, members[p], own, inbox, weights[row[p]], data) for p in peers]
+                results = ntk_steps(problems, self.codec.shape, n_classes, eta, self.step_settings)
+                for p, result in zip(peers, results):
+                    new[row[p]] = result.weights
+                    losses[row[p]] = result.losses.min()
+                    self.taus_chosen.append(result.tau)
+                    self.round_taus.append(result.tau)
+                del problems, results  # a chunk's stacked Jacobians go before the next chunk's are stacked
+            del own, inbox  # this group's Jacobians go before the next group's come
+        ctx.flat = new
+        return losses
+
+    def exchange_jacobians(self, round_index, graph, weights, heard, data, online, group: set[int]):
+        """'jacobians' for the receivers in group: peer i sends each neighbour j in group the Jacobian of
+        its samples at j's weights (where they reached i), its outputs and labels; i in group keeps its
+        own at its weights. Returns (own, inbox)."""
+        ctx = self.ctx
+        row = {p: i for i, p in enumerate(ctx.peers)}
         own, msgs = {}, []
         for i in online:
             x, y = ctx.rows(data[i])
-            jac, f = self.codec.compute(weights[row[i]], x)
-            own[i] = (jac, f.detach(), y)
+            if i in group:
+                jac, f = self.codec.compute(weights[row[i]], x)
+                own[i] = (jac, f.detach(), y)
             for j, w in heard[i].items():
-                jac, f = self.codec.compute(w.weights, x)
-                payload, dense = self.codec.pack(jac, f, y)
-                msgs.append(Message(i, j, payload, dense_nbytes=dense))
-        expect = [(j, p) for p in ctx.peers for j in graph.neighbors(p)
+                if j in group:
+                    jac, f = self.codec.compute(w.weights, x)
+                    payload, dense = self.codec.pack(jac, f, y)
+                    msgs.append(Message(i, j, payload, dense_nbytes=dense))
+        expect = [(j, p) for p in ctx.peers if p in group for j in graph.neighbors(p)
                   if ctx.transport.delivered(round_index, p, j, "weights")]  # j answers only if p's weights reached it
-        inbox = ctx.transport.exchange("jacobians", round_index, msgs, expect, JacobianMessage)
-        new = ctx.flat.clone()
-        losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)  # NaN: offline this round
-        for chunk in range(0, len(online), self.chunk):
-            peers = online[chunk:chunk + self.chunk]
-            members = {p: [j for j in hood[p] if j == p or j in inbox[p]] for p in peers}  # what arrived
-            problems = [self.problem(p, members[p], own, inbox, weights[row[p]], data) for p in peers]
-            results = ntk_steps(problems, self.codec.shape, n_classes, eta, self.step_settings)
-            for p, result in zip(peers, results):
-                new[row[p]] = result.weights
-                losses[row[p]] = result.losses.min()
-                self.taus_chosen.append(result.tau)
-                self.round_taus.append(result.tau)
-        ctx.flat = new
-        return losses
+        return own, ctx.transport.exchange("jacobians", round_index, msgs, expect, JacobianMessage)
+
+    def receiver_groups(self, round_index: int, hood: dict[int, list[int]]) -> list[set[int]]:
+        """The peers whose neighbourhoods' Jacobians are exchanged and evolved together, in peer order and
+        the same on every rank: all of them where Jacobians are factored (small); with dense Jacobians, as
+        many neighbourhoods as fit --ntk-memory-gb with the copies a rank holds of them (sent, received,
+        stacked), so that a rank holds about one group's at a time, not all of the round's."""
+        peers = range(self.ctx.cfg.peers)
+        if self.codec.path != "dense":
+            return [set(peers)]
+        cap, groups, load = self.settings.ntk_memory_gb * GB, [], math.inf
+        for p in peers:
+            need = self.copies * self.jacobian_bytes(sum(self.batch_size(round_index, j) for j in hood[p]))
+            if load + need > cap:
+                groups.append(set())
+                load = 0
+            groups[-1].add(p)
+            load += need
+        return groups
+
+    def jacobian_bytes(self, samples: int) -> int:
+        return samples * self.ctx.data.n_classes * self.codec.n_params * 4
+
+    def batch_size(self, round_index: int, peer: int) -> int:
+        """How many samples peer uses in each of this round's Jacobian batches (the largest of them)."""
+        keep = len(self.ctx.shards[peer])
+        keep = max(1, keep // self.subsample) if self.subsample > 1 else keep
+        return math.ceil(keep / min(self.batches, keep))
 
     def gathered_fields(self, round_index: int) -> dict | None:
         """ntk_t_hist: how many peer steps of the round chose each candidate t, over all peers."""

@@ -54,17 +54,18 @@ def make_codec(ctx, options: NTKOptions) -> JacobianCodec:
         raise UserError(str(exc))
 
 
-def check_memory(codec: JacobianCodec, options: NTKOptions, n_classes: int, samples_held: int) -> None:
-    """Refuse a dense-Jacobian run whose Jacobians (computed, sent, received and stacked: about three
-    copies of every Jacobian a rank's peers touch in one evolution) would exceed --ntk-memory-gb."""
+def check_memory(codec: JacobianCodec, options: NTKOptions, n_classes: int, samples_held: int, copies: int = 3,
+                 what: str = "one rank's") -> None:
+    """Refuse a dense-Jacobian run whose Jacobians held at once (computed, sent, received and stacked:
+    `copies` of each) would exceed --ntk-memory-gb."""
     if codec.path != "dense":
         return
-    need = 3 * samples_held * n_classes * codec.n_params * 4
+    need = copies * samples_held * n_classes * codec.n_params * 4
     if need > options.ntk_memory_gb * GB:
-        raise UserError(f"dense Jacobians of {codec.n_params:,} parameters for {samples_held:,} samples would take "
-                        f"about {need / GB:.1f} GB on one rank, above --ntk-memory-gb {options.ntk_memory_gb:g}; use "
-                        "fewer --samples-per-peer or --peers per rank, a larger cap, or, in NTK-DFL, --ntk-batches or "
-                        "--ntk-subsample")
+        raise UserError(f"dense Jacobians of {codec.n_params:,} parameters for {what} {samples_held:,} samples would "
+                        f"take about {need / GB:.1f} GB on one rank, above --ntk-memory-gb {options.ntk_memory_gb:g}; "
+                        "use fewer --samples-per-peer or --peers per rank, a larger cap, or, in NTK-DFL, --ntk-batches "
+                        "or --ntk-subsample")
 
 
 def project_inputs(data, cfg) -> None:
