@@ -35,8 +35,9 @@ class NTKOptions:
     ntk_quant_bits: int = option(0, "Jacobian compression: quantize kept entries to this many bits (0 = off)", bits)
     ntk_projection: int = option(0, "project inputs to this many dims with a shared-seed Gaussian matrix "
                                  "(0 = off; MLP only)", non_negative)
-    ntk_memory_gb: float = option(8.0, "cap on the dense Jacobians a rank holds in a round, in GB (a run that "
-                                  "would exceed it is refused before it starts)", positive)
+    ntk_memory_gb: float = option(8.0, "cap on the dense Jacobians a rank holds at once, in GB (NTK-DFL holds them "
+                                  "a group of neighbourhoods at a time; a run where one neighbourhood, or NTK-FL's "
+                                  "round, would exceed it is refused before it starts)", positive)
 
     def step_settings(self) -> NTKSettings:
         return NTKSettings(self.ntk_loss, tuple(self.ntk_taus), self.ntk_ode, self.ntk_selection)
