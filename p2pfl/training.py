@@ -182,16 +182,13 @@ def epoch_batches(shards: list[torch.Tensor], batch: int, seed: int, round_index
     """One epoch's minibatch plan: indices (steps, L, B) into the training set and a mask (steps, L, B),
     drawn on the CPU from the keyed generators and moved to device (to_device) in one copy each."""
     steps = max(math.ceil(len(s) / batch) for s in shards)
-    lengths = torch.tensor([len(s) for s in shards])
-    orders = torch.cat([torch.randperm(len(shard), generator=torch_generator(seed, "shuffle", round_index, peer, epoch))
-                        for shard, peer in zip(shards, peers)])
-    # peer i's order is shards[i][its permutation]: gathered and placed for all peers at once (per-peer copies,
-    # 6,000 a round at 300 peers and 20 epochs, took longer than a GPU's whole round). Step s takes
-    # order[s*batch:(s+1)*batch]; each row is padded with index 0 and masked out.
-    starts = torch.cumsum(lengths, 0) - lengths
-    row = torch.repeat_interleave(torch.arange(len(shards)), lengths)
-    index = torch.zeros(len(shards), steps * batch, dtype=torch.long)
-    index[row, torch.arange(len(orders)) - starts[row]] = torch.cat(list(shards)).long()[orders + starts[row]]
+    orders = [shard[torch.randperm(len(shard), generator=torch_generator(seed, "shuffle", round_index, peer, epoch))]
+              for shard, peer in zip(shards, peers)]
+    # step s takes order[s*batch:(s+1)*batch]; rows padded with index 0, masked out. One padding call, not two
+    # copies per peer (1.3-1.5x faster at 24 peers; at 300, where a GPU round waits for the plan, 1.2x unloaded)
+    index = torch.nn.utils.rnn.pad_sequence(orders, batch_first=True)
+    index = torch.nn.functional.pad(index, (0, steps * batch - index.shape[1]))
+    lengths = torch.tensor([len(o) for o in orders])
     mask = (torch.arange(steps * batch)[None] < lengths[:, None]).float()
     shape = (len(shards), steps, batch)
     return (to_device(index.view(shape).transpose(0, 1).contiguous(), device),
