@@ -255,14 +255,13 @@ STEP_COPIES = 6  # (D,) float32 arrays a peer's step holds beside its activation
 def peer_block(stack: PeerStack, peers: int, batch: int, sample_shape: tuple[int, ...]) -> int:
     """How many peers train as one batch. On the CPU, PEER_BLOCK MLPs (a cache's worth; blocks spread
     over the cores) or all the rank's other models. On a GPU, all the rank's peers, as many as fit in
-    the rank's share of its free memory (stack.memory_share) by their weights and a step's activations."""
+    the rank's share of its free memory (stack.batch_budget) by their weights and a step's activations."""
     if not stack.batched:
         return 1
     if stack.device.type == "cpu":
         return PEER_BLOCK if stack.mlp is not None else peers
-    free = torch.cuda.mem_get_info(stack.device)[0] if stack.device.type == "cuda" else 16 * 2**30
     per_peer = STEP_COPIES * 4 * stack.layout.size + batch * stack.activation_bytes(sample_shape)
-    return max(1, min(peers, int(free * stack.memory_share) // per_peer))
+    return max(1, min(peers, stack.batch_budget() // per_peer))
 
 
 def train_epochs(stack: PeerStack, flat: torch.Tensor, shards: list[torch.Tensor], peers: list[int],

@@ -90,8 +90,8 @@ class NTKDFL(Algorithm):
         check_memory(self.codec, self.settings, ctx.data.n_classes, largest_hood, self.copies,
                      "one neighbourhood's (the largest of the first round's graph)")
         stacked = largest_hood * ctx.data.n_classes * self.codec.n_params * 4 if self.codec.path == "dense" else 0
-        self.chunk = evolve_chunk(ctx.device, self.step_settings, KERNEL_COPIES * 4 * largest_hood ** 2 + stacked,
-                                  len(ctx.peers), ctx.stack.memory_share)
+        self.chunk = evolve_chunk(self.step_settings, KERNEL_COPIES * 4 * largest_hood ** 2 + stacked, len(ctx.peers),
+                                  ctx.stack)
 
     def notes(self) -> list[str]:
         if self.codec.path != "dense":
@@ -272,14 +272,13 @@ class NTKDFL(Algorithm):
         return result
 
 
-def evolve_chunk(device: torch.device, settings, hood_bytes: int, peers: int, share: float) -> int:
+def evolve_chunk(settings, hood_bytes: int, peers: int, stack) -> int:
     """How many peers' evolutions are held at once: EVOLVE_CHUNK on the CPU; on a GPU, one batch of all
-    the rank's peers where its share of the free memory holds their kernels (and stacked dense
-    Jacobians), else as many as it does."""
-    if not evolves_batched(device, settings):
+    the rank's peers where the rank's batch budget (stack.batch_budget) holds their kernels (and
+    stacked dense Jacobians), else as many as it does."""
+    if not evolves_batched(stack.device, settings):
         return EVOLVE_CHUNK
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 16 * 2**30
-    return max(1, min(peers, int(free * share) // max(1, hood_bytes)))
+    return max(1, min(peers, stack.batch_budget() // max(1, hood_bytes)))
 
 
 def _nbytes(kept: PixelInputs | torch.Tensor) -> int:

@@ -204,6 +204,7 @@ class TCT(FedAvg):
         self.features, self.grams, self.targets, self.h, self.previous = {}, {}, {}, {}, {}
         self.test_features = self.linear = None
         self.lr = None if s.tct_lr == "auto" else s.tct_lr  # stage 2's; auto: agreed at convexify
+        self.convexified_params = self.convexified(torch.zeros(ctx.stack.layout.size))[1].trainable
         self.check_feature_memory()
 
     def sgd(self):
@@ -212,7 +213,7 @@ class TCT(FedAvg):
     def notes(self):
         s, cfg = self.settings, self.ctx.cfg
         network = self.ctx.stack.layout.trainable
-        total = self.convexified_size()
+        total = self.convexified_params
         if s.tct_features >= total:
             kept = (f"tct: the convexified {cfg.model} has {total:,} parameters (head of 1 logit), not more than "
                     f"--tct-features {s.tct_features:,}: all of them are kept, no subsampling")
@@ -224,17 +225,13 @@ class TCT(FedAvg):
                       f"{need / 2**30:.1f} GiB (n x p x 2 bytes, with the Grams where n < p and the server's test "
                       f"features); --train-samples and --tct-features shrink it"]
 
-    def convexified_size(self) -> int:
-        _, layout, _ = self.convexified(torch.zeros(self.ctx.stack.layout.size))
-        return layout.trainable
-
     def feature_memory(self) -> tuple[int, int]:
         """(samples, bytes) of what stage 2 keeps on this rank: each client's float16 features (n_k x p),
         its float32 Gram where it steps in n-space, the server's test features, and the computation's
         working set."""
         ctx = self.ctx
-        p = min(self.settings.tct_features, self.convexified_size())
-        sizes = [len(ctx.shards[c]) for c in ctx.peers if c != self.server]
+        p = min(self.settings.tct_features, self.convexified_params)
+        sizes = [len(ctx.shards[c]) for c in ctx.peers]  # the rank's clients (the server is a node, not a peer)
         need = sum(2 * n * p + (4 * n * n if self.n_space(n, p) else 0) for n in sizes)
         samples = sum(sizes)
         if self.is_server:

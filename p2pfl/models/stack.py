@@ -120,6 +120,12 @@ class PeerStack:
             held = mine[name] = torch.empty(size, dtype=like.dtype, device=like.device)
         return held
 
+    def batch_budget(self) -> int:
+        """Bytes this rank's batches may take on its device now: its share of the GPU's free memory (a
+        device without a free-memory query counts as 16 GiB)."""
+        free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 16 * 2**30
+        return int(free * self.memory_share)
+
     def activation_bytes(self, sample_shape: tuple[int, ...]) -> int:
         """About what one training sample's forward and backward pass hold: three times the outputs of
         every module on it (kept for the backward pass, their gradients, slack), measured once per input

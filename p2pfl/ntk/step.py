@@ -46,8 +46,9 @@ class NTKProblem:
 def ntk_steps(problems: list[NTKProblem], shape, n_classes: int, eta: float, settings: NTKSettings) -> list[StepResult]:
     """Kernel, evolution, candidate weights and selection of several problems. On a GPU the evolutions
     are one batch (p2pfl.ntk.batched_evolution). On the CPU they are compiled loops that release the
-    GIL, run on as many threads as torch has (the rank's share of the cores), one problem each; the kernels and candidates are torch's, which uses those threads itself (measured:
-    faster than each problem whole on one thread with one torch thread). Each problem's arithmetic is
+    GIL, run on as many threads as torch has (the rank's share of the cores), one problem each; the
+    kernels and candidates are torch's, which uses those threads itself (measured: faster than each
+    problem whole on one thread with one torch thread). Each problem's arithmetic is
     the same whatever the threads, so the results are too."""
     workers = torch.get_num_threads()
     kernels = [p.jac.kernel(shape, p.w) for p in problems]
