@@ -58,13 +58,13 @@ def pixels(x: torch.Tensor, mean: float, std: float) -> np.ndarray:
 def received(ctx, x_sent: torch.Tensor):
     """What the neighbour decodes from the message about x_sent: (Jacobian, mask of the entries the
     message carries), both (n, C, D) for dense paths; the factored message's first-layer inputs."""
-    from p2pfl.algorithms.ntk_options import make_codec
+    from p2pfl.algorithms.ntk_options import JacobianMessage, make_codec
 
     codec = make_codec(ctx, ctx.cfg.settings)
     w = ctx.flat[1]  # the attacker's weights: the Jacobian is taken at them
     jac, f = codec.compute(w, x_sent)
-    message, _ = codec.pack(jac, f, torch.zeros(len(x_sent), dtype=torch.long))
-    decoded, _, _ = codec.unpack(message)
+    message, _ = JacobianMessage.of(codec, jac, f, torch.zeros(len(x_sent), dtype=torch.long))
+    decoded, _, _ = message.read(codec)
     if codec.path == "factored":
         return decoded, None, message
     J = decoded.J
@@ -78,7 +78,8 @@ def invert(ctx, J: torch.Tensor, mask: torch.Tensor, projection: torch.Tensor | 
     squared error, projected onto the valid pixel range after every step, from a mid-grey start (an
     all-zero start has every ReLU off and no gradient). The dummy Jacobians are built from the MLP's
     factors: the dense path's numbers, differentiable in the inputs."""
-    from p2pfl.ntk.jacobian import FactoredJacobian, MLPShape
+    from p2pfl.models import MLPShape
+    from p2pfl.ntk.jacobian import FactoredJacobian
 
     shape = MLPShape.of(ctx.stack.model, ctx.stack.layout)
     w = ctx.flat[1]

@@ -29,7 +29,8 @@ import torch
 
 from common import devices, gpu_peak_gb, reset_gpu_peak, run_rounds, timed
 from p2pfl.config import make_config, resolve
-from p2pfl.ntk import DenseJacobian, FactoredJacobian, MLPShape
+from p2pfl.ntk import DenseJacobian, FactoredJacobian
+from p2pfl.models import MLPShape
 from p2pfl.ntk import evolution
 from p2pfl.ntk.batched_evolution import evolve_ce_batched
 from p2pfl.ntk.evolution import evolve_ce, tight_ce_sums

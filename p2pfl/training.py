@@ -21,7 +21,8 @@ from p2pfl.tasks import Task
 
 @dataclass
 class SGDSettings:
-    lr: float
+    """Local SGD's settings; the round's learning rate travels beside them (it decays with the round)."""
+
     batch_size: int
     epochs: int = 1
     momentum: float = 0.0

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from p2pfl.models import MLP, ParamLayout
-from p2pfl.ntk import DenseJacobian, FactoredJacobian, MLPShape
+from p2pfl.ntk import DenseJacobian, FactoredJacobian
+from p2pfl.models import MLPShape
 from p2pfl.ntk.step import NTKSettings, ntk_step
 from p2pfl.run import main
 from tests.helpers import make_context, metric_lines

@@ -9,7 +9,7 @@ import torch
 
 from p2pfl.algorithms.dispfl import erk_densities
 from p2pfl.metrics import personal_test_sets
-from p2pfl.ntk.compression import pack_mask, unpack_mask
+from p2pfl.bitpack import pack_mask, unpack_mask
 from tests.conftest import run_cli, run_here, write_stripes
 from tests.helpers import make_context, metric_lines
 

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from p2pfl.models import MLP, ParamLayout, PeerStack, initial_parameters
-from p2pfl.ntk import DenseJacobian, FactoredJacobian, MLPShape
+from p2pfl.ntk import DenseJacobian, FactoredJacobian
+from p2pfl.models import MLPShape
 from p2pfl.ntk.compression import decode, encode, gaussian_projection
 from p2pfl.ntk.evolution import evolve_ce, evolve_mse
 from p2pfl.ntk.step import NTKSettings, ntk_step

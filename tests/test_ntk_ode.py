@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from p2pfl.config import make_config, resolve
-from p2pfl.ntk import FactoredJacobian, MLPShape
+from p2pfl.ntk import FactoredJacobian
+from p2pfl.models import MLPShape
 from p2pfl.ntk.batched_evolution import evolve_ce_batched
 from p2pfl.ntk.evolution import evolve_ce, tight_ce_sums
 from p2pfl.ntk.pixels import PixelInputs

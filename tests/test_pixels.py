@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from p2pfl.models import MLP, ParamLayout, PeerStack, initial_parameters
-from p2pfl.ntk import FactoredJacobian, MLPShape
+from p2pfl.ntk import FactoredJacobian
+from p2pfl.models import MLPShape
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.training import candidate_losses
 

@@ -10,7 +10,7 @@ from p2pfl.algorithms.fedavg import ScaffoldUpload
 from p2pfl.data import DataRequest, load_dataset, partition
 from p2pfl.errors import UserError
 from p2pfl.models import MODELS, PeerStack, build_model, count_parameters, initial_parameters
-from p2pfl.ntk.codec import JacobianMessage
+from p2pfl.algorithms.ntk_options import JacobianMessage
 from p2pfl.run import main
 from p2pfl.training import SGDSettings, train_epochs
 from tests.conftest import run_cli, run_here, write_cifar, write_femnist
@@ -45,13 +45,13 @@ def test_batched_training_equals_one_peer_at_a_time(name, shape):
     model = build_model(name, shape, 10, Options)
     x, y = torch.randn(40, *shape), torch.randint(0, 10, (40,))
     shards = _shards([7, 12, 9])  # last batches of 3, 4 and 1 samples with batch 4
-    opt = SGDSettings(lr=0.05, batch_size=4, epochs=1, momentum=0.5)
+    opt = SGDSettings(batch_size=4, epochs=1, momentum=0.5)
     out = {}
     for batched in (True, False):
         stack = PeerStack(model, batched)
         stack.batched = batched  # conv nets default to one peer at a time; the vmap path must agree too
         flat = initial_parameters(model, [0, 1, 2], 3, "different", torch.device("cpu"))
-        train_epochs(stack, flat, shards, [0, 1, 2], x, y, opt, opt.lr, 5, 0)
+        train_epochs(stack, flat, shards, [0, 1, 2], x, y, opt, 0.05, 5, 0)
         out[batched] = flat
     assert torch.allclose(out[True], out[False], atol=2e-5, rtol=1e-4)
     if name == "resnet8":  # running statistics travel in the row and were updated

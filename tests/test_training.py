@@ -16,7 +16,7 @@ def setup(peers=4, n=60):
 
 def test_batched_training_equals_one_peer_at_a_time():
     model, flat, shards, x, y = setup()
-    opt = SGDSettings(lr=0.1, batch_size=16, epochs=3, momentum=0.9, weight_decay=1e-3)
+    opt = SGDSettings(batch_size=16, epochs=3, momentum=0.9, weight_decay=1e-3)
     a, b = flat.clone(), flat.clone()
     la = train_epochs(PeerStack(model, batched=True), a, shards, [0, 1, 2, 3], x, y, opt, 0.1, 0, 0)
     lb = train_epochs(PeerStack(model, batched=False), b, shards, [0, 1, 2, 3], x, y, opt, 0.1, 0, 0)
@@ -26,7 +26,7 @@ def test_batched_training_equals_one_peer_at_a_time():
 
 def test_one_peer_matches_torch_sgd():
     model, flat, shards, x, y = setup(peers=1)
-    opt = SGDSettings(lr=0.05, batch_size=60, epochs=4, momentum=0.9)  # full batch: order irrelevant
+    opt = SGDSettings(batch_size=60, epochs=4, momentum=0.9)  # full batch: order irrelevant
     mine = flat.clone()
     train_epochs(PeerStack(model), mine, shards, [0], x, y, opt, 0.05, 0, 0)
     ref = MLP(12, [8], 3)
@@ -54,7 +54,7 @@ def test_evaluate_matches_direct_forward():
 def test_plain_sgd_batched_equals_one_peer_at_a_time():
     """The MLP fast path with SGD's step fused into the weight-gradient product (no momentum, no decay)."""
     model, flat, shards, x, y = setup()
-    opt = SGDSettings(lr=0.1, batch_size=16, epochs=3)
+    opt = SGDSettings(batch_size=16, epochs=3)
     a, b = flat.clone(), flat.clone()
     la = train_epochs(PeerStack(model, batched=True), a, shards, [0, 1, 2, 3], x, y, opt, 0.1, 0, 0)
     lb = train_epochs(PeerStack(model, batched=False), b, shards, [0, 1, 2, 3], x, y, opt, 0.1, 0, 0)
@@ -71,7 +71,7 @@ def test_a_peers_training_does_not_depend_on_what_shares_its_block(monkeypatch):
     for block, momentum in [(24, 0.0), (1, 0.0), (3, 0.0), (24, 0.9), (2, 0.9)]:
         monkeypatch.setattr(training, "PEER_BLOCK", block)
         w = flat.clone()
-        opt = SGDSettings(lr=0.1, batch_size=16, epochs=2, momentum=momentum)
+        opt = SGDSettings(batch_size=16, epochs=2, momentum=momentum)
         losses = train_epochs(PeerStack(model), w, shards, list(range(7)), x, y, opt, 0.1, 0, 0)
         runs.append((momentum, w, losses))
     for momentum, w, losses in runs[1:]:
@@ -112,7 +112,7 @@ def test_conv_nets_train_as_one_vmap_batch_as_a_gpu_runs_them():
     for name in ("cnn-fmnist", "resnet8"):  # dropout; batch norm
         model = build_model(name, (1, 28, 28), 10, Options())
         flat = initial_parameters(model, list(range(4)), seed=1, init="different", device=torch.device("cpu"))
-        opt = SGDSettings(lr=0.05, batch_size=8, epochs=1, momentum=0.9)
+        opt = SGDSettings(batch_size=8, epochs=1, momentum=0.9)
         runs = []
         for batched in (True, False):
             stack, w = PeerStack(model), flat.clone()

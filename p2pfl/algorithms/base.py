@@ -76,7 +76,7 @@ class RunContext:
 
     def sgd(self) -> SGDSettings:
         c = self.cfg
-        return SGDSettings(c.lr, c.batch_size, c.local_epochs, c.momentum, c.weight_decay)
+        return SGDSettings(c.batch_size, c.local_epochs, c.momentum, c.weight_decay)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from p2pfl.algorithms.fedavg import FedProxSettings
-from p2pfl.algorithms.moon import MoonSettings
+from p2pfl.algorithms.fedavg import FedAvg, FedProx, FedProxSettings, Scaffold
+from p2pfl.algorithms.moon import Moon, MoonSettings
 from p2pfl.algorithms.server import ServerAlgorithm
 from p2pfl.algorithms.settings import fraction, option, positive
 from p2pfl.comm import Weights
@@ -24,13 +24,13 @@ from p2pfl.errors import UserError
 from p2pfl.seeding import numpy_rng
 from p2pfl.training import train_epochs
 
-THEN = ("fedavg", "fedprox", "scaffold", "moon")
+THEN = {cls.name: cls for cls in (FedAvg, FedProx, Scaffold, Moon)}  # phase 2's algorithms
 PAPER_FL_ROUNDS = 900  # the paper's 1,000 rounds in all, 100 of them cyclic
 
 
 @dataclass(frozen=True)
 class CyclicSettings(FedProxSettings, MoonSettings):  # the phase-2 algorithms' settings, too
-    then: str = option("fedavg", "phase 2's algorithm", choices=THEN)
+    then: str = option("fedavg", "phase 2's algorithm", choices=tuple(THEN))
     cyclic_rounds: int = option(100, "phase 1's rounds of cyclic pre-training (they count towards --rounds)",
                                 positive)
     cyclic_fraction: float = option(0.25, "fraction of the clients visited in each phase-1 round", fraction)
@@ -48,10 +48,8 @@ class Cyclic(ServerAlgorithm):
     training = {"lr": 0.01, "batch_size": 32, "local_epochs": 5, "momentum": 0.0}
 
     def __init__(self, ctx):
-        from p2pfl.algorithms import REGISTRY
-
         super().__init__(ctx)
-        self.then = REGISTRY[self.settings.then](ctx)  # phase 2 shares ctx, so it starts from the chain's model
+        self.then = THEN[self.settings.then](ctx)  # phase 2 shares ctx, so it starts from the chain's model
 
     @classmethod
     def default_rounds(cls, settings) -> int:

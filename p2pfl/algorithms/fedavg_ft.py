@@ -238,7 +238,7 @@ class FedAvgFT(FedAvg):
         if held is None:
             return {}
         lr = s.ft_lr or ctx.cfg.lr
-        opt = SGDSettings(lr, ctx.cfg.batch_size, s.ft_epochs, ctx.cfg.momentum, ctx.cfg.weight_decay)
+        opt = SGDSettings(ctx.cfg.batch_size, s.ft_epochs, ctx.cfg.momentum, ctx.cfg.weight_decay)
         scores: dict[int, list[float]] = {n: [] for n in s.ft_new_samples}
         for trial, j in self.new_clients():
             rng = numpy_rng(ctx.cfg.seed, "fine-tune", trial, j)

@@ -26,12 +26,12 @@ import numpy as np
 import torch
 
 from p2pfl.algorithms.base import Algorithm, RunContext, neighbour_average
-from p2pfl.algorithms.ntk_options import GB, NTKOptions, check_memory, make_codec, project_inputs
+from p2pfl.algorithms.ntk_options import GB, JacobianMessage, NTKOptions, check_memory, make_codec, project_inputs
 from p2pfl.algorithms.settings import option, positive
 from p2pfl.comm import Message, Weights
 from p2pfl.errors import UserError
 from p2pfl.final_averaging import final_averaging
-from p2pfl.ntk.codec import JacobianMessage, tau_histogram
+from p2pfl.ntk.codec import tau_histogram
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.ntk.step import NTKProblem, evolves_batched, ntk_steps
 from p2pfl.seeding import numpy_rng
@@ -180,7 +180,7 @@ class NTKDFL(Algorithm):
             for j, w in heard[i].items():
                 if j in group:
                     jac, f = self.codec.compute(w.weights, x)
-                    payload, dense = self.codec.pack(jac, f, y)
+                    payload, dense = JacobianMessage.of(self.codec, jac, f, y)
                     msgs.append(Message(i, j, payload, dense_nbytes=dense))
         expect = [(j, p) for p in ctx.peers if p in group for j in graph.neighbors(p)
                   if ctx.transport.delivered(round_index, p, j, "weights")]  # j answers only if p's weights reached it
@@ -221,7 +221,7 @@ class NTKDFL(Algorithm):
     def problem(self, peer, hood, own, inbox, w, data) -> NTKProblem:
         """Peer's evolution over its neighbourhood: its own Jacobian and the ones it received, stacked."""
         ctx = self.ctx
-        parts = [own[peer] if j == peer else self.codec.unpack(inbox[peer][j]) for j in hood]
+        parts = [own[peer] if j == peer else inbox[peer][j].read(self.codec) for j in hood]
         blocks = [self.block_inputs(j, part[0], data[j]) for j, part in zip(hood, parts)] \
             if self.codec.path == "factored" else [None] * len(hood)
         pixels = PixelInputs.cat(blocks) if all(isinstance(b, PixelInputs) for b in blocks) else None

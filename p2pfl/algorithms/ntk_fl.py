@@ -94,13 +94,12 @@ class NTKFL(ServerAlgorithm):
             x, y = ctx.rows(index)
             jac, f = self.codec.compute(received[c].weights, x)
             ctx.flat[self.row[c]] = received[c].weights
-            message, dense = self.codec.pack(jac, f, y)
-            out[c] = (NTKUpload(message.outputs, message.labels, index, message.jacobian), dense)
+            out[c] = (NTKUpload(f.detach(), y, index, self.codec.to_wire(jac)), self.codec.dense_bytes(f, y))
         return out
 
     def server_update(self, round_index, clients, uploads):
         ctx, w = self.ctx, self.ctx.global_weights
-        parts = [self.codec.unpack(uploads[c]) for c in clients]
+        parts = [self.codec.read(uploads[c].jacobian, uploads[c].outputs, uploads[c].labels) for c in clients]
         # the inputs as pixel codes where they are pixels: the factored products in integer arithmetic
         pixels = PixelInputs.cat([PixelInputs.encode(p[0].acts[0], ctx.data.pixel_levels) for p in parts]) \
             if self.codec.path == "factored" else None

@@ -4,12 +4,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from p2pfl.algorithms.settings import bits, fraction, non_negative, option, positive, positive_ints
+from p2pfl.comm import Payload
 from p2pfl.errors import UserError
 from p2pfl.ntk.codec import JacobianCodec
 from p2pfl.ntk.step import NTKSettings
 
 GB = 1024**3
+
+
+@dataclass
+class JacobianMessage(Payload):
+    """A peer's outputs and labels with the Jacobian of its samples (as sent: factors, dense or compressed)."""
+
+    outputs: torch.Tensor
+    labels: torch.Tensor
+    jacobian: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def of(cls, codec: JacobianCodec, jac, f: torch.Tensor, y: torch.Tensor) -> tuple[JacobianMessage, int]:
+        """The message of a Jacobian and what it would weigh with the dense J."""
+        return cls(f.detach(), y, codec.to_wire(jac)), codec.dense_bytes(f, y)
+
+    def read(self, codec: JacobianCodec):
+        """(Jacobian, outputs, labels) on the run's device."""
+        return codec.read(self.jacobian, self.outputs, self.labels)
 
 
 @dataclass(frozen=True)

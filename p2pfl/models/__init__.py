@@ -9,7 +9,7 @@ from torch import nn
 
 from p2pfl.models.cnn import CNNCifar, CNNFashionMNIST, CNNFEMNIST, LeNet5, SimpleCNN
 from p2pfl.models.linear_rep import LinearRepresentation
-from p2pfl.models.mlp import MLP
+from p2pfl.models.mlp import MLP, MLPShape
 from p2pfl.models.resnet import resnet8, resnet18
 from p2pfl.models.stack import ParamLayout, PeerStack, initial_parameters, reset_model
 
@@ -47,5 +47,5 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["MLP", "MODELS", "ModelSpec", "ParamLayout", "PeerStack", "build_model", "count_parameters",
+__all__ = ["MLP", "MLPShape", "MODELS", "ModelSpec", "ParamLayout", "PeerStack", "build_model", "count_parameters",
            "initial_parameters", "reset_model"]

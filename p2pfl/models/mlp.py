@@ -1,8 +1,14 @@
 """The papers' MLP: flatten -> Linear -> ReLU -> ... -> Linear (Kaiming-normal weights, zero biases)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from p2pfl.models.stack import ParamLayout
 
 
 class MLP(nn.Module):
@@ -18,3 +24,37 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+
+@dataclass(frozen=True)
+class MLPShape:
+    """Which slots of the flat vector are each Linear layer's weight and bias, and the activation."""
+
+    weights: list[slice]
+    biases: list[slice]
+    dims: list[tuple[int, int]]  # (out, in) per layer
+    activation: str  # 'relu'
+
+    @staticmethod
+    def of(model: nn.Module, layout: ParamLayout) -> "MLPShape":
+        if not isinstance(model, MLP):
+            raise TypeError("the factored Jacobian needs the MLP (Linear layers + ReLU); use the dense path")
+        slots = {s.name: s for s in layout.slots}
+        weights, biases, dims = [], [], []
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear):
+                w, b = slots[f"{name}.weight"], slots[f"{name}.bias"]
+                weights.append(slice(w.offset, w.offset + w.numel))
+                biases.append(slice(b.offset, b.offset + b.numel))
+                dims.append((module.out_features, module.in_features))
+        return MLPShape(weights, biases, dims, "relu")
+
+    @property
+    def n_classes(self) -> int:
+        return self.dims[-1][0]
+
+    def weight(self, flat: torch.Tensor, layer: int) -> torch.Tensor:
+        return flat[self.weights[layer]].view(self.dims[layer])
+
+    def dense_size(self) -> int:
+        return sum(o * i + o for o, i in self.dims)

@@ -16,6 +16,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from p2pfl.models.layers import PeerDropout
+from p2pfl.models.mlp import MLP, MLPShape
 from p2pfl.seeding import torch_generator
 from p2pfl.tasks import TASKS, Task
 
@@ -168,9 +169,6 @@ class PeerStack:
 
 
 def _mlp_shape(model: nn.Module, layout: ParamLayout):
-    from p2pfl.models.mlp import MLP
-    from p2pfl.ntk.jacobian import MLPShape
-
     return MLPShape.of(model, layout) if isinstance(model, MLP) else None
 
 

@@ -1,25 +1,13 @@
 """How NTK algorithms compute a Jacobian, put it into message tensors and read it back."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from p2pfl.comm import Payload
-from p2pfl.models.mlp import MLP
+from p2pfl.models.mlp import MLP, MLPShape
 from p2pfl.models.stack import ParamLayout
 from p2pfl.ntk.compression import decode, encode
-from p2pfl.ntk.jacobian import DenseJacobian, FactoredJacobian, MLPShape
-
-
-@dataclass
-class JacobianMessage(Payload):
-    """A peer's outputs and labels with the Jacobian of its samples (as sent: factors, dense or compressed)."""
-
-    outputs: torch.Tensor
-    labels: torch.Tensor
-    jacobian: tuple[torch.Tensor, ...]
+from p2pfl.ntk.jacobian import DenseJacobian, FactoredJacobian
 
 
 def jacobian_path(choice: str, model: nn.Module, compress: bool) -> str:
@@ -70,16 +58,14 @@ class JacobianCodec:
             return FactoredJacobian.cat(parts, input_grams, pixels)
         return DenseJacobian.cat(parts)
 
-    def pack(self, jac, f: torch.Tensor, y: torch.Tensor) -> tuple[JacobianMessage, int]:
-        """A Jacobian message and what it would weigh with the dense J."""
+    def dense_bytes(self, f: torch.Tensor, y: torch.Tensor) -> int:
+        """What a message of these outputs and labels would weigh with the dense J."""
         n, n_classes = f.shape
-        dense = n * n_classes * self.n_params * 4 + f.numel() * 4 + y.numel() * y.element_size()
-        return JacobianMessage(f.detach(), y, self.to_wire(jac)), dense
+        return n * n_classes * self.n_params * 4 + f.numel() * 4 + y.numel() * y.element_size()
 
-    def unpack(self, message: JacobianMessage):
-        """(Jacobian, outputs, labels), on the run's device."""
-        message = message.to(self.device)
-        return self.from_wire(message.jacobian), message.outputs, message.labels
+    def read(self, wire: tuple[torch.Tensor, ...], f: torch.Tensor, y: torch.Tensor):
+        """(Jacobian, outputs, labels) on the run's device, from what a message carried."""
+        return self.from_wire(tuple(t.to(self.device) for t in wire)), f.to(self.device), y.to(self.device)
 
 
 def tau_histogram(taus: list[int]) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """Jacobian compression (NTK-DFL appendix D.2, CP-NTK-FL): top-k sparsification, b-bit quantization of
 what is kept (really bit-packed, so the byte count is honest), and a shared-seed Gaussian projection
-of the inputs that shrinks the model's input size. Its bitmask helpers also carry DisPFL's masks."""
+of the inputs that shrinks the model's input size."""
 from __future__ import annotations
 
 import math
@@ -8,32 +8,8 @@ import math
 import numpy as np
 import torch
 
+from p2pfl.bitpack import pack_bits, pack_mask, unpack_bits, unpack_mask
 from p2pfl.seeding import torch_generator
-
-
-def _pack_bits(q: np.ndarray, bits: int) -> np.ndarray:
-    return np.packbits(np.unpackbits(q.astype(np.uint8)[:, None], axis=1)[:, 8 - bits:].reshape(-1))
-
-
-def _unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
-    planes = np.unpackbits(packed)[: count * bits].reshape(count, bits)
-    return np.packbits(np.pad(planes, ((0, 0), (8 - bits, 0))), axis=1)[:, 0]
-
-
-_BITS = (128, 64, 32, 16, 8, 4, 2, 1)  # numpy's packbits order: the first element is the highest bit
-
-
-def pack_mask(mask: torch.Tensor) -> torch.Tensor:
-    """A boolean vector as bits: numel/8 bytes (uint8), on the mask's device (no trip to the host)."""
-    bits = mask.detach().reshape(-1).to(torch.uint8)
-    bits = torch.cat([bits, bits.new_zeros(-len(bits) % 8)]).view(-1, 8)
-    return (bits * torch.tensor(_BITS, dtype=torch.uint8, device=bits.device)).sum(1).to(torch.uint8)
-
-
-def unpack_mask(packed: torch.Tensor, numel: int) -> torch.Tensor:
-    """pack_mask's inverse: the first numel bits as a boolean vector, on packed's device."""
-    bits = packed[:, None] & torch.tensor(_BITS, dtype=torch.uint8, device=packed.device)
-    return (bits != 0).reshape(-1)[:numel]
 
 
 def encode(J: torch.Tensor, keep: float = 1.0, bits: int = 0) -> tuple[torch.Tensor, ...]:
@@ -50,7 +26,7 @@ def encode(J: torch.Tensor, keep: float = 1.0, bits: int = 0) -> tuple[torch.Ten
     lo, hi = values.min(), values.max()
     scale = (hi - lo).clamp(min=1e-30)
     q = torch.round((values - lo) / scale * (2**bits - 1)).to(torch.uint8).cpu().numpy()
-    packed = torch.from_numpy(_pack_bits(q, bits))
+    packed = torch.from_numpy(pack_bits(q, bits))
     return (*head, packed, torch.stack([lo, hi]).float(), torch.tensor([bits, len(values)], dtype=torch.int32))
 
 
@@ -73,7 +49,7 @@ def decode(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
         values = tensors[2]
     else:
         packed, (lo, hi), (bits, count) = tensors[2], tensors[3], tensors[4].tolist()
-        q = torch.from_numpy(_unpack_bits(packed.cpu().numpy(), bits, count)).float().to(lo.device)
+        q = torch.from_numpy(unpack_bits(packed.cpu().numpy(), bits, count)).float().to(lo.device)
         values = lo + q / (2**bits - 1) * (hi - lo)
     if index.numel() == 0:
         return values.reshape(shape)

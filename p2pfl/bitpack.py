@@ -1,0 +1,34 @@
+"""Bits as they travel: b-bit values (quantized Jacobian entries) and boolean masks (which entries a
+sparse message holds: top-k Jacobians, DisPFL's sparse models) packed into bytes, so that a message's
+byte count is what a real wire would carry."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def pack_bits(q: np.ndarray, bits: int) -> np.ndarray:
+    """Values below 2**bits (uint8) as a bit stream of bits bits each."""
+    return np.packbits(np.unpackbits(q.astype(np.uint8)[:, None], axis=1)[:, 8 - bits:].reshape(-1))
+
+
+def unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """pack_bits' inverse: count values of bits bits each."""
+    planes = np.unpackbits(packed)[: count * bits].reshape(count, bits)
+    return np.packbits(np.pad(planes, ((0, 0), (8 - bits, 0))), axis=1)[:, 0]
+
+
+_BITS = (128, 64, 32, 16, 8, 4, 2, 1)  # numpy's packbits order: the first element is the highest bit
+
+
+def pack_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A boolean vector as bits: numel/8 bytes (uint8), on the mask's device (no trip to the host)."""
+    bits = mask.detach().reshape(-1).to(torch.uint8)
+    bits = torch.cat([bits, bits.new_zeros(-len(bits) % 8)]).view(-1, 8)
+    return (bits * torch.tensor(_BITS, dtype=torch.uint8, device=bits.device)).sum(1).to(torch.uint8)
+
+
+def unpack_mask(packed: torch.Tensor, numel: int) -> torch.Tensor:
+    """pack_mask's inverse: the first numel bits as a boolean vector, on packed's device."""
+    bits = packed[:, None] & torch.tensor(_BITS, dtype=torch.uint8, device=packed.device)
+    return (bits != 0).reshape(-1)[:numel]
