@@ -41,9 +41,11 @@ data:
 run: install
 	$(PY) -m p2pfl.run
 
-# Tests on a worker per core, at most 4 (on 2 cores: 9m41s against 10m27s on one); worksteal keeps the
-# long ones from ending last on one worker.
+# The layers contract (.importlinter: imports point down only), then the tests on a worker per core,
+# at most 4 (on 2 cores: 9m41s against 10m27s on one); worksteal keeps the long ones from ending last
+# on one worker.
 test: install
+	$(VENV)/bin/lint-imports
 	P2PFL_NO_DOWNLOAD=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist worksteal tests
 
 # Each on the CPU and, where CUDA is present, on the GPU beside it; TCT's stage 1 at paper scale on the GPU only.

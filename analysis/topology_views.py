@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from analysis.toolkit import Parser, guarded, output_folder
-from p2pfl.config import parse_config, resolve
+from p2pfl.configure import parse_config, resolve
 from p2pfl.diagnostics import mixing_matrix, spectral_gap
 from p2pfl.errors import UserError
 from topologies import TopologySchedule

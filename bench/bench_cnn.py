@@ -17,7 +17,7 @@ import argparse
 import torch
 
 from common import devices, gpu_peak_gb, reset_gpu_peak, timed
-from p2pfl.config import make_config, resolve
+from p2pfl.configure import make_config, resolve
 from p2pfl.models import count_parameters
 from p2pfl.run import build
 

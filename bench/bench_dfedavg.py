@@ -10,7 +10,7 @@ import argparse
 import torch
 
 from common import devices, gpu_peak_gb, reset_gpu_peak, run_rounds, timed
-from p2pfl.config import make_config, resolve
+from p2pfl.configure import make_config, resolve
 from p2pfl.metrics import peak_rss_kib
 from p2pfl.run import build
 

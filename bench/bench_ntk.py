@@ -28,7 +28,7 @@ import p2pfl  # noqa: F401  (first: it keeps numpy's BLAS on one thread, which t
 import torch
 
 from common import devices, gpu_peak_gb, reset_gpu_peak, run_rounds, timed
-from p2pfl.config import make_config, resolve
+from p2pfl.configure import make_config, resolve
 from p2pfl.ntk import DenseJacobian, FactoredJacobian
 from p2pfl.models import MLPShape
 from p2pfl.ntk import evolution

@@ -23,7 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis.representation import plot_fine_tuning, plot_linear_run, plot_similarity  # noqa: E402
+from p2pfl.report import plot_fine_tuning, plot_linear_run, plot_similarity  # noqa: E402
 from launch.table import execute, flags, run_command  # noqa: E402
 from p2pfl.metrics import read_metrics  # noqa: E402
 

@@ -1,86 +1,131 @@
-"""One RunConfig for a run: defaults < TOML file < command-line flags.
-
-Every check of user input lives here and raises UserError with one clear sentence, so the CLI can
-print one line and exit 2 instead of failing deep inside a round.
-"""
+"""The run's own settings, declared once: default, help and check of each (p2pfl.options). The flags, the
+TOML keys, the per-setting checks and the docs' table are derived from these declarations; checks that
+relate settings to each other, to the algorithm or to the data are p2pfl.configure's."""
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import math
 import os
-import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from p2pfl.errors import UserError
-from p2pfl.paths import checked_path
+from p2pfl.options import at_least, non_negative, option, positive, probability
 
 TOPOLOGIES = ("regular", "erdos-renyi", "ring", "star", "full", "chain")
 PARTITIONS = ("dirichlet", "iid", "classes", "writers")
-DIRICHLET_STYLES = ("per-peer", "per-class", "feddyn")
-CLASSES_STYLES = ("random", "niid-bench")
 MIXINGS = ("uniform", "metropolis", "sample-weighted")
 AGGREGATES = ("uniform", "sample-weighted")
-INITS = ("same", "different")
-NORMS = ("batch", "group")
-LABELS = ("fine", "coarse")
 TRAINING_FALLBACK = {"lr_decay": 0.0, "momentum": 0.0, "local_epochs": 1, "weight_decay": 0.0}  # where an algorithm names none
+ALGORITHM_S = "the algorithm's"  # how --help states a training default that each algorithm sets
+
+
+def _device(v) -> str | None:
+    return None if v in ("auto", "cpu", "cuda") or v.startswith("cuda:") else \
+        f"{v} is an unknown device; use auto, cpu, cuda or cuda:N"
+
+
+def _seed(v) -> str | None:
+    return None if 0 <= v < 2**63 else f"must be a whole number in [0, 2^63), got {v}"
+
+
+def _widths(v) -> str | None:
+    return None if v and all(w >= 1 for w in v) else f"needs at least one positive width, got {list(v)}"
+
+
+def _alpha(v) -> str | None:
+    return None if v > 0 else f"must be a positive number, got {v}"
+
+
+def _momentum(v) -> str | None:
+    return None if 0 <= v < 1 else f"must be in [0, 1), got {v}"
+
+
+def _checkpoints(v) -> str | None:
+    return None if v >= 0 else f"must be 0 (never) or a number of rounds, got {v}"
+
+
+def _not_faster(v) -> str | None:
+    return None if v >= 1 else f"must be at least 1 (a straggler is not faster), got {v}"
+
+
+def _deadline(v) -> str | None:
+    return None if v >= 1 else f"must be at least 1 (the time a peer's work takes), got {v}"
 
 
 @dataclass
 class RunConfig:
-    algo: str = "dfedavg"
-    peers: int | None = None  # None: MPI world size, or 10 without MPI
-    rounds: int | None = None  # None: the algorithm's default (20 for most), or what its stages add up to
-    topology: str = "regular"
-    kappa: float = 5
-    static: bool = False
-    mixing: str = "uniform"
-    dataset: str = "fashion-mnist"
-    data_dir: str | None = None
-    labels: str = "fine"
-    partition: str | None = None  # None: the dataset's own default (dirichlet; writers for femnist)
-    partition_file: str | None = None  # a peer -> training indices map to use instead of drawing a partition
-    dirichlet_style: str = "per-peer"
-    classes_style: str = "random"
-    alpha: float = 0.1
-    classes_per_peer: int = 2
-    samples_per_peer: int = 200
-    train_samples: int | None = None  # None: the whole training set
-    test_samples: int | None = None  # None: the whole test set
-    seed: int = 0
-    out: str | None = None
-    overwrite: bool = False  # let a run write into a non-empty --out
-    device: str = "auto"
-    init: str = "same"
-    model: str | None = None  # None: the dataset's default model (mlp for (Fashion-)MNIST)
-    hidden: list[int] = field(default_factory=lambda: [100])
-    norm: str = "batch"
-    rep_dim: int = 5
+    algo: str = option("dfedavg", "the algorithm;")
+    peers: int | None = option(None, "number of peers; they sit on ranks in contiguous blocks", at_least(1), shown="MPI world size, or 10 without MPI")
+    rounds: int | None = option(None, "communication rounds", at_least(1),
+                                shown="the algorithm's: 20 for most, or what its stages add up to")
+    topology: str = option("regular", "the graph: regular, erdos-renyi, ring, star, full or chain", choices=TOPOLOGIES, noun="topology")
+    kappa: float = option(5, "degree for regular, mean degree for erdos-renyi")
+    static: bool = option(False, "one graph for the whole run instead of a new one each round")
+    mixing: str = option("uniform", "neighbour averaging weights: uniform 1/(deg+1), metropolis or sample-weighted", choices=MIXINGS, noun="mixing")
+    dataset: str = option("fashion-mnist", "the dataset;")
+    data_dir: str | None = option(None, "folder holding the dataset files", shown="the dataset's usual place")
+    labels: str = option("fine", "CIFAR-100 label set: fine (100 classes) or coarse (20)", choices=("fine", "coarse"),
+                         noun="label set")
+    partition: str | None = option(None, "how the training set is split among the peers: dirichlet, iid, classes or writers "
+                                   "(the dataset's natural split: FEMNIST writers, linear-rep clients)", choices=PARTITIONS,
+                                   noun="partition", shown="the dataset's: dirichlet, writers for femnist and linear-rep")
+    partition_file: str | None = option(None, "read each peer's training indices from this file instead of drawing "
+                                        "them: .json ({\"0\": [indices], ...} or a list of lists), .npz (an array per "
+                                        "peer) or the NTK-FL/NTK-DFL reference codes' pickled dict (read without running "
+                                        "code); the run's P peers take the file's peers 0..P-1", shown="none: drawn")
+    dirichlet_style: str = option("per-peer", "per-peer (NTK-FL/NTK-DFL: a label mix per peer, fixed size, samples "
+                                  "may repeat across peers), per-class (NIID-Bench: each class split over the peers, "
+                                  "disjoint) or feddyn (FedDyn: a class prior per peer, equal sizes, disjoint)",
+                                  choices=("per-peer", "per-class", "feddyn"), noun="Dirichlet style")
+    classes_style: str = option("random", "--partition classes: random (#C random classes, equal counts) or "
+                                "niid-bench (peer i owns class i mod C plus #C-1 random ones, whole classes split "
+                                "evenly)", choices=("random", "niid-bench"), noun="classes style")
+    alpha: float = option(0.1, "Dirichlet concentration", _alpha)
+    classes_per_peer: int = option(2, "classes per peer for --partition classes", at_least(1))
+    samples_per_peer: int = option(200, "training samples per peer", at_least(1))
+    train_samples: int | None = option(None, "partition a seeded random subset of N training samples; it "
+                                       "reduces partitions that use the whole set (niid-bench, per-class)",
+                                       at_least(1), shown="all")
+    test_samples: int | None = option(None, "evaluate on the first N test samples", at_least(1), shown="all")
+    seed: int = option(0, "seed of every random choice", _seed)
+    out: str | None = option(None, "run folder; one that already holds files is refused (exit 2) before any work", shown="runs/<algo>-<time>")
+    overwrite: bool = option(False, "write into a non-empty --out, replacing the run files there")
+    device: str = option("auto", "auto (a GPU by local rank modulo the GPUs present, else the CPU), cpu, cuda or cuda:N", _device)
+    init: str = option("same", "same (one initial model for all peers) or different (per-peer init)",
+                       choices=("same", "different"), noun="init")
+    model: str | None = option(None, "the model;", shown="the dataset's; mlp for (Fashion-)MNIST")
+    hidden: list[int] = option([100], "MLP hidden layer widths, e.g. 100 (the papers' 784-100-10) or 200,100", _widths,
+                               wanted="comma-separated layer widths such as 100 or 200,100")
+    norm: str = option("batch", "resnet8/resnet18 normalisation: batch or group (2 groups)", choices=("batch", "group"),
+                       noun="norm")
+    rep_dim: int = option(5, "linear-rep model: representation dimension k", at_least(1))
     # Local training; None means "the algorithm's default" (its class's `training` table).
-    lr: float | None = None
-    lr_decay: float | None = None
-    batch_size: int | None = None
-    local_epochs: int | None = None
-    momentum: float | None = None
-    weight_decay: float | None = None
-    aggregate: str = "uniform"
-    eval_every: int = 1
-    save_edges: bool = False
-    batched: bool = True
-    comm_timeout: float = 600.0
-    drop_peers: float = 0.0  # simulated faults (p2pfl.faults)
-    drop_links: float = 0.0
-    slow_peers: float = 0.0
-    slow_factor: float = 4.0
-    round_deadline: float = 2.0
-    checkpoint_every: int | None = None  # None: after a round when 30 s have passed since the last; 0: never
-    resume: str | None = None  # a run folder to continue from its checkpoint
-    progress: bool = True
+    lr: float | None = option(None, "learning rate", positive, shown=ALGORITHM_S)
+    lr_decay: float | None = option(None, "lr_k = lr * exp(-decay * k)", non_negative, shown=ALGORITHM_S)
+    batch_size: int | None = option(None, "local minibatch size", positive, shown=ALGORITHM_S)
+    local_epochs: int | None = option(None, "local epochs per round", positive, shown=ALGORITHM_S)
+    momentum: float | None = option(None, "SGD momentum", _momentum, shown=ALGORITHM_S)
+    weight_decay: float | None = option(None, "SGD weight decay", non_negative, shown=ALGORITHM_S)
+    aggregate: str = option("uniform", "aggregated model: uniform or sample-weighted average of all peers",
+                            choices=AGGREGATES, noun="aggregate")
+    eval_every: int = option(1, "evaluate every N rounds (the last round always)", at_least(1))
+    save_edges: bool = option(False, "write each round's edge list to edges.jsonl")
+    batched: bool = option(True, "train a rank's peers as one vmap batch (--no-batch: one by one)", switch="batch")
+    comm_timeout: float = option(600.0, "seconds to wait for a peer's message", positive)
+    drop_peers: float = option(0.0, "simulated faults: probability that a peer is offline for a round (neither "
+                               "trains nor sends)", probability)
+    drop_links: float = option(0.0, "simulated faults: probability that a message is lost", probability)
+    slow_peers: float = option(0.0, "simulated faults: probability that a peer straggles in a round", probability)
+    slow_factor: float = option(4.0, "a straggler's local work takes this many time units, a peer's 1", _not_faster)
+    round_deadline: float = option(2.0, "messages arriving after this many simulated time units are dropped",
+                                   _deadline)
+    checkpoint_every: int | None = option(None, "checkpoint every N rounds, 0 never", _checkpoints,
+                                          shown="after a round when 30 s have passed since the last checkpoint, "
+                                          "and on Ctrl-C")
+    resume: str | None = option(None, "continue the run in this folder from its last checkpoint, with its "
+                                "config.toml", shown="none")
+    progress: bool = option(True, "a progress bar")
     settings: Any = None  # the algorithm's own settings (an instance of its Settings dataclass)
     given: frozenset = frozenset()  # the settings the user gave (flags or TOML), not defaults
 
@@ -92,471 +137,9 @@ NOT_SETTINGS = ("settings", "given")
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig) if f.name not in NOT_SETTINGS}
 
 
-def _parse_hidden(text: str) -> list[int]:
-    try:
-        widths = [int(w) for w in str(text).replace(" ", "").split(",") if w]
-    except ValueError:
-        raise UserError(f"--hidden takes comma-separated layer widths such as 100 or 200,100, not {text!r}")
-    return widths
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse, but its errors become UserError (one line, exit 2) instead of usage + message."""
-
-    def error(self, message):
-        raise UserError(message)
-
-
-def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
-    """The run's flags, then the flags of algo's own settings (shown by --algo X --help)."""
-    from p2pfl.algorithms import REGISTRY
-    from p2pfl.algorithms.settings import add_flags
-    from p2pfl.data import DATASETS
-    from p2pfl.models import MODELS
-
-    listing = "; ".join(f"{name}: {cls.summary}" for name, cls in REGISTRY.items())
-    p = _OneLineParser(prog="python -m p2pfl.run", description="Decentralized learning on a graph of peers.",
-                       epilog=f"algorithms: {listing}. python -m p2pfl.run --algo X --help lists X's own settings.",
-                       argument_default=argparse.SUPPRESS, allow_abbrev=False)
-    p.add_argument("--config", help="TOML file of settings; flags given here override it")
-    p.add_argument("--algo", help=f"one of: {', '.join(REGISTRY)} (default dfedavg)")
-    p.add_argument("--peers", type=int, help="number of peers (default: MPI world size, or 10 without MPI)")
-    p.add_argument("--rounds", type=int, help="communication rounds (default 20)")
-    p.add_argument("--topology", help=f"one of: {', '.join(TOPOLOGIES)} (default regular)")
-    p.add_argument("--kappa", type=float, help="degree for regular, mean degree for erdos-renyi (default 5)")
-    p.add_argument("--static", action="store_true", help="one graph for the whole run (default: new each round)")
-    p.add_argument("--mixing", help=f"neighbour averaging weights: {', '.join(MIXINGS)} (default uniform)")
-    p.add_argument("--dataset", help=f"one of: {', '.join(DATASETS)} (default fashion-mnist)")
-    p.add_argument("--data-dir", help="folder holding the dataset files")
-    p.add_argument("--labels", help="CIFAR-100 label set: fine (100 classes) or coarse (20) (default fine)")
-    p.add_argument("--partition", help=f"one of: {', '.join(PARTITIONS)} (default: the dataset's; dirichlet, "
-                   "writers for femnist and linear-rep)")
-    p.add_argument("--partition-file", help="read each peer's training indices from this file instead of drawing "
-                   "them (.json, .npz, or the NTK-FL/NTK-DFL reference codes' pickled dict); the run's P peers "
-                   "take the file's peers 0..P-1")
-    p.add_argument("--dirichlet-style", help="per-peer (NTK-FL/NTK-DFL label mix), per-class (NIID-Bench) or "
-                   "feddyn (class prior per peer, equal sizes) (default per-peer)")
-    p.add_argument("--classes-style", help="--partition classes: random (#C random classes, equal counts) or "
-                   "niid-bench (peer i owns class i mod C plus #C-1 random ones, whole classes split evenly)")
-    p.add_argument("--alpha", type=float, help="Dirichlet concentration (default 0.1)")
-    p.add_argument("--classes-per-peer", type=int, help="classes per peer for --partition classes (default 2)")
-    p.add_argument("--samples-per-peer", type=int, help="training samples per peer (default 200)")
-    p.add_argument("--train-samples", type=int, help="partition a seeded random subset of N training samples "
-                   "(default all; for partitions that use the whole set, such as niid-bench classes)")
-    p.add_argument("--test-samples", type=int, help="evaluate on the first N test samples (default all)")
-    p.add_argument("--seed", type=int, help="seed of every random choice (default 0)")
-    p.add_argument("--out", help="run folder (default runs/<algo>-<time>); refused if it already holds files")
-    p.add_argument("--overwrite", action="store_true", help="write into a non-empty --out, replacing the run "
-                   "files there")
-    p.add_argument("--device", help="auto, cpu, cuda or cuda:N (auto: GPU by local rank, else CPU)")
-    p.add_argument("--init", help="same (one initial model for all peers) or different (per-peer init)")
-    p.add_argument("--model", help=f"one of: {', '.join(MODELS)} (default: the dataset's; mlp for (Fashion-)MNIST)")
-    p.add_argument("--hidden", type=_parse_hidden, help="MLP hidden layer widths, e.g. 100 or 200,100 (default 100)")
-    p.add_argument("--norm", help="resnet8/resnet18 normalisation: batch or group (2 groups) (default batch)")
-    p.add_argument("--rep-dim", type=int, help="linear-rep model: representation dimension k (default 5)")
-    p.add_argument("--lr", type=float, help="learning rate (default: the algorithm's)")
-    p.add_argument("--lr-decay", type=float, help="lr_k = lr * exp(-decay * k) (default: the algorithm's)")
-    p.add_argument("--batch-size", type=int, help="local minibatch size (default: the algorithm's)")
-    p.add_argument("--local-epochs", type=int, help="local epochs per round (default: the algorithm's)")
-    p.add_argument("--momentum", type=float, help="SGD momentum (default: the algorithm's)")
-    p.add_argument("--weight-decay", type=float, help="SGD weight decay (default: the algorithm's)")
-    p.add_argument("--aggregate", help="aggregated model: uniform or sample-weighted average of all peers")
-    p.add_argument("--eval-every", type=int, help="evaluate every N rounds (default 1; the last round always)")
-    p.add_argument("--save-edges", action="store_true", help="write each round's edge list to edges.jsonl")
-    p.add_argument("--no-batch", dest="batched", action="store_false",
-                   help="train a rank's peers one by one instead of as one vmap batch")
-    p.add_argument("--comm-timeout", type=float, help="seconds to wait for a peer's message (default 600)")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    p.add_argument("--drop-peers", type=float, help="simulated faults: probability that a peer is offline for a "
-                   "round (neither trains nor sends) (default 0)")
-    p.add_argument("--drop-links", type=float, help="simulated faults: probability that a message is lost (default 0)")
-    p.add_argument("--slow-peers", type=float, help="simulated faults: probability that a peer straggles in a round "
-                   "(default 0)")
-    p.add_argument("--slow-factor", type=float, help="a straggler's local work takes this many time units, a "
-                   "peer's 1 (default 4)")
-    p.add_argument("--round-deadline", type=float, help="messages arriving after this many simulated time units "
-                   "are dropped (default 2)")
-    p.add_argument("--checkpoint-every", type=int, help="checkpoint every N rounds, 0 never (default: after a "
-                   "round when 30 s have passed since the last checkpoint, and on Ctrl-C)")
-    p.add_argument("--resume", help="continue the run in this folder from its last checkpoint, with its config.toml")
-    if algo in REGISTRY:
-        cls = REGISTRY[algo]
-        add_flags(p.add_argument_group(f"settings of --algo {algo}"), cls.Settings, cls.setting_defaults)
-    return p
-
-
-def load_toml(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
-    except FileNotFoundError:
-        raise UserError(f"config file {path} does not exist")
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"config file {path} is not valid TOML: {exc}")
-    except OSError as exc:
-        raise UserError(f"config file {path} cannot be read ({exc.strerror or exc.__class__.__name__})")
-    return {key.replace("-", "_"): value for key, value in raw.items()}
-
-
-def _not_this_algorithm(name: str, algo: str) -> UserError | None:
-    """The error for a setting that belongs to other algorithms only, or None."""
-    from p2pfl.algorithms import owners_of
-
-    owners = owners_of(name)
-    if owners and algo not in owners:
-        return UserError(f"--{name.replace('_', '-')} does not apply to --algo {algo} (it is a setting of "
-                         f"{', '.join(owners)})")
-    return None
-
-
-def parse_config(argv: list[str] | None = None) -> RunConfig:
-    """Merge defaults, the --config file and the flags, then validate. A resume (--resume, or a `resume`
-    key in the --config file) takes the run's own config.toml, and what is given besides must agree
-    with it."""
-    import sys
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    pre = _OneLineParser(add_help=False, allow_abbrev=False, argument_default=argparse.SUPPRESS)
-    pre.add_argument("--config")
-    pre.add_argument("--algo")
-    pre.add_argument("--resume")
-    known, _ = pre.parse_known_args(argv)
-    values = load_toml(known.config) if getattr(known, "config", None) else {}
-    resume = getattr(known, "resume", None) or values.get("resume")
-    stored = _stored_config(resume) if resume is not None else {}
-    algo = getattr(known, "algo", values.get("algo", stored.get("algo", "dfedavg")))
-    for token in argv:
-        if token.startswith("--"):
-            problem = _not_this_algorithm(token[2:].split("=")[0].replace("-", "_"), str(algo))
-            if problem:
-                raise problem
-    args = vars(build_parser(str(algo)).parse_args(argv))
-    args.pop("config", None)
-    values.update(args)
-    if resume is not None:
-        values = _resume_values(str(resume), stored, values)
-    return make_config(values)
-
-
-RESULT_NEUTRAL = ("resume", "out", "overwrite", "comm_timeout", "progress", "checkpoint_every")  # change no number
-
-
-def _stored_config(run_dir: str) -> dict[str, Any]:
-    folder = Path(run_dir)
-    if not (folder / "config.toml").is_file():
-        raise UserError(f"--resume {run_dir}: no run folder there (it has no config.toml)")
-    return load_toml(str(folder / "config.toml"))
-
-
-def first_difference(a: dict[str, Any], b: dict[str, Any], ignore=()) -> str | None:
-    """The first setting (in name order) two resolved configs disagree on, ignoring some; None if none."""
-    return next((k for k in sorted(set(a) | set(b)) if k not in ignore and a.get(k) != b.get(k)), None)
-
-
-def _resume_values(run_dir: str, stored: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """A resumed run's settings: its own config.toml, its folder as --out. What is given besides (the
-    command that started the run, say) must agree with config.toml; only settings that change no
-    number (RESULT_NEUTRAL) may differ."""
-    from p2pfl.checkpoint import has_checkpoint
-
-    folder = Path(run_dir)
-    config = folder / "config.toml"
-    try:
-        before = resolved_dict(make_config(dict(stored)))
-    except UserError as exc:
-        raise UserError(f"--resume {run_dir}: its config.toml is not a valid run configuration ({exc})")
-    if given.get("out") is not None and Path(given["out"]).resolve() != folder.resolve():
-        raise UserError(f"--resume {run_dir} writes into that folder; --out {given['out']} names another")
-    after = resolved_dict(make_config({**stored, **{k: v for k, v in given.items() if k not in RESULT_NEUTRAL}}))
-    name = first_difference(before, after)
-    if name:
-        flag = "--" + name.replace("_", "-")
-        hint = " (to train longer, start a new run)" if name == "rounds" else ""
-        raise UserError(f"--resume continues {run_dir} as configured: {flag} is {before.get(name)!r} there, "
-                        f"{after.get(name)!r} here{hint}; start a new run with --config {config} for other settings")
-    if not has_checkpoint(folder):
-        if (folder / "metrics.jsonl").is_file() and (folder / "model.pt").is_file():
-            raise UserError(f"--resume {run_dir}: the run finished all its {before.get('rounds')} rounds (a finished "
-                            f"run keeps no checkpoint); to train longer, start a new run with --config {config} "
-                            "--rounds N")
-        raise UserError(f"--resume {run_dir}: the run has no checkpoint to continue from")
-    values = {**stored, **{k: given[k] for k in ("comm_timeout", "progress", "checkpoint_every") if k in given}}
-    values.update(out=run_dir, resume=run_dir)
-    return values
-
-
-def make_config(values: dict[str, Any]) -> RunConfig:
-    """A checked RunConfig from raw values (TOML or parsed flags); the algorithm's settings built in."""
-    from p2pfl.algorithms import REGISTRY, setting_names
-    from p2pfl.algorithms.settings import build, coerce
-
-    algo = values.get("algo", "dfedavg")
-    if algo not in REGISTRY:
-        raise UserError(f"unknown algorithm {algo!r}; choose one of: {', '.join(REGISTRY)}")
-    mine = set(setting_names(algo))
-    for name in values:
-        problem = _not_this_algorithm(name, algo)
-        if problem:
-            raise problem
-    unknown = sorted(set(values) - set(FIELDS) - mine)
-    if unknown:
-        raise UserError(f"unknown setting(s): {', '.join(unknown)}")
-    base = {k: coerce(FIELDS[k], v) if v is not None else None for k, v in values.items() if k in FIELDS}
-    if "hidden" in base:
-        base["hidden"] = list(base["hidden"])
-    cls = REGISTRY[algo]
-    settings = build(cls.Settings, {k: v for k, v in values.items() if k in mine}, cls.setting_defaults)
-    cfg = RunConfig(**base, settings=settings, given=frozenset(values))
-    validate(cfg)
-    return cfg
-
-
-def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:
-    if value not in options:
-        raise UserError(f"unknown {name} {value!r}; choose one of: {', '.join(options)}")
-
-
-def validate(cfg: RunConfig) -> None:
-    """Checks that need no data and no MPI; resolve() does the rest once peers are known."""
-    from p2pfl.algorithms import REGISTRY
-    from p2pfl.data import DATASETS, canonical_dataset
-    from p2pfl.models import MODELS
-
-    _choice("topology", cfg.topology, TOPOLOGIES)
-    canonical = canonical_dataset(cfg.dataset)
-    if canonical is None:
-        raise UserError(f"unknown dataset {cfg.dataset!r}; choose one of: {', '.join(DATASETS)}")
-    cfg.dataset = canonical
-    spec = DATASETS[canonical]
-    if cfg.partition is None:
-        cfg.partition = spec.default_partition
-    if cfg.model is None:
-        cfg.model = spec.default_model
-    _choice("model", cfg.model, tuple(MODELS))
-    _choice("partition", cfg.partition, PARTITIONS)
-    _choice("Dirichlet style", cfg.dirichlet_style, DIRICHLET_STYLES)
-    _choice("classes style", cfg.classes_style, CLASSES_STYLES)
-    _choice("mixing", cfg.mixing, MIXINGS)
-    _choice("aggregate", cfg.aggregate, AGGREGATES)
-    _choice("init", cfg.init, INITS)
-    _choice("norm", cfg.norm, NORMS)
-    _choice("label set", cfg.labels, LABELS)
-    model = MODELS[cfg.model]
-    if model.task != spec.task:
-        raise UserError(f"--model {cfg.model} is for {model.task}, but --dataset {canonical} is a {spec.task} task")
-    if spec.task not in REGISTRY[cfg.algo].tasks:
-        raise UserError(f"--algo {cfg.algo} learns {' or '.join(REGISTRY[cfg.algo].tasks)} only, not the "
-                        f"{spec.task} task of --dataset {canonical}")
-    if model.images and not spec.images:
-        raise UserError(f"--model {cfg.model} needs images (C, H, W); --dataset {canonical} has flat features")
-    if cfg.partition == "writers" and not spec.natural_split:
-        raise UserError(f"--partition writers needs a dataset with a natural split; {canonical} has none")
-    fixed = REGISTRY[cfg.algo].fixed_rounds(cfg.settings)
-    if fixed is not None and cfg.rounds is not None and cfg.rounds != fixed:
-        raise UserError(f"--algo {cfg.algo} runs {fixed} rounds, set by its own round counts "
-                        f"({', '.join(flag for flag in REGISTRY[cfg.algo].round_flags)}); --rounds {cfg.rounds} disagrees")
-    cfg.rounds = fixed or (REGISTRY[cfg.algo].default_rounds(cfg.settings) if cfg.rounds is None else cfg.rounds)
-    if cfg.rounds < 1:
-        raise UserError(f"--rounds must be at least 1, got {cfg.rounds}")
-    REGISTRY[cfg.algo].check(cfg)
-    if not (cfg.alpha > 0 and math.isfinite(cfg.alpha)):
-        raise UserError(f"--alpha must be a positive number, got {cfg.alpha}")
-    if cfg.samples_per_peer < 1:
-        raise UserError(f"--samples-per-peer must be at least 1, got {cfg.samples_per_peer}")
-    if cfg.classes_per_peer < 1:
-        raise UserError(f"--classes-per-peer must be at least 1, got {cfg.classes_per_peer}")
-    if cfg.rep_dim < 1:
-        raise UserError(f"--rep-dim must be at least 1, got {cfg.rep_dim}")
-    if cfg.train_samples is not None and cfg.train_samples < 1:
-        raise UserError(f"--train-samples must be at least 1, got {cfg.train_samples}")
-    if cfg.partition_file is not None:
-        if not Path(cfg.partition_file).is_file():
-            raise UserError(f"--partition-file {cfg.partition_file}: no such file")
-        if cfg.train_samples is not None:
-            raise UserError("--partition-file indexes the whole training set; --train-samples would renumber it")
-        cfg.partition_file = str(Path(cfg.partition_file).resolve())  # a resumed run reads the same file
-    if cfg.test_samples is not None and cfg.test_samples < 1:
-        raise UserError(f"--test-samples must be at least 1, got {cfg.test_samples}")
-    if cfg.eval_every < 1:
-        raise UserError(f"--eval-every must be at least 1, got {cfg.eval_every}")
-    if not cfg.hidden or any(w < 1 for w in cfg.hidden):
-        raise UserError(f"--hidden needs at least one positive width, got {cfg.hidden}")
-    for name in ("lr", "batch_size", "local_epochs"):
-        value = getattr(cfg, name)
-        if value is not None and value <= 0:
-            raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    if cfg.momentum is not None and not 0 <= cfg.momentum < 1:
-        raise UserError(f"--momentum must be in [0, 1), got {cfg.momentum}")
-    if cfg.weight_decay is not None and cfg.weight_decay < 0:
-        raise UserError(f"--weight-decay must be non-negative, got {cfg.weight_decay}")
-    if cfg.lr_decay is not None and cfg.lr_decay < 0:
-        raise UserError(f"--lr-decay must be non-negative, got {cfg.lr_decay}")
-    for name in ("drop_peers", "drop_links", "slow_peers"):
-        if not 0 <= getattr(cfg, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} is a probability in [0, 1), got {getattr(cfg, name)}")
-    if cfg.slow_factor < 1:
-        raise UserError(f"--slow-factor must be at least 1 (a straggler is not faster), got {cfg.slow_factor}")
-    if cfg.round_deadline < 1:
-        raise UserError(f"--round-deadline must be at least 1 (the time a peer's work takes), got {cfg.round_deadline}")
-    if cfg.checkpoint_every is not None and cfg.checkpoint_every < 0:
-        raise UserError(f"--checkpoint-every must be 0 (never) or a number of rounds, got {cfg.checkpoint_every}")
-    if cfg.comm_timeout <= 0:
-        raise UserError(f"--comm-timeout must be positive, got {cfg.comm_timeout}")
-    if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
-        raise UserError(f"unknown device {cfg.device!r}; use auto, cpu, cuda or cuda:N")
-    if not 0 <= cfg.seed < 2**63:
-        raise UserError(f"--seed must be a whole number in [0, 2^63), got {cfg.seed}")
-    if cfg.labels != "fine" and canonical != "cifar100":
-        raise UserError(f"--labels {cfg.labels} applies to --dataset cifar100 only, not {canonical}")
-    check_data_dir(cfg, spec)
-    if cfg.peers is not None:
-        check_peers(cfg, cfg.peers)
-    check_out(cfg)
-
-
-def check_data_dir(cfg: RunConfig, spec) -> None:
-    """--data-dir must be a folder, and only for datasets read from files."""
-    if cfg.data_dir is None:
-        return
-    if spec.generated:
-        raise UserError(f"--data-dir does not apply to --dataset {spec.name}, which is generated, not read from files")
-    if not Path(cfg.data_dir).is_dir():
-        raise UserError(f"--data-dir {cfg.data_dir} is not a folder")
-
-
-def check_out(cfg: RunConfig) -> None:
-    """A run folder is never clobbered by accident: --out must be new, empty, or given with --overwrite."""
-    if cfg.out is None:
-        _check_writable(Path("runs"))  # where the default run folder goes
-        return
-    if not str(cfg.out).strip():
-        raise UserError("--out must name a folder, got an empty name")
-    text = str(cfg.out)
-    path = checked_path(Path(cfg.out), f"--out {text if len(text) <= 100 else text[:60] + '...'}")
-    if path.exists() and not path.is_dir():
-        raise UserError(f"--out {cfg.out} is a file, not a folder")
-    if path.is_dir() and any(path.iterdir()) and not (cfg.overwrite or cfg.resume):
-        raise UserError(f"--out {cfg.out} already holds files (a finished run?); choose a new folder or add "
-                        f"--overwrite")
-    _check_writable(path)
-
-
-def _check_writable(path: Path) -> None:
-    """The run folder can be made (or written into): tried with a throwaway folder in the nearest existing
-    ancestor, removed at once, so that a bad --out fails here and not after the data has loaded."""
-    import tempfile
-
-    target = path if path.is_dir() else path.parent
-    while not target.exists():
-        target = target.parent
-    if not target.is_dir():
-        raise UserError(f"--out {path} cannot be made: {target} is a file")
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".p2pfl-write-test-", dir=target))
-    except OSError as exc:
-        raise UserError(f"--out {path} cannot be made in {target} ({exc.strerror or exc.__class__.__name__})")
-
-
-def check_peers(cfg: RunConfig, peers: int) -> None:
-    """Checks that depend on the number of peers (known only once MPI is up when --peers is absent)."""
-    from topologies.generators import check_graph
-
-    from p2pfl.algorithms import REGISTRY
-
-    if peers < 1:
-        raise UserError(f"--peers must be at least 1, got {peers}")
-    if REGISTRY[cfg.algo].centralized:  # a star of the clients around the server always exists
-        if getattr(cfg.settings, "clients_per_round", 0) > peers:
-            if "clients_per_round" in cfg.given:
-                raise UserError(f"--clients-per-round {cfg.settings.clients_per_round} exceeds the {peers} clients")
-            cfg.settings = dataclasses.replace(cfg.settings, clients_per_round=peers)  # the default: at most all
-        return
-    check_graph(cfg.topology, peers, cfg.kappa)
-
-
-def check_data_fit(cfg: RunConfig, train_samples: int, test_samples: int) -> None:
-    """Options that must fit the data, checked once it is loaded and before anything is made of it."""
-    if cfg.peers > train_samples:
-        raise UserError(f"--peers {cfg.peers} exceeds the {train_samples:,} training samples of {cfg.dataset}: "
-                        "a peer needs at least one")
-    if cfg.test_samples is not None and cfg.test_samples > test_samples:
-        raise UserError(f"--test-samples {cfg.test_samples} exceeds the {test_samples:,} test samples of {cfg.dataset}")
-
-
-STACK_COPIES = 4  # a peer's weights, its update or gradient, an optimizer buffer and a received copy
-
-
 def machine_memory(device) -> tuple[str, int]:
     """(what, bytes): the memory a rank's tensors live in, its GPU's or this machine's."""
     device = torch.device(device)
     if device.type == "cuda":
         return str(device), torch.cuda.get_device_properties(device).total_memory
     return "this machine", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def check_model_memory(cfg: RunConfig, n_params: int, peers_here: int, gpu: tuple[str, int, int] | None = None) -> None:
-    """Refuse a model that could not be held for the peers on this machine (float32, STACK_COPIES copies)
-    before it is allocated: a typo such as --hidden 100000000 ends in one line, not an allocator error.
-    gpu: (name, bytes, peers on it) where the rank's tensors live on a GPU, which must hold them too."""
-    per_peer = STACK_COPIES * 4 * n_params
-    if gpu is not None and per_peer * max(1, gpu[2]) > gpu[1]:
-        raise UserError(f"--model {cfg.model} has {n_params:,} parameters; {gpu[2]} peers on {gpu[0]} would need "
-                        f"about {per_peer * max(1, gpu[2]) / 2**30:,.1f} GiB, more than its {gpu[1] / 2**30:,.1f} GiB: "
-                        "use fewer peers per GPU (more ranks or GPUs, or fewer --peers), a smaller model, or --device cpu")
-    need = per_peer * max(1, peers_here)
-    have = machine_memory("cpu")[1]
-    if need > have:
-        raise UserError(f"--model {cfg.model} has {n_params:,} parameters; {peers_here} peers on this machine would "
-                        f"need about {need / 2**30:,.1f} GiB, more than its {have / 2**30:,.1f} GiB of memory")
-
-
-def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
-    """Fill what depends on the launch: the number of peers and the algorithm's training defaults."""
-    from p2pfl.algorithms import REGISTRY
-
-    if cfg.peers is None:
-        cfg.peers = world_size if world_size > 1 else 10
-        check_peers(cfg, cfg.peers)
-    if cfg.peers < world_size:
-        raise UserError(f"{cfg.peers} peers cannot fill {world_size} MPI ranks; use --peers >= {world_size}")
-    cls = REGISTRY[cfg.algo]
-    if cls.centralized:
-        cfg.topology = "star"  # the server is the hub; --topology does not apply
-    for name in ("lr", "lr_decay", "batch_size", "local_epochs", "momentum", "weight_decay"):
-        if getattr(cfg, name) is None:
-            setattr(cfg, name, cls.training.get(name, TRAINING_FALLBACK.get(name)))
-    return cfg
-
-
-def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
-    """Every setting as resolved, the algorithm's own included; not `out` (nor `overwrite`, `resume`), so
-    that --config on a run's config.toml never writes into that run's folder."""
-    out = {k: v for k, v in cfg.to_dict().items() if v is not None and k not in ("out", "overwrite", "resume")}
-    out.update(dataclasses.asdict(cfg.settings))
-    if cfg.partition_file is not None:  # the file is the partition: these settings take no part in the run
-        for name in REPLACED_BY_PARTITION_FILE:
-            if not (name == "samples_per_peer" and cfg.dataset == "linear-rep"):  # it draws that many samples
-                out.pop(name, None)
-    return out
-
-
-REPLACED_BY_PARTITION_FILE = ("partition", "alpha", "dirichlet_style", "classes_per_peer", "classes_style",
-                              "samples_per_peer")
-
-
-def write_toml(values: dict[str, Any], path: Path, comments: tuple[str, ...] = ()) -> None:
-    """A flat TOML writer (tomllib only reads): strings, numbers, booleans and lists of those, after
-    comment lines (facts of the run that are not settings)."""
-
-    def fmt(value: Any) -> str:
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, (int, float)):
-            return repr(value)
-        if isinstance(value, (list, tuple)):
-            return "[" + ", ".join(fmt(v) for v in value) + "]"
-        text = str(value).replace("\\", "\\\\").replace('"', '\\"')
-        return f'"{text}"'
-
-    lines = [f"# {c}" for c in comments] + [f"{key} = {fmt(value)}" for key, value in values.items()]
-    path.write_text("\n".join(lines) + "\n")

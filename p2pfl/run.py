@@ -55,12 +55,28 @@ from datetime import datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+from topologies import TopologySchedule  # noqa: E402
+from topologies.drawing import draw_graph  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 from p2pfl import checkpoint  # noqa: E402
-from p2pfl.comm import make_transport, mpi_world  # noqa: E402
-from p2pfl.config import RunConfig, parse_config, resolve, resolved_dict, write_toml  # noqa: E402
+from p2pfl.algorithms import REGISTRY  # noqa: E402
+from p2pfl.algorithms.base import RunContext  # noqa: E402
+from p2pfl.algorithms.server import clients_per_round  # noqa: E402
+from p2pfl.comm import launched_by_mpi, make_transport, mpi_world  # noqa: E402
 from p2pfl.comm.transport import CommTimeout  # noqa: E402
+from p2pfl.config import RunConfig  # noqa: E402
+from p2pfl.configure import (check_data_fit, check_model_memory, parse_config, resolve,  # noqa: E402
+                             resolved_dict, write_toml)
+from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file, summary  # noqa: E402
+from p2pfl.data.partition_file import through_origin  # noqa: E402
 from p2pfl.errors import DivergenceError, Interrupted, OutOfGPUMemory, UserError  # noqa: E402
+from p2pfl.faults import Faults  # noqa: E402
+from p2pfl.metrics import MetricsLog, run_model  # noqa: E402
+from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters  # noqa: E402
+from p2pfl.ntk.precompile import loop_is_cached  # noqa: E402
+from p2pfl.report import plot_metric, plot_partition  # noqa: E402
+from p2pfl.tasks import TASKS  # noqa: E402
 
 CHECKPOINT_SECONDS = 30.0  # the default --checkpoint-every: after a round when this long has passed
 
@@ -115,16 +131,6 @@ RUN_FILES = ("config.toml", "metrics.jsonl", "partition.json", "model.pt", "fina
 
 def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     """Everything a round needs, for this rank's peers."""
-    from p2pfl.algorithms import REGISTRY
-    from p2pfl.algorithms.base import RunContext
-    from p2pfl.config import check_data_fit, check_model_memory
-    from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file
-    from p2pfl.data.partition_file import through_origin
-    from p2pfl.faults import Faults
-    from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
-    from p2pfl.tasks import TASKS
-    from topologies import TopologySchedule
-
     device = pick_device(cfg.device, local_rank)
     cls = REGISTRY[cfg.algo]
     data = load_dataset(cfg.dataset, DataRequest(cfg.data_dir, cfg.labels, cfg.peers, cfg.samples_per_peer, cfg.seed))
@@ -164,13 +170,6 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
 
 
 def write_run_header(ctx, run_dir: Path, notes: list[str]) -> None:
-    from analysis.plots import plot_partition
-    from p2pfl.algorithms import REGISTRY
-    from p2pfl.algorithms.server import clients_per_round
-    from p2pfl.data import summary
-    from p2pfl.models import count_parameters
-    from topologies.drawing import draw_graph
-
     cfg = ctx.cfg
     write_toml(resolved_dict(cfg), run_dir / "config.toml",
                (f"model {cfg.model}: {count_parameters(ctx.stack.model):,} parameters, "
@@ -238,11 +237,6 @@ def run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
 
 
 def _run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
-    from tqdm import tqdm
-
-    from analysis.plots import plot_metric
-    from p2pfl.metrics import MetricsLog
-
     if size > 1:  # oversubscribed ranks share the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     ctx, algorithm = build(cfg, rank, size, local_rank)
@@ -267,8 +261,6 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int) -> int:
         for note in ([placed] if any(d != "cpu" for d in devices) else []) + notes:  # CPU runs: config.toml only
             print(f"p2pfl: {note}", file=sys.stderr)
         if uses_ntk_loop(cfg):
-            from p2pfl.ntk.precompile import loop_is_cached
-
             if not loop_is_cached():
                 print("p2pfl: compiling the NTK integrator loop (numba) for this machine: about 1-2 minutes, once "
                       "(make install does it ahead)", file=sys.stderr)
@@ -409,8 +401,6 @@ def _edges_line(ctx, k: int) -> str:
 
 def save_final(ctx, log, run_dir: Path, final: dict | None) -> None:
     """final.json (the algorithm's closing results) and model.pt (the aggregated model's state dict)."""
-    from p2pfl.metrics import run_model
-
     if final:
         (run_dir / "final.json").write_text(json.dumps(final, indent=1))
     if log.last_weights is not None or ctx.global_weights is not None:  # a star's server model needs no gather
@@ -509,8 +499,6 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _under_mpi_world() -> bool:
-    from p2pfl.comm import launched_by_mpi
-
     return launched_by_mpi()
 
 

@@ -85,7 +85,7 @@ def test_divergence_stops_with_round_and_peers(tmp_path, capsys):
 def test_every_preset_is_a_valid_config():
     from pathlib import Path
 
-    from p2pfl.config import load_toml, make_config
+    from p2pfl.configure import load_toml, make_config
 
     presets = sorted(Path(__file__).resolve().parents[1].glob("launch/presets/*.toml"))
     assert presets
@@ -100,7 +100,7 @@ def test_every_run_of_every_experiment_parses(tmp_path):
     from pathlib import Path
 
     from launch import fedavg_ft, figures, table
-    from p2pfl.config import parse_config
+    from p2pfl.configure import parse_config
 
     experiments = sorted(Path(__file__).resolve().parents[1].glob("launch/experiments/*.toml"))
     assert len(experiments) >= 13
@@ -160,7 +160,7 @@ def test_compression_needs_dense_path(capsys):
 def test_ntk_dfl_reuses_inputs_grams_with_the_same_results(monkeypatch):
     """Each peer's inputs Gram is kept across neighbourhoods and rounds while its samples stay the same
     (and replaced when they change, with subsampling): the weights equal those of a run keeping none."""
-    import p2pfl.algorithms.ntk_dfl as ntk_dfl
+    import p2pfl.algorithms.graph.ntk_dfl as ntk_dfl
 
     def run(**extra):
         ctx, algo = make_context(algo="ntk-dfl", peers=8, kappa=3, ntk_taus=(20, 50), **extra)
@@ -193,7 +193,7 @@ def test_the_gpu_preset_is_the_papers_run_on_cuda():
     """ntk-dfl-fmnist300-gpu.toml differs from the paper's preset only in where it runs and for how long."""
     from pathlib import Path
 
-    from p2pfl.config import load_toml
+    from p2pfl.configure import load_toml
 
     presets = Path(__file__).resolve().parents[1] / "launch/presets"
     cpu, gpu = (load_toml(str(presets / name)) for name in ("ntk-dfl-fmnist300.toml", "ntk-dfl-fmnist300-gpu.toml"))

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from p2pfl.config import make_config
+from p2pfl.configure import make_config
 from p2pfl.errors import UserError
 from p2pfl.seeding import numpy_rng
 from p2pfl.training import Contrast, train_epochs

@@ -41,7 +41,7 @@ def test_config_records_the_device_and_cpu_runs_have_no_gpu_peak(tmp_path):
 
 
 def test_running_out_of_gpu_memory_is_one_line_naming_the_knobs(tmp_path, monkeypatch):
-    from p2pfl.algorithms.dfedavg import DFedAvg
+    from p2pfl.algorithms.graph.dfedavg import DFedAvg
 
     def out_of_memory(self, k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from p2pfl.algorithms.dispfl import erk_densities
+from p2pfl.algorithms.graph.dispfl import erk_densities
 from p2pfl.metrics import personal_test_sets
 from p2pfl.bitpack import pack_mask, unpack_mask
 from tests.conftest import run_cli, run_here, write_stripes

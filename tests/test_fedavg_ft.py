@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from p2pfl.algorithms.fedavg_ft import linear_gd, principal_angle_distance
+from p2pfl.algorithms.star.fedavg_ft import linear_gd, principal_angle_distance
 from tests.conftest import run_cli, run_here, write_stripes
 from tests.helpers import metric_lines
 

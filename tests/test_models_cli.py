@@ -85,7 +85,7 @@ DENSE_NTK = ["--algo", "ntk-dfl", "--dataset", "synthetic", "--ntk-jacobian", "d
 def test_dense_jacobians_a_group_of_neighbourhoods_at_a_time_give_the_same_numbers(tmp_path, monkeypatch):
     """NTK-DFL holds dense Jacobians one group of neighbourhoods at a time; the groups change what is held,
     not the results: one neighbourhood a group equals all in one, in every metric."""
-    from p2pfl.algorithms.ntk_dfl import NTKDFL
+    from p2pfl.algorithms.graph.ntk_dfl import NTKDFL
     from p2pfl.testing import assert_same_results
 
     assert run_here(*DENSE_NTK, "--out", str(tmp_path / "default")).returncode == 0

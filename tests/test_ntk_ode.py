@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from p2pfl.config import make_config, resolve
+from p2pfl.configure import make_config, resolve
 from p2pfl.ntk import FactoredJacobian
 from p2pfl.models import MLPShape
 from p2pfl.ntk.batched_evolution import evolve_ce_batched
@@ -143,7 +143,7 @@ def test_batched_euler_steps_are_the_cpus():
 def test_ntk_dfl_rounds_with_the_batched_evolution_are_the_cpu_loops(monkeypatch):
     """Two NTK-DFL rounds as a GPU takes them (the rank's neighbourhoods as one batch), run here on the
     CPU, against the numba loop: the same t chosen at every peer, and weights within rounding."""
-    import p2pfl.algorithms.ntk_dfl as ntk_dfl
+    import p2pfl.algorithms.graph.ntk_dfl as ntk_dfl
     import p2pfl.ntk.step as step
 
     def run(batched: bool):

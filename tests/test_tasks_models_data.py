@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from p2pfl.algorithms.fedavg import ScaffoldUpload
+from p2pfl.algorithms.star.fedavg import ScaffoldUpload
 from p2pfl.data import DataRequest, load_dataset, partition
 from p2pfl.errors import UserError
 from p2pfl.models import MODELS, PeerStack, build_model, count_parameters, initial_parameters
@@ -211,7 +211,7 @@ def test_regression_run_writes_loss_metrics_and_plot(tmp_path):
 def test_readme_algorithm_tables_are_generated_from_the_declarations():
     from pathlib import Path
 
-    from p2pfl.algorithms.docs import BEGIN, END, tables
+    from p2pfl.docs import BEGIN, END, tables
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert readme.split(BEGIN, 1)[1].split(END, 1)[0].strip() == tables().strip()

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from p2pfl.algorithms.tct import StandardFeatures, centred_one_hot, client_round, local_steps_n_space, local_steps_p_space
+from p2pfl.algorithms.star.tct import StandardFeatures, centred_one_hot, client_round, local_steps_n_space, local_steps_p_space
 from p2pfl.models import ParamLayout, build_model, initial_parameters
 from p2pfl.ntk.entk import entk_features, one_logit_network, subsample_index
 from tests.conftest import run_cli, run_here, write_stripes
@@ -144,8 +144,8 @@ def test_tct_under_mpi_equals_one_process(digits, tmp_path):
 def test_tct_lr_auto_is_half_the_stability_limit_of_the_stiffest_client(digits):
     """--tct-lr auto: each client's lambda_max of Z~^T Z~ / n_k by power iteration, one lr for all of
     AUTO_LR_SHARE * 2 / the largest; against the eigenvalues of the dense features."""
-    from p2pfl.algorithms.tct import AUTO_LR_SHARE
-    from p2pfl.config import parse_config, resolve
+    from p2pfl.algorithms.star.tct import AUTO_LR_SHARE
+    from p2pfl.configure import parse_config, resolve
     from p2pfl.run import build
 
     args = [a if a != "1e-5" else "auto" for a in TCT_ARGS] + ["--data-dir", str(digits), "--tct-solver", "p-space"]
@@ -162,7 +162,7 @@ def test_tct_lr_auto_is_half_the_stability_limit_of_the_stiffest_client(digits):
 
 
 def test_tct_says_what_its_features_cost_and_refuses_what_cannot_fit(digits, tmp_path, monkeypatch):
-    import p2pfl.algorithms.tct as tct
+    import p2pfl.algorithms.star.tct as tct
 
     result = run_here(*TCT_ARGS, "--data-dir", str(digits), "--out", str(tmp_path / "fits"), "--tct-stage2-rounds", "1")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -176,7 +176,7 @@ def test_tct_says_what_its_features_cost_and_refuses_what_cannot_fit(digits, tmp
 
 @pytest.mark.parametrize("value,ok", [("auto", True), ("3e-4", True), ("0", False), ("fast", False)])
 def test_tct_lr_takes_a_positive_number_or_auto(value, ok):
-    from p2pfl.config import parse_config
+    from p2pfl.configure import parse_config
 
     if ok:
         assert parse_config(["--algo", "tct", "--tct-lr", value]).settings.tct_lr in ("auto", float(value) if

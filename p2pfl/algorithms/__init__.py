@@ -1,23 +1,18 @@
-"""The algorithms by name. Each class declares its name, summary, settings and training defaults; the
-CLI, the TOML keys and the README's tables are derived from these declarations."""
+"""The algorithms by name. Each class declares its name, summary, settings and training defaults, and is
+registered when it is defined (p2pfl.algorithms.base); the built-in ones are the modules of graph/ and
+star/, imported here. The CLI, the TOML keys and the README's tables are derived from the declarations."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 
-from p2pfl.algorithms.base import Algorithm
-from p2pfl.algorithms.cyclic import Cyclic
-from p2pfl.algorithms.dfedavg import DFedAvg, DFedAvgM
-from p2pfl.algorithms.dispfl import DisPFL
-from p2pfl.algorithms.dpsgd import DPSGD
-from p2pfl.algorithms.fedavg import Centralized, DataShare, FedAvg, FedNova, FedProx, Scaffold
-from p2pfl.algorithms.fedavg_ft import FedAvgFT
-from p2pfl.algorithms.moon import Moon
-from p2pfl.algorithms.ntk_dfl import NTKDFL
-from p2pfl.algorithms.ntk_fl import CPNTKFL, NTKFL
-from p2pfl.algorithms.tct import TCT
+from p2pfl.algorithms import graph, star
+from p2pfl.algorithms.base import REGISTRY, Algorithm
 
-REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in [
-    DPSGD, DFedAvg, DFedAvgM, DisPFL, NTKDFL, FedAvg, FedProx, Scaffold, FedNova, Centralized, DataShare, Moon, Cyclic, NTKFL, CPNTKFL, TCT, FedAvgFT]}
+for _family in (graph, star):
+    for _module in pkgutil.iter_modules(_family.__path__):
+        importlib.import_module(f"{_family.__name__}.{_module.name}")
 
 
 def setting_names(algo: str) -> list[str]:
@@ -29,4 +24,4 @@ def owners_of(name: str) -> list[str]:
     return [algo for algo in REGISTRY if name in setting_names(algo)]
 
 
-__all__ = ["REGISTRY", "owners_of", "setting_names"]
+__all__ = ["REGISTRY", "Algorithm", "owners_of", "setting_names"]

@@ -84,12 +84,17 @@ class NoSettings:
     """An algorithm with no settings of its own."""
 
 
+REGISTRY: dict[str, type["Algorithm"]] = {}  # every algorithm by name, filled as their classes are defined
+
+
 class Algorithm:
     """One communication round at a time; an algorithm changes ctx.flat and returns per-peer train losses.
 
     A subclass declares what the registry, the CLI and the README derive from: its name, a one-line
     summary, its Settings dataclass (with setting_defaults overriding the class defaults), its defaults
-    for the shared training flags, and whether it runs on a star around a server."""
+    for the shared training flags, and whether it runs on a star around a server. A subclass that names
+    itself is registered when it is defined: it needs no edit anywhere else (docs/design.md, "The
+    Algorithm contract")."""
 
     name = ""
     summary = ""
@@ -105,6 +110,11 @@ class Algorithm:
     peer_state: tuple[str, ...] = ()
     server_state: tuple[str, ...] = ()
     pooled_state: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("name"):
+            register(cls)
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
@@ -162,6 +172,16 @@ class Algorithm:
     def finish(self, run_dir: Path | None) -> dict | None:
         """After the last round: extra results for the run folder (rank 0 writes them)."""
         return None
+
+
+def register(cls: type[Algorithm]) -> None:
+    """Add an algorithm to the registry under its name; a second class of that name is refused (the same
+    class defined again, by a reloaded module, replaces its first definition)."""
+    known = REGISTRY.get(cls.name)
+    if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(f"two algorithms are named {cls.name!r}: {known.__module__}.{known.__qualname__} and "
+                         f"{cls.__module__}.{cls.__qualname__}")
+    REGISTRY[cls.name] = cls
 
 
 def train_taking_part(ctx: RunContext, round_index: int, flat: torch.Tensor, opt: SGDSettings,

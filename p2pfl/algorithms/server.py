@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from p2pfl.algorithms.base import Algorithm, RunContext
-from p2pfl.algorithms.settings import non_negative, option
+from p2pfl.options import non_negative, option
 from p2pfl.comm import Message, Payload, Weights
 from p2pfl.models import initial_parameters
 from p2pfl.seeding import numpy_rng

@@ -18,6 +18,7 @@ from p2pfl.data.cifar import find_cifar, read_cifar
 from p2pfl.data.idx import read_idx
 from p2pfl.data.leaf import find_leaf, read_leaf
 from p2pfl.errors import UserError
+from p2pfl.seeding import numpy_rng, torch_generator
 
 DEBIAN_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
 TORCHVISION_NAMES = {"fashion-mnist": "FashionMNIST", "mnist": "MNIST", "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
@@ -74,8 +75,6 @@ class Dataset:
 
     def keep_training_samples(self, count: int, seed: int) -> None:
         """A seeded random subset of `count` training samples, in their original order."""
-        from p2pfl.seeding import numpy_rng
-
         if count > len(self.train_y):
             raise UserError(f"--train-samples {count} exceeds the {len(self.train_y)} training samples of {self.name}")
         self.select_training(np.sort(numpy_rng(seed, "train-samples").choice(len(self.train_y), count, replace=False)))
@@ -238,8 +237,6 @@ def linear_rep_dataset(name: str, req: DataRequest) -> Dataset:
     noise e ~ N(0, 0.1^2) (the paper's 'N(0, 0.01)' read as a variance). One client per peer,
     --samples-per-peer training samples each (its natural split: --partition writers); the test set
     holds 100 fresh samples of every client."""
-    from p2pfl.seeding import torch_generator
-
     gen = torch_generator(req.seed, "linear-rep")
     d, k, m = LINEAR_REP_D, LINEAR_REP_K, req.peers
     b_star, _ = torch.linalg.qr(torch.randn(d, k, generator=gen))

@@ -21,7 +21,7 @@ import torch
 
 from p2pfl.algorithms.ntk_options import NTKOptions, check_memory, make_codec, project_inputs
 from p2pfl.algorithms.server import ServerAlgorithm, ServerOptions
-from p2pfl.algorithms.settings import fraction, option
+from p2pfl.options import fraction, option
 from p2pfl.comm import Payload
 from p2pfl.ntk.codec import tau_histogram
 from p2pfl.ntk.pixels import PixelInputs

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from p2pfl.algorithms.server import ServerAlgorithm, ServerOptions
-from p2pfl.algorithms.settings import fraction, non_negative, option
+from p2pfl.options import fraction, non_negative, option
 from p2pfl.comm import Message, Payload, Weights
 from p2pfl.seeding import numpy_rng
 from p2pfl.training import SGDSettings, StepTerms, local_steps, train_epochs

@@ -1,6 +1,7 @@
-"""Algorithm settings declared as frozen dataclasses: each field is an option with a default, a help
-sentence and a check. The CLI flags, the TOML keys, the checks and the README's tables are derived from
-these declarations (p2pfl.algorithms.docs), so a default is written once, next to the algorithm."""
+"""Settings declared as dataclass fields: each is an option with a default, a help sentence and a check.
+The run's settings (p2pfl.config) and each algorithm's are declared this way; the CLI flags, the
+TOML keys, the checks and the README's tables are derived from the declarations, so a default is
+written once, next to what it sets."""
 from __future__ import annotations
 
 import argparse
@@ -13,9 +14,22 @@ from p2pfl.errors import UserError
 Check = Callable[[Any], "str | None"]  # returns an error sentence or None
 
 
-def option(default: Any, help: str, check: Check | None = None, choices: tuple[str, ...] = ()) -> Any:
-    """A settings field: its default, its help text and how to check a value."""
-    return dataclasses.field(default=default, metadata={"help": help, "check": check, "choices": choices})
+def option(default: Any, help: str, check: Check | None = None, choices: tuple[str, ...] = (), *,
+           shown: str | None = None, noun: str | None = None, wanted: str | None = None,
+           switch: str | None = None) -> Any:
+    """A settings field: its default, its help text and how to check a value. shown: how --help states a
+    default that is not a plain value (None: worked out later); noun: names a choice in the error for an
+    unknown one; wanted: what a value that cannot be parsed should look like; switch: a bool's flag
+    name, where it is not the field's (--batch/--no-batch sets batched)."""
+    metadata = {"help": help, "check": check, "choices": choices, "shown": shown, "noun": noun, "wanted": wanted,
+                "switch": switch}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def positive(v) -> str | None:
@@ -40,6 +54,16 @@ def bits(v) -> str | None:
 
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def at_least(low: float) -> Check:
+    def test(v) -> str | None:
+        return None if v >= low else f"must be at least {low:g}, got {v}"
+    return test
+
+
+def probability(v) -> str | None:
+    return None if 0 <= v < 1 else f"is a probability in [0, 1), got {v}"
 
 
 def positive_or_auto(v) -> str | None:
@@ -90,7 +114,7 @@ def coerce(f: dataclasses.Field, value: Any, strict: bool = True) -> Any:
             raise ValueError
         return value
     except (TypeError, ValueError):
-        wanted = {"bool": "true or false", "ints": "comma-separated integers", "int": "an integer",
+        wanted = f.metadata.get("wanted") or {"bool": "true or false", "ints": "comma-separated integers", "int": "an integer",
                   "float": "a finite number", "float|auto": "a finite number or auto", "str": "a name"}[kind]
         raise UserError(f"{where} takes {wanted}, not {value!r}")
 
@@ -104,6 +128,8 @@ def _integer(value: Any) -> int:
 def check(f: dataclasses.Field, value: Any) -> None:
     choices, test = f.metadata.get("choices"), f.metadata.get("check")
     if choices and value not in choices:
+        if f.metadata.get("noun"):
+            raise UserError(f"unknown {f.metadata['noun']} {value!r}; choose one of: {', '.join(choices)}")
         raise UserError(f"{flag(f.name)} must be one of {', '.join(choices)}, got {value!r}")
     problem = test(value) if test else None
     if problem:
@@ -123,17 +149,34 @@ def build(cls: type, values: dict[str, Any], defaults: dict[str, Any] | None = N
 
 
 def defaults_of(cls: type, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {f.name: (overrides or {}).get(f.name, f.default) for f in dataclasses.fields(cls)}
+    return {f.name: (overrides or {}).get(f.name, default_of(f)) for f in dataclasses.fields(cls)}
 
 
-def add_flags(group: argparse._ArgumentGroup, cls: type, overrides: dict[str, Any] | None = None) -> None:
-    """One flag per field, its text parsed into the field's type."""
-    for f in dataclasses.fields(cls):
-        default = (overrides or {}).get(f.name, f.default)
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        text = f"{f.metadata['help']} (default {shown})"
-        if kind_of(f) == "bool":  # --x turns it on, --no-x off (where it is on by default)
-            group.add_argument(flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, help=text)
+def declared(cls: type) -> list[dataclasses.Field]:
+    """The fields of cls that are declared options (a run's config also holds derived state)."""
+    return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+
+
+def shown_default(f: dataclasses.Field, overrides: dict[str, Any] | None = None) -> str:
+    """A field's default as --help and the docs state it."""
+    default = (overrides or {}).get(f.name, default_of(f))
+    if f.metadata.get("shown") and f.name not in (overrides or {}):
+        return f.metadata["shown"]
+    if isinstance(default, (tuple, list)):
+        return ",".join(map(str, default))
+    return str(default).lower() if isinstance(default, bool) else str(default)
+
+
+def add_flags(group: argparse._ArgumentGroup, cls: type, overrides: dict[str, Any] | None = None,
+              extra: dict[str, str] | None = None) -> None:
+    """One flag per declared field, its text parsed into the field's type; extra: sentences added to some
+    fields' help (the names a choice may take, where they are known above this layer)."""
+    for f in declared(cls):
+        more = f" {extra[f.name]}" if extra and f.name in extra else ""
+        text = f"{f.metadata['help']}{more} (default {shown_default(f, overrides)})"
+        if kind_of(f) == "bool":  # --x turns it on, --no-x off
+            group.add_argument(flag(f.metadata.get("switch") or f.name), dest=f.name,
+                               action=argparse.BooleanOptionalAction, help=text)
         else:
             group.add_argument(flag(f.name), dest=f.name, help=text, metavar=f.name.upper().split("_")[-1],
                                type=lambda value, f=f: coerce(f, value, strict=False))

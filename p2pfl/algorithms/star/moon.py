@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from p2pfl.algorithms.fedavg import FedAvg, FedAvgSettings
-from p2pfl.algorithms.settings import non_negative, option, positive
+from p2pfl.algorithms.star.fedavg import FedAvg, FedAvgSettings
+from p2pfl.options import non_negative, option, positive
 from p2pfl.training import Contrast, StepTerms
 
 

@@ -27,13 +27,14 @@ import torch
 
 from p2pfl.algorithms.base import Algorithm, RunContext, neighbour_average
 from p2pfl.algorithms.ntk_options import GB, JacobianMessage, NTKOptions, check_memory, make_codec, project_inputs
-from p2pfl.algorithms.settings import option, positive
+from p2pfl.options import option, positive
 from p2pfl.comm import Message, Weights
 from p2pfl.errors import UserError
 from p2pfl.final_averaging import final_averaging
 from p2pfl.ntk.codec import tau_histogram
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.ntk.step import NTKProblem, evolves_batched, ntk_steps
+from p2pfl.report import plot_final_averaging
 from p2pfl.seeding import numpy_rng
 from p2pfl.training import candidate_losses
 
@@ -266,8 +267,6 @@ class NTKDFL(Algorithm):
             taus = [t for part in chosen for t in part]
             result["tau_histogram"] = tau_histogram(taus)
             if run_dir is not None:
-                from analysis.plots import plot_final_averaging
-
                 plot_final_averaging(result, run_dir / "final_averaging.png")
         return result
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from p2pfl.algorithms.fedavg import FedAvg
-from p2pfl.algorithms.settings import non_negative, option, positive, positive_or_auto
+from p2pfl.algorithms.star.fedavg import FedAvg
+from p2pfl.options import non_negative, option, positive, positive_or_auto
 from p2pfl.comm import Message, Payload, Weights
 from p2pfl.config import machine_memory
 from p2pfl.errors import DivergenceError, UserError

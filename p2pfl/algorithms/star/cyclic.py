@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from p2pfl.algorithms.fedavg import FedAvg, FedProx, FedProxSettings, Scaffold
-from p2pfl.algorithms.moon import Moon, MoonSettings
+from p2pfl.algorithms.star.fedavg import FedAvg, FedProx, FedProxSettings, Scaffold
+from p2pfl.algorithms.star.moon import Moon, MoonSettings
 from p2pfl.algorithms.server import ServerAlgorithm
-from p2pfl.algorithms.settings import fraction, option, positive
+from p2pfl.options import fraction, option, positive
 from p2pfl.comm import Weights
 from p2pfl.errors import UserError
 from p2pfl.seeding import numpy_rng

@@ -21,9 +21,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from p2pfl.algorithms.fedavg import FedAvg, FedAvgSettings
-from p2pfl.algorithms.settings import non_negative, option, positive, positive_ints
+from p2pfl.algorithms.star.fedavg import FedAvg, FedAvgSettings
+from p2pfl.options import non_negative, option, positive, positive_ints
 from p2pfl.errors import UserError
+from p2pfl.report import plot_fine_tuning, plot_linear_run, plot_similarity
 from p2pfl.seeding import numpy_rng, torch_generator
 from p2pfl.training import SGDSettings, evaluate, train_epochs
 
@@ -183,13 +184,9 @@ class FedAvgFT(FedAvg):
             return None
         if self.truth is not None:
             result = self.fine_tune_linear()
-            from analysis.representation import plot_linear_run
-
             plot_linear_run({self.label(): (self.history, result)}, run_dir)
             return {"fine_tuning": result, "final_rep_dist": self.history[-1]["rep_dist"],
                     "final_grad_norm": self.history[-1]["grad_norm"]}
-        from analysis.representation import plot_fine_tuning, plot_similarity
-
         result = {"fine_tuning": self.fine_tune_network(),
                   "feature_similarity": self.feature_similarity().tolist()}
         plot_similarity(np.array(result["feature_similarity"]), run_dir / "feature_similarity.png",

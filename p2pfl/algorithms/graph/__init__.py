@@ -1,0 +1,1 @@
+"""Algorithms on a graph of peers: each peer exchanges with its neighbours."""

@@ -1,0 +1,1 @@
+"""Algorithms on a star: a server samples clients, and they exchange with it only."""

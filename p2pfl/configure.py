@@ -1,0 +1,360 @@
+"""One RunConfig for a run: defaults < TOML file < command-line flags.
+
+Every check of user input lives here and raises UserError with one clear sentence, so the CLI can
+print one line and exit 2 instead of failing deep inside a round.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from topologies.generators import check_graph
+
+from p2pfl.algorithms import REGISTRY, owners_of, setting_names
+from p2pfl.checkpoint import has_checkpoint
+from p2pfl.data import DATASETS, canonical_dataset
+from p2pfl.errors import UserError
+from p2pfl.models import MODELS
+from p2pfl.options import add_flags, build, check, coerce
+from p2pfl.paths import checked_path
+from p2pfl.config import FIELDS, TRAINING_FALLBACK, RunConfig, machine_memory
+
+__all__ = ["RunConfig", "TRAINING_FALLBACK", "machine_memory", "make_config", "parse_config", "resolve",
+           "resolved_dict", "validate", "write_toml"]
+
+
+
+CONFIG_HELP = "TOML file of settings (keys are the flags' names); flags given here override it"
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but its errors become UserError (one line, exit 2) instead of usage + message."""
+
+    def error(self, message):
+        raise UserError(message)
+
+
+def named_choices() -> dict[str, str]:
+    """What --algo, --dataset and --model may name: known only above the layers that define them."""
+    return {"algo": f"one of: {', '.join(REGISTRY)}", "dataset": f"one of: {', '.join(DATASETS)}",
+            "model": f"one of: {', '.join(MODELS)}"}
+
+
+def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
+    """The run's flags, then the flags of algo's own settings (shown by --algo X --help)."""
+    listing = "; ".join(f"{name}: {cls.summary}" for name, cls in REGISTRY.items())
+    p = _OneLineParser(prog="python -m p2pfl.run", description="Decentralized learning on a graph of peers.",
+                       epilog=f"algorithms: {listing}. python -m p2pfl.run --algo X --help lists X's own settings.",
+                       argument_default=argparse.SUPPRESS, allow_abbrev=False)
+    p.add_argument("--config", help=CONFIG_HELP)
+    add_flags(p, RunConfig, extra=named_choices())
+    if algo in REGISTRY:
+        cls = REGISTRY[algo]
+        add_flags(p.add_argument_group(f"settings of --algo {algo}"), cls.Settings, cls.setting_defaults)
+    return p
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except FileNotFoundError:
+        raise UserError(f"config file {path} does not exist")
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"config file {path} is not valid TOML: {exc}")
+    except OSError as exc:
+        raise UserError(f"config file {path} cannot be read ({exc.strerror or exc.__class__.__name__})")
+    return {key.replace("-", "_"): value for key, value in raw.items()}
+
+
+def _not_this_algorithm(name: str, algo: str) -> UserError | None:
+    """The error for a setting that belongs to other algorithms only, or None."""
+    owners = owners_of(name)
+    if owners and algo not in owners:
+        return UserError(f"--{name.replace('_', '-')} does not apply to --algo {algo} (it is a setting of "
+                         f"{', '.join(owners)})")
+    return None
+
+
+def parse_config(argv: list[str] | None = None) -> RunConfig:
+    """Merge defaults, the --config file and the flags, then validate. A resume (--resume, or a `resume`
+    key in the --config file) takes the run's own config.toml, and what is given besides must agree
+    with it."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = _OneLineParser(add_help=False, allow_abbrev=False, argument_default=argparse.SUPPRESS)
+    pre.add_argument("--config")
+    pre.add_argument("--algo")
+    pre.add_argument("--resume")
+    known, _ = pre.parse_known_args(argv)
+    values = load_toml(known.config) if getattr(known, "config", None) else {}
+    resume = getattr(known, "resume", None) or values.get("resume")
+    stored = _stored_config(resume) if resume is not None else {}
+    algo = getattr(known, "algo", values.get("algo", stored.get("algo", "dfedavg")))
+    for token in argv:
+        if token.startswith("--"):
+            problem = _not_this_algorithm(token[2:].split("=")[0].replace("-", "_"), str(algo))
+            if problem:
+                raise problem
+    args = vars(build_parser(str(algo)).parse_args(argv))
+    args.pop("config", None)
+    values.update(args)
+    if resume is not None:
+        values = _resume_values(str(resume), stored, values)
+    return make_config(values)
+
+
+RESULT_NEUTRAL = ("resume", "out", "overwrite", "comm_timeout", "progress", "checkpoint_every")  # change no number
+
+
+def _stored_config(run_dir: str) -> dict[str, Any]:
+    folder = Path(run_dir)
+    if not (folder / "config.toml").is_file():
+        raise UserError(f"--resume {run_dir}: no run folder there (it has no config.toml)")
+    return load_toml(str(folder / "config.toml"))
+
+
+def first_difference(a: dict[str, Any], b: dict[str, Any], ignore=()) -> str | None:
+    """The first setting (in name order) two resolved configs disagree on, ignoring some; None if none."""
+    return next((k for k in sorted(set(a) | set(b)) if k not in ignore and a.get(k) != b.get(k)), None)
+
+
+def _resume_values(run_dir: str, stored: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """A resumed run's settings: its own config.toml, its folder as --out. What is given besides (the
+    command that started the run, say) must agree with config.toml; only settings that change no
+    number (RESULT_NEUTRAL) may differ."""
+    folder = Path(run_dir)
+    config = folder / "config.toml"
+    try:
+        before = resolved_dict(make_config(dict(stored)))
+    except UserError as exc:
+        raise UserError(f"--resume {run_dir}: its config.toml is not a valid run configuration ({exc})")
+    if given.get("out") is not None and Path(given["out"]).resolve() != folder.resolve():
+        raise UserError(f"--resume {run_dir} writes into that folder; --out {given['out']} names another")
+    after = resolved_dict(make_config({**stored, **{k: v for k, v in given.items() if k not in RESULT_NEUTRAL}}))
+    name = first_difference(before, after)
+    if name:
+        flag = "--" + name.replace("_", "-")
+        hint = " (to train longer, start a new run)" if name == "rounds" else ""
+        raise UserError(f"--resume continues {run_dir} as configured: {flag} is {before.get(name)!r} there, "
+                        f"{after.get(name)!r} here{hint}; start a new run with --config {config} for other settings")
+    if not has_checkpoint(folder):
+        if (folder / "metrics.jsonl").is_file() and (folder / "model.pt").is_file():
+            raise UserError(f"--resume {run_dir}: the run finished all its {before.get('rounds')} rounds (a finished "
+                            f"run keeps no checkpoint); to train longer, start a new run with --config {config} "
+                            "--rounds N")
+        raise UserError(f"--resume {run_dir}: the run has no checkpoint to continue from")
+    values = {**stored, **{k: given[k] for k in ("comm_timeout", "progress", "checkpoint_every") if k in given}}
+    values.update(out=run_dir, resume=run_dir)
+    return values
+
+
+def make_config(values: dict[str, Any]) -> RunConfig:
+    """A checked RunConfig from raw values (TOML or parsed flags); the algorithm's settings built in."""
+    algo = values.get("algo", "dfedavg")
+    if algo not in REGISTRY:
+        raise UserError(f"unknown algorithm {algo!r}; choose one of: {', '.join(REGISTRY)}")
+    mine = set(setting_names(algo))
+    for name in values:
+        problem = _not_this_algorithm(name, algo)
+        if problem:
+            raise problem
+    unknown = sorted(set(values) - set(FIELDS) - mine)
+    if unknown:
+        raise UserError(f"unknown setting(s): {', '.join(unknown)}")
+    base = {k: coerce(FIELDS[k], v) if v is not None else None for k, v in values.items() if k in FIELDS}
+    for name, value in base.items():
+        if value is not None:
+            check(FIELDS[name], value)
+    if "hidden" in base:
+        base["hidden"] = list(base["hidden"])
+    cls = REGISTRY[algo]
+    settings = build(cls.Settings, {k: v for k, v in values.items() if k in mine}, cls.setting_defaults)
+    cfg = RunConfig(**base, settings=settings, given=frozenset(values))
+    validate(cfg)
+    return cfg
+
+
+def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise UserError(f"unknown {name} {value!r}; choose one of: {', '.join(options)}")
+
+
+def validate(cfg: RunConfig) -> None:
+    """Checks across settings that need no data and no MPI (each setting's own check is declared with it,
+    p2pfl.config); resolve() does the rest once peers are known."""
+    canonical = canonical_dataset(cfg.dataset)
+    if canonical is None:
+        raise UserError(f"unknown dataset {cfg.dataset!r}; choose one of: {', '.join(DATASETS)}")
+    cfg.dataset = canonical
+    spec = DATASETS[canonical]
+    if cfg.partition is None:
+        cfg.partition = spec.default_partition
+    if cfg.model is None:
+        cfg.model = spec.default_model
+    _choice("model", cfg.model, tuple(MODELS))
+    model = MODELS[cfg.model]
+    if model.task != spec.task:
+        raise UserError(f"--model {cfg.model} is for {model.task}, but --dataset {canonical} is a {spec.task} task")
+    if spec.task not in REGISTRY[cfg.algo].tasks:
+        raise UserError(f"--algo {cfg.algo} learns {' or '.join(REGISTRY[cfg.algo].tasks)} only, not the "
+                        f"{spec.task} task of --dataset {canonical}")
+    if model.images and not spec.images:
+        raise UserError(f"--model {cfg.model} needs images (C, H, W); --dataset {canonical} has flat features")
+    if cfg.partition == "writers" and not spec.natural_split:
+        raise UserError(f"--partition writers needs a dataset with a natural split; {canonical} has none")
+    fixed = REGISTRY[cfg.algo].fixed_rounds(cfg.settings)
+    if fixed is not None and cfg.rounds is not None and cfg.rounds != fixed:
+        raise UserError(f"--algo {cfg.algo} runs {fixed} rounds, set by its own round counts "
+                        f"({', '.join(flag for flag in REGISTRY[cfg.algo].round_flags)}); --rounds {cfg.rounds} disagrees")
+    cfg.rounds = fixed or (REGISTRY[cfg.algo].default_rounds(cfg.settings) if cfg.rounds is None else cfg.rounds)
+    if cfg.rounds < 1:
+        raise UserError(f"--rounds must be at least 1, got {cfg.rounds}")
+    REGISTRY[cfg.algo].check(cfg)
+    if cfg.partition_file is not None:
+        if not Path(cfg.partition_file).is_file():
+            raise UserError(f"--partition-file {cfg.partition_file}: no such file")
+        if cfg.train_samples is not None:
+            raise UserError("--partition-file indexes the whole training set; --train-samples would renumber it")
+        cfg.partition_file = str(Path(cfg.partition_file).resolve())  # a resumed run reads the same file
+    if cfg.labels != "fine" and canonical != "cifar100":
+        raise UserError(f"--labels {cfg.labels} applies to --dataset cifar100 only, not {canonical}")
+    check_data_dir(cfg, spec)
+    if cfg.peers is not None:
+        check_peers(cfg, cfg.peers)
+    check_out(cfg)
+
+
+def check_data_dir(cfg: RunConfig, spec) -> None:
+    """--data-dir must be a folder, and only for datasets read from files."""
+    if cfg.data_dir is None:
+        return
+    if spec.generated:
+        raise UserError(f"--data-dir does not apply to --dataset {spec.name}, which is generated, not read from files")
+    if not Path(cfg.data_dir).is_dir():
+        raise UserError(f"--data-dir {cfg.data_dir} is not a folder")
+
+
+def check_out(cfg: RunConfig) -> None:
+    """A run folder is never clobbered by accident: --out must be new, empty, or given with --overwrite."""
+    if cfg.out is None:
+        _check_writable(Path("runs"))  # where the default run folder goes
+        return
+    if not str(cfg.out).strip():
+        raise UserError("--out must name a folder, got an empty name")
+    text = str(cfg.out)
+    path = checked_path(Path(cfg.out), f"--out {text if len(text) <= 100 else text[:60] + '...'}")
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--out {cfg.out} is a file, not a folder")
+    if path.is_dir() and any(path.iterdir()) and not (cfg.overwrite or cfg.resume):
+        raise UserError(f"--out {cfg.out} already holds files (a finished run?); choose a new folder or add "
+                        f"--overwrite")
+    _check_writable(path)
+
+
+def _check_writable(path: Path) -> None:
+    """The run folder can be made (or written into): tried with a throwaway folder in the nearest existing
+    ancestor, removed at once, so that a bad --out fails here and not after the data has loaded."""
+    target = path if path.is_dir() else path.parent
+    while not target.exists():
+        target = target.parent
+    if not target.is_dir():
+        raise UserError(f"--out {path} cannot be made: {target} is a file")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".p2pfl-write-test-", dir=target))
+    except OSError as exc:
+        raise UserError(f"--out {path} cannot be made in {target} ({exc.strerror or exc.__class__.__name__})")
+
+
+def check_peers(cfg: RunConfig, peers: int) -> None:
+    """Checks that depend on the number of peers (known only once MPI is up when --peers is absent)."""
+    if REGISTRY[cfg.algo].centralized:  # a star of the clients around the server always exists
+        if getattr(cfg.settings, "clients_per_round", 0) > peers:
+            if "clients_per_round" in cfg.given:
+                raise UserError(f"--clients-per-round {cfg.settings.clients_per_round} exceeds the {peers} clients")
+            cfg.settings = dataclasses.replace(cfg.settings, clients_per_round=peers)  # the default: at most all
+        return
+    check_graph(cfg.topology, peers, cfg.kappa)
+
+
+def check_data_fit(cfg: RunConfig, train_samples: int, test_samples: int) -> None:
+    """Options that must fit the data, checked once it is loaded and before anything is made of it."""
+    if cfg.peers > train_samples:
+        raise UserError(f"--peers {cfg.peers} exceeds the {train_samples:,} training samples of {cfg.dataset}: "
+                        "a peer needs at least one")
+    if cfg.test_samples is not None and cfg.test_samples > test_samples:
+        raise UserError(f"--test-samples {cfg.test_samples} exceeds the {test_samples:,} test samples of {cfg.dataset}")
+
+
+STACK_COPIES = 4  # a peer's weights, its update or gradient, an optimizer buffer and a received copy
+
+
+def check_model_memory(cfg: RunConfig, n_params: int, peers_here: int, gpu: tuple[str, int, int] | None = None) -> None:
+    """Refuse a model that could not be held for the peers on this machine (float32, STACK_COPIES copies)
+    before it is allocated: a typo such as --hidden 100000000 ends in one line, not an allocator error.
+    gpu: (name, bytes, peers on it) where the rank's tensors live on a GPU, which must hold them too."""
+    per_peer = STACK_COPIES * 4 * n_params
+    if gpu is not None and per_peer * max(1, gpu[2]) > gpu[1]:
+        raise UserError(f"--model {cfg.model} has {n_params:,} parameters; {gpu[2]} peers on {gpu[0]} would need "
+                        f"about {per_peer * max(1, gpu[2]) / 2**30:,.1f} GiB, more than its {gpu[1] / 2**30:,.1f} GiB: "
+                        "use fewer peers per GPU (more ranks or GPUs, or fewer --peers), a smaller model, or --device cpu")
+    need = per_peer * max(1, peers_here)
+    have = machine_memory("cpu")[1]
+    if need > have:
+        raise UserError(f"--model {cfg.model} has {n_params:,} parameters; {peers_here} peers on this machine would "
+                        f"need about {need / 2**30:,.1f} GiB, more than its {have / 2**30:,.1f} GiB of memory")
+
+
+def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
+    """Fill what depends on the launch: the number of peers and the algorithm's training defaults."""
+    if cfg.peers is None:
+        cfg.peers = world_size if world_size > 1 else 10
+        check_peers(cfg, cfg.peers)
+    if cfg.peers < world_size:
+        raise UserError(f"{cfg.peers} peers cannot fill {world_size} MPI ranks; use --peers >= {world_size}")
+    cls = REGISTRY[cfg.algo]
+    if cls.centralized:
+        cfg.topology = "star"  # the server is the hub; --topology does not apply
+    for name in ("lr", "lr_decay", "batch_size", "local_epochs", "momentum", "weight_decay"):
+        if getattr(cfg, name) is None:
+            setattr(cfg, name, cls.training.get(name, TRAINING_FALLBACK.get(name)))
+    return cfg
+
+
+def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
+    """Every setting as resolved, the algorithm's own included; not `out` (nor `overwrite`, `resume`), so
+    that --config on a run's config.toml never writes into that run's folder."""
+    out = {k: v for k, v in cfg.to_dict().items() if v is not None and k not in ("out", "overwrite", "resume")}
+    out.update(dataclasses.asdict(cfg.settings))
+    if cfg.partition_file is not None:  # the file is the partition: these settings take no part in the run
+        for name in REPLACED_BY_PARTITION_FILE:
+            if not (name == "samples_per_peer" and cfg.dataset == "linear-rep"):  # it draws that many samples
+                out.pop(name, None)
+    return out
+
+
+REPLACED_BY_PARTITION_FILE = ("partition", "alpha", "dirichlet_style", "classes_per_peer", "classes_style",
+                              "samples_per_peer")
+
+
+def write_toml(values: dict[str, Any], path: Path, comments: tuple[str, ...] = ()) -> None:
+    """A flat TOML writer (tomllib only reads): strings, numbers, booleans and lists of those, after
+    comment lines (facts of the run that are not settings)."""
+
+    def fmt(value: Any) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, (int, float)):
+            return repr(value)
+        if isinstance(value, (list, tuple)):
+            return "[" + ", ".join(fmt(v) for v in value) + "]"
+        text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{text}"'
+
+    lines = [f"# {c}" for c in comments] + [f"{key} = {fmt(value)}" for key, value in values.items()]
+    path.write_text("\n".join(lines) + "\n")

@@ -1,0 +1,165 @@
+"""The figures a run draws into its folder: its metric per round, its partition, NTK-DFL's final averaging,
+FedAvg-FT's representation figures. analysis/ reads run folders and reuses these."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+
+def finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str, per_round: bool = True,
+           caption: str = "") -> None:
+    """Labels, grid and legend, then save and close. per_round: integer x ticks and the legend at the
+    lower right; else (log axes) minor grid lines too and the legend where it fits."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if per_round:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3, which="major" if per_round else "both")
+    ax.legend(loc="lower right" if per_round else "best")
+    save(fig, path, caption)
+
+
+def save(fig, path: Path, caption: str = "") -> None:
+    """Lay out, save and close; a caption goes in small grey type under the axes."""
+    if caption:
+        fig.text(0.01, 0.005, caption, fontsize=7, color="dimgrey", wrap=True, va="bottom")
+    fig.tight_layout(rect=(0, 0.07, 1, 1) if caption else None)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+PLOT_FILES = {"acc": "accuracy.png", "loss": "loss.png"}
+
+
+def plot_metric(rows: list[dict], task, run_dir: Path, title: str = "") -> Path:
+    """The task's headline metric per round: aggregated model solid, mean client dotted, client min-max
+    shaded; accuracy.png for classification, loss.png (log scale) for regression."""
+    key = task.headline
+    every, rows = rows, [r for r in rows if f"test_{key}" in r]
+    scale = 100 if key == "acc" else 1
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if rows:
+        x = [r["round"] for r in rows]
+        ax.plot(x, [scale * r[f"test_{key}"] for r in rows], "-", color="tab:blue", label="aggregated model")
+        ax.plot(x, [scale * r[f"client_{key}_mean"] for r in rows], ":", color="tab:orange", label="mean client")
+        ax.fill_between(x, [scale * r[f"client_{key}_min"] for r in rows],
+                        [scale * r[f"client_{key}_max"] for r in rows], color="tab:orange", alpha=0.15,
+                        label="client min-max")
+        personal = [r for r in rows if "client_personal_acc_mean" in r] if key == "acc" else []
+        if personal:
+            ax.plot([r["round"] for r in personal], [scale * r["client_personal_acc_mean"] for r in personal], "--",
+                    color="tab:green", label="mean client, own label mix")
+    if not task.higher_is_better:
+        ax.set_yscale("log")
+    for switch in ("stage", "phase"):
+        mark_switches(ax, every, switch)
+    path = run_dir / PLOT_FILES.get(key, f"{key}.png")
+    finish(fig, ax, path, "round", "test accuracy (%)" if key == "acc" else f"test {key}", title)
+    return path
+
+
+def mark_switches(ax, rows: list[dict], key: str = "stage") -> None:
+    """A dashed line, labelled, where a run moves to its next stage or phase (TCT's convexified stage 2,
+    CyclicFL's FL phase)."""
+    for before, after in zip(rows, rows[1:]):
+        if before.get(key) != after.get(key):
+            x = (before["round"] + after["round"]) / 2
+            ax.axvline(x, color="grey", ls="--", lw=1)
+            ax.annotate(f" {key} {after[key]}", (x, 0.02), xycoords=("data", "axes fraction"), color="grey")
+
+
+def plot_partition(summary: list[dict], path: Path) -> None:
+    """Samples of each class held by each peer (rows: peers)."""
+    counts = np.array([s["classes"] for s in summary])
+    fig, ax = plt.subplots(figsize=(6, min(10, 2 + 0.03 * len(counts))))
+    im = ax.imshow(counts, aspect="auto", interpolation="nearest", cmap="viridis")
+    ax.set_xlabel("class")
+    ax.set_ylabel("peer")
+    ax.set_title(f"partition: {len(counts)} peers, {int(counts.sum())} samples")
+    fig.colorbar(im, ax=ax, label="samples")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_final_averaging(result: dict, path: Path, caption: str = "") -> None:
+    """NTK-DFL fig. 5: test accuracy of the average of the first n peers, for each averaging order,
+    over a histogram of the peers' own validation accuracies."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    styles = {"high-to-low": "tab:red", "random": "tab:green", "low-to-high": "tab:blue"}
+    for name, curve in result["orders"].items():
+        ax.plot(result["n"], [100 * a for a in curve["test_acc"]], color=styles.get(name), label=name)
+    sel = result["selected"]
+    ax.plot([sel["peers"]], [100 * sel["test_acc"]], "k*", ms=10, label=f"selected (n={sel['peers']})")
+    hist = ax.twiny()  # shares the accuracy axis: each bar is how many peers' own models score that much
+    hist.hist([100 * a for a in result["client_val_acc"]], bins=30, orientation="horizontal", alpha=0.25,
+              color="grey", label="peers' own models (histogram)")
+    hist.set_xlabel("peers in an accuracy bin (histogram of each peer's own validation accuracy, grey)",
+                    color="grey", fontsize=8)
+    hist.tick_params(axis="x", colors="grey", labelsize=8)
+    hist.set_xlim(0, 4 * hist.get_xlim()[1])  # bars in the left quarter, clear of the curves
+    ax.set_zorder(hist.get_zorder() + 1)
+    ax.patch.set_visible(False)
+    finish(fig, ax, path, "peers averaged", "test accuracy (%)", "final model averaging", caption=caption)
+
+# FedAvg with fine-tuning (Collins et al. 2022): the principal-angle distance and the global gradient norm
+# per round (figs. 1 and 3 left), new clients' fine-tuning error or accuracy against their number of
+# samples (fig. 3 right, fig. 5), and the class-pair cosine similarity of learned features (fig. 4).
+
+
+def plot_per_round(runs: dict[str, list[dict]], key: str, path: Path, ylabel: str, title: str) -> None:
+    """One curve per labelled run of rows {round, key}, log scale."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for label, rows in runs.items():
+        ax.plot([r["round"] for r in rows], [r[key] for r in rows], label=label)
+    ax.set_yscale("log")
+    finish(fig, ax, path, "round", ylabel, title, per_round=False)
+
+
+def plot_fine_tuning(runs: dict[str, dict], path: Path, metric: str) -> None:
+    """Mean and std band against n, one curve per labelled run ({n: {mean, std}}; a None mean, all
+    diverged, leaves a gap)."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for label, table in runs.items():
+        n = np.array([int(k) for k in table])
+        mean = np.array([np.nan if v["mean"] is None else v["mean"] for v in table.values()], dtype=float)
+        std = np.array([np.nan if v["std"] is None else v["std"] for v in table.values()], dtype=float)
+        scale = 100 if metric == "accuracy" else 1
+        ax.plot(n, scale * mean, "o-", label=label)
+        ax.fill_between(n, scale * (mean - std), scale * (mean + std), alpha=0.2)
+    ax.set_xscale("log")
+    if metric != "accuracy":
+        ax.set_yscale("log")
+    ylabel = "new clients' test accuracy (%)" if metric == "accuracy" else "fine-tuning error ||Bw - B*w*||^2"
+    finish(fig, ax, path, "samples n of the new client", ylabel, f"after fine-tuning: {metric} against n",
+           per_round=False)
+
+
+def plot_linear_run(runs: dict[str, tuple[list[dict], dict]], out: Path) -> None:
+    """rep_dist.png (fig. 1), grad_norm.png (fig. 3 left), finetune_error.png (fig. 3 right)."""
+    histories = {label: history for label, (history, _) in runs.items()}
+    plot_per_round(histories, "rep_dist", out / "rep_dist.png", "dist(B_t, B*)", "principal-angle distance to B*")
+    plot_per_round(histories, "grad_norm", out / "grad_norm.png", "||grad of the global loss||",
+                   "gradient norm of the global objective")
+    plot_fine_tuning({label: result for label, (_, result) in runs.items()}, out / "finetune_error.png", "error")
+
+
+def plot_similarity(matrix: np.ndarray, path: Path, title: str) -> None:
+    fig, ax = plt.subplots(figsize=(5, 4.4))
+    im = ax.imshow(matrix, vmin=-1, vmax=1, cmap="RdBu_r")
+    ax.set_xticks(range(len(matrix)))
+    ax.set_yticks(range(len(matrix)))
+    ax.set_xlabel("class")
+    ax.set_ylabel("class")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
