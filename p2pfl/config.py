@@ -18,6 +18,7 @@ MIXINGS = ("uniform", "metropolis", "sample-weighted")
 AGGREGATES = ("uniform", "sample-weighted")
 TRAINING_FALLBACK = {"lr_decay": 0.0, "momentum": 0.0, "local_epochs": 1, "weight_decay": 0.0}  # where an algorithm names none
 ALGORITHM_S = "the algorithm's"  # how --help states a training default that each algorithm sets
+CHECKPOINT_SECONDS = 30.0  # the default --checkpoint-every: after a round when this long has passed
 
 
 def _device(v) -> str | None:
@@ -58,7 +59,7 @@ class RunConfig:
     algo: str = option("dfedavg", "the algorithm;")
     peers: int | None = option(None, "number of peers; they sit on ranks in contiguous blocks", at_least(1), shown="MPI world size, or 10 without MPI")
     rounds: int | None = option(None, "communication rounds", at_least(1),
-                                shown="the algorithm's: 20 for most, or what its stages add up to")
+                                shown="the algorithm's, or what its stages add up to")
     topology: str = option("regular", "the graph: regular, erdos-renyi, ring, star, full or chain", choices=TOPOLOGIES, noun="topology")
     kappa: float = option(5, "degree for regular, mean degree for erdos-renyi")
     static: bool = option(False, "one graph for the whole run instead of a new one each round")
@@ -121,8 +122,8 @@ class RunConfig:
     round_deadline: float = option(2.0, "messages arriving after this many simulated time units are dropped",
                                    _deadline)
     checkpoint_every: int | None = option(None, "checkpoint every N rounds, 0 never", _checkpoints,
-                                          shown="after a round when 30 s have passed since the last checkpoint, "
-                                          "and on Ctrl-C")
+                                          shown=f"after a round when {CHECKPOINT_SECONDS:g} s have passed since the "
+                                          "last checkpoint, and on Ctrl-C")
     resume: str | None = option(None, "continue the run in this folder from its last checkpoint, with its "
                                 "config.toml", shown="none")
     progress: bool = option(True, "a progress bar")

@@ -1,7 +1,9 @@
-"""One RunConfig for a run: defaults < TOML file < command-line flags.
+"""One RunConfig for a run: defaults < TOML file < command-line flags, the algorithm's settings built in.
 
-Every check of user input lives here and raises UserError with one clear sentence, so the CLI can
-print one line and exit 2 instead of failing deep inside a round.
+The flags come from the declarations (p2pfl.config, and each algorithm's Settings). Each setting is
+checked as declared; the checks across settings, the algorithm and the data live here. A bad value
+raises UserError with one clear sentence, so the CLI prints one line and exits 2 instead of failing
+deep inside a round.
 """
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ def positive_or_auto(v) -> str | None:
 def kind_of(f: dataclasses.Field) -> str:
     """bool, int, float, str, ints (a tuple of ints) or float|auto (a number, or the word auto: the
     algorithm works it out), from the field's annotation."""
-    text = str(f.type).replace(" | None", "")
+    text = (f.type.__name__ if isinstance(f.type, type) else str(f.type)).replace(" | None", "")
     if text == "float | str":
         return "float|auto"
     for kind in ("bool", "int", "float", "str"):

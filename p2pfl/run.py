@@ -65,7 +65,7 @@ from p2pfl.algorithms.base import RunContext  # noqa: E402
 from p2pfl.algorithms.server import clients_per_round  # noqa: E402
 from p2pfl.comm import launched_by_mpi, make_transport, mpi_world  # noqa: E402
 from p2pfl.comm.transport import CommTimeout  # noqa: E402
-from p2pfl.config import RunConfig  # noqa: E402
+from p2pfl.config import CHECKPOINT_SECONDS, RunConfig  # noqa: E402
 from p2pfl.configure import (check_data_fit, check_model_memory, parse_config, resolve,  # noqa: E402
                              resolved_dict, write_toml)
 from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file, summary  # noqa: E402
@@ -77,9 +77,6 @@ from p2pfl.models import PeerStack, build_model, count_parameters, initial_param
 from p2pfl.ntk.precompile import loop_is_cached  # noqa: E402
 from p2pfl.report import plot_metric, plot_partition  # noqa: E402
 from p2pfl.tasks import TASKS  # noqa: E402
-
-CHECKPOINT_SECONDS = 30.0  # the default --checkpoint-every: after a round when this long has passed
-
 
 def pick_device(choice: str, local_rank: int) -> torch.device:
     if choice == "auto":

@@ -1,0 +1,97 @@
+"""The house's rules that a run cannot show: a new algorithm is its own module and nothing else; the
+registry refuses two algorithms of one name."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from p2pfl.algorithms import REGISTRY
+from p2pfl.algorithms.base import Algorithm
+from p2pfl.testing import results, run_in_process
+
+# A graph algorithm written outside the package: train, then keep part of the own model and take the
+# rest from the neighbourhood average (a lazy gossip step).
+LAZY_GOSSIP = '''
+from dataclasses import dataclass
+
+from p2pfl.algorithms.base import Algorithm, neighbour_average, train_taking_part
+from p2pfl.options import option
+
+
+def below_one(v):
+    return None if 0 <= v < 1 else f"must be in [0, 1), got {v}"
+
+
+@dataclass(frozen=True)
+class LazyGossipSettings:
+    keep: float = option(0.5, "share of its own model a peer keeps at averaging", below_one)
+
+
+class LazyGossip(Algorithm):
+    name = "lazy-gossip"
+    summary = "local SGD, then a lazy step towards the neighbourhood average"
+    Settings = LazyGossipSettings
+    training = {"lr": 0.05, "batch_size": 16, "local_epochs": 1}
+
+    def round(self, round_index):
+        ctx = self.ctx
+        losses = train_taking_part(ctx, round_index, ctx.flat, ctx.sgd())
+        mixed = neighbour_average(ctx, round_index, ctx.flat)
+        ctx.flat = self.settings.keep * ctx.flat + (1 - self.settings.keep) * mixed
+        return losses
+'''
+
+TINY = ["--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--samples-per-peer", "40", "--rounds", "3",
+        "--no-progress", "--seed", "2"]
+
+
+@pytest.fixture
+def lazy_gossip(tmp_path):
+    path = tmp_path / "lazy_gossip.py"
+    path.write_text(LAZY_GOSSIP)
+    spec = importlib.util.spec_from_file_location("lazy_gossip", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        yield module
+    finally:
+        REGISTRY.pop("lazy-gossip", None)
+
+
+def test_an_algorithm_outside_the_package_runs_by_name_with_its_own_settings(lazy_gossip, tmp_path):
+    package = Path(__file__).resolve().parents[1] / "p2pfl"
+    before = subprocess.run(["git", "status", "--porcelain", str(package)], capture_output=True, text=True).stdout
+    assert REGISTRY["lazy-gossip"] is lazy_gossip.LazyGossip
+    code, err = run_in_process([*TINY, "--algo", "lazy-gossip", "--keep", "0.25", "--out", str(tmp_path / "a")])
+    assert code == 0, err
+    rows = results(tmp_path / "a")["metrics"]
+    assert len(rows) == 3 and rows[-1]["test_acc"] > rows[0]["test_acc"] - 0.05
+    assert "keep = 0.25" in (tmp_path / "a" / "config.toml").read_text()
+    code, err = run_in_process([*TINY, "--algo", "lazy-gossip", "--keep", "0", "--out", str(tmp_path / "b")])
+    assert code == 0, err
+    assert results(tmp_path / "b") != results(tmp_path / "a")  # the setting reaches the round
+    code, err = run_in_process([*TINY, "--algo", "lazy-gossip", "--keep", "1", "--out", str(tmp_path / "c")])
+    assert code == 2 and "--keep must be in [0, 1), got 1.0" in err
+    code, err = run_in_process([*TINY, "--algo", "dfedavg", "--keep", "0.5", "--out", str(tmp_path / "d")])
+    assert code == 2 and "--keep does not apply to --algo dfedavg (it is a setting of lazy-gossip)" in err
+    after = subprocess.run(["git", "status", "--porcelain", str(package)], capture_output=True, text=True).stdout
+    assert after == before  # nothing in the package was touched
+
+
+def test_two_algorithms_of_one_name_are_refused():
+    with pytest.raises(ValueError, match="two algorithms are named 'dfedavg'"):
+        type("Impostor", (Algorithm,), {"name": "dfedavg", "__module__": "elsewhere"})
+    assert REGISTRY["dfedavg"].__module__ == "p2pfl.algorithms.graph.dfedavg"
+
+
+def test_the_cli_lists_a_registered_algorithm(lazy_gossip, capsys):
+    with pytest.raises(SystemExit):
+        from p2pfl.configure import build_parser
+
+        build_parser("lazy-gossip").parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "local SGD, then a lazy step towards the neighbourhood average" in " ".join(out.split())
+    assert "--keep KEEP" in out and "share of its own model a peer keeps" in " ".join(out.split())
