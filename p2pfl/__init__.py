@@ -1,4 +1,13 @@
-"""p2pfl: a decentralized peer-to-peer learning simulator on a graph."""
+"""p2pfl: a decentralized peer-to-peer learning simulator on a graph.
+
+    import p2pfl
+    result = p2pfl.simulate(algo="dfedavg", peers=10, rounds=5, dataset="synthetic")
+
+The public names below are loaded on first use, so that `python -m p2pfl.run` can size its thread pools
+before torch starts (p2pfl.threads). docs/library.md describes them; docs/design.md has the Algorithm
+contract a new algorithm follows.
+"""
+import importlib
 import os
 import sys
 
@@ -12,3 +21,25 @@ if "numpy" in sys.modules:  # numpy (or torch, which imports it) came first: its
     threadpool_limits(1, user_api="blas")
 
 __version__ = "0.1.0"
+
+_PUBLIC = {
+    "simulate": "p2pfl.simulation", "Result": "p2pfl.simulation",  # running
+    "ConfigError": "p2pfl.errors", "DivergenceError": "p2pfl.errors", "Interrupted": "p2pfl.errors",
+    "Algorithm": "p2pfl.algorithms.base", "RunContext": "p2pfl.algorithms.base",  # writing an algorithm
+    "train_taking_part": "p2pfl.algorithms.base", "neighbour_average": "p2pfl.algorithms.base",
+    "ServerAlgorithm": "p2pfl.algorithms.server", "ServerOptions": "p2pfl.algorithms.server",
+    "Message": "p2pfl.comm", "Payload": "p2pfl.comm", "Weights": "p2pfl.comm",
+    "option": "p2pfl.options", "positive": "p2pfl.options", "non_negative": "p2pfl.options",
+    "fraction": "p2pfl.options", "at_least": "p2pfl.options", "probability": "p2pfl.options",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'p2pfl' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_PUBLIC])

@@ -18,13 +18,14 @@ from typing import Any
 
 from topologies.generators import check_graph
 
-from p2pfl.algorithms import REGISTRY, owners_of, setting_names
+from p2pfl.algorithms import REGISTRY, lookup, owners_of, setting_names
 from p2pfl.checkpoint import has_checkpoint
-from p2pfl.data import DATASETS, canonical_dataset
+from p2pfl.data import DATASETS, canonical_dataset, dataset_spec
 from p2pfl.errors import UserError
-from p2pfl.models import MODELS
+from p2pfl.models import MODELS, model_spec
 from p2pfl.options import add_flags, build, check, coerce
 from p2pfl.paths import checked_path
+from p2pfl.plugins import is_reference
 from p2pfl.config import FIELDS, TRAINING_FALLBACK, RunConfig, machine_memory
 
 __all__ = ["RunConfig", "TRAINING_FALLBACK", "machine_memory", "make_config", "parse_config", "resolve",
@@ -44,8 +45,9 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def named_choices() -> dict[str, str]:
     """What --algo, --dataset and --model may name: known only above the layers that define them."""
-    return {"algo": f"one of: {', '.join(REGISTRY)}", "dataset": f"one of: {', '.join(DATASETS)}",
-            "model": f"one of: {', '.join(MODELS)}"}
+    return {"algo": f"one of: {', '.join(REGISTRY)}; or package.module:Class, your own",
+            "dataset": f"one of: {', '.join(DATASETS)}; or package.module:function, your own loader",
+            "model": f"one of: {', '.join(MODELS)}; or package.module:function, your own"}
 
 
 def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
@@ -56,8 +58,8 @@ def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
                        argument_default=argparse.SUPPRESS, allow_abbrev=False)
     p.add_argument("--config", help=CONFIG_HELP)
     add_flags(p, RunConfig, extra=named_choices())
-    if algo in REGISTRY:
-        cls = REGISTRY[algo]
+    if algo in REGISTRY or is_reference(algo):
+        cls = lookup(algo)
         add_flags(p.add_argument_group(f"settings of --algo {algo}"), cls.Settings, cls.setting_defaults)
     return p
 
@@ -78,7 +80,8 @@ def load_toml(path: str) -> dict[str, Any]:
 def _not_this_algorithm(name: str, algo: str) -> UserError | None:
     """The error for a setting that belongs to other algorithms only, or None."""
     owners = owners_of(name)
-    if owners and algo not in owners:
+    own = lookup(algo).name if is_reference(algo) else algo
+    if owners and own not in owners:
         return UserError(f"--{name.replace('_', '-')} does not apply to --algo {algo} (it is a setting of "
                          f"{', '.join(owners)})")
     return None
@@ -159,8 +162,7 @@ def _resume_values(run_dir: str, stored: dict[str, Any], given: dict[str, Any]) 
 def make_config(values: dict[str, Any]) -> RunConfig:
     """A checked RunConfig from raw values (TOML or parsed flags); the algorithm's settings built in."""
     algo = values.get("algo", "dfedavg")
-    if algo not in REGISTRY:
-        raise UserError(f"unknown algorithm {algo!r}; choose one of: {', '.join(REGISTRY)}")
+    cls = lookup(algo)
     mine = set(setting_names(algo))
     for name in values:
         problem = _not_this_algorithm(name, algo)
@@ -175,16 +177,10 @@ def make_config(values: dict[str, Any]) -> RunConfig:
             check(FIELDS[name], value)
     if "hidden" in base:
         base["hidden"] = list(base["hidden"])
-    cls = REGISTRY[algo]
     settings = build(cls.Settings, {k: v for k, v in values.items() if k in mine}, cls.setting_defaults)
     cfg = RunConfig(**base, settings=settings, given=frozenset(values))
     validate(cfg)
     return cfg
-
-
-def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:
-    if value not in options:
-        raise UserError(f"unknown {name} {value!r}; choose one of: {', '.join(options)}")
 
 
 def validate(cfg: RunConfig) -> None:
@@ -192,32 +188,32 @@ def validate(cfg: RunConfig) -> None:
     p2pfl.config); resolve() does the rest once peers are known."""
     canonical = canonical_dataset(cfg.dataset)
     if canonical is None:
-        raise UserError(f"unknown dataset {cfg.dataset!r}; choose one of: {', '.join(DATASETS)}")
+        raise UserError(f"unknown dataset {cfg.dataset!r}; choose one of: {', '.join(DATASETS)}, or name your own "
+                        "loader as package.module:function")
     cfg.dataset = canonical
-    spec = DATASETS[canonical]
+    spec = dataset_spec(canonical)
     if cfg.partition is None:
         cfg.partition = spec.default_partition
     if cfg.model is None:
         cfg.model = spec.default_model
-    _choice("model", cfg.model, tuple(MODELS))
-    model = MODELS[cfg.model]
+    model = model_spec(cfg.model)
     if model.task != spec.task:
         raise UserError(f"--model {cfg.model} is for {model.task}, but --dataset {canonical} is a {spec.task} task")
-    if spec.task not in REGISTRY[cfg.algo].tasks:
-        raise UserError(f"--algo {cfg.algo} learns {' or '.join(REGISTRY[cfg.algo].tasks)} only, not the "
+    if spec.task not in lookup(cfg.algo).tasks:
+        raise UserError(f"--algo {cfg.algo} learns {' or '.join(lookup(cfg.algo).tasks)} only, not the "
                         f"{spec.task} task of --dataset {canonical}")
     if model.images and not spec.images:
         raise UserError(f"--model {cfg.model} needs images (C, H, W); --dataset {canonical} has flat features")
     if cfg.partition == "writers" and not spec.natural_split:
         raise UserError(f"--partition writers needs a dataset with a natural split; {canonical} has none")
-    fixed = REGISTRY[cfg.algo].fixed_rounds(cfg.settings)
+    fixed = lookup(cfg.algo).fixed_rounds(cfg.settings)
     if fixed is not None and cfg.rounds is not None and cfg.rounds != fixed:
         raise UserError(f"--algo {cfg.algo} runs {fixed} rounds, set by its own round counts "
-                        f"({', '.join(flag for flag in REGISTRY[cfg.algo].round_flags)}); --rounds {cfg.rounds} disagrees")
-    cfg.rounds = fixed or (REGISTRY[cfg.algo].default_rounds(cfg.settings) if cfg.rounds is None else cfg.rounds)
+                        f"({', '.join(flag for flag in lookup(cfg.algo).round_flags)}); --rounds {cfg.rounds} disagrees")
+    cfg.rounds = fixed or (lookup(cfg.algo).default_rounds(cfg.settings) if cfg.rounds is None else cfg.rounds)
     if cfg.rounds < 1:
         raise UserError(f"--rounds must be at least 1, got {cfg.rounds}")
-    REGISTRY[cfg.algo].check(cfg)
+    lookup(cfg.algo).check(cfg)
     if cfg.partition_file is not None:
         if not Path(cfg.partition_file).is_file():
             raise UserError(f"--partition-file {cfg.partition_file}: no such file")
@@ -275,7 +271,7 @@ def _check_writable(path: Path) -> None:
 
 def check_peers(cfg: RunConfig, peers: int) -> None:
     """Checks that depend on the number of peers (known only once MPI is up when --peers is absent)."""
-    if REGISTRY[cfg.algo].centralized:  # a star of the clients around the server always exists
+    if lookup(cfg.algo).centralized:  # a star of the clients around the server always exists
         if getattr(cfg.settings, "clients_per_round", 0) > peers:
             if "clients_per_round" in cfg.given:
                 raise UserError(f"--clients-per-round {cfg.settings.clients_per_round} exceeds the {peers} clients")
@@ -319,7 +315,7 @@ def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
         check_peers(cfg, cfg.peers)
     if cfg.peers < world_size:
         raise UserError(f"{cfg.peers} peers cannot fill {world_size} MPI ranks; use --peers >= {world_size}")
-    cls = REGISTRY[cfg.algo]
+    cls = lookup(cfg.algo)
     if cls.centralized:
         cfg.topology = "star"  # the server is the hub; --topology does not apply
     for name in ("lr", "lr_decay", "batch_size", "local_epochs", "momentum", "weight_decay"):

@@ -5,6 +5,9 @@ class UserError(Exception):
     """Bad input (flags, config file, data files): reported without a traceback."""
 
 
+ConfigError = UserError  # its public name (p2pfl.ConfigError): what simulate() raises for a bad setting
+
+
 class DivergenceError(Exception):
     """A peer's model became NaN/inf; the message names the round and the peers."""
 

@@ -28,15 +28,15 @@ def run_in_process(args: list[str], stop_after_first_round: bool = False) -> tup
     stop as a Ctrl-C would (it checkpoints after round 1 and exits 130)."""
     import torch
 
-    from p2pfl import run
+    from p2pfl import run, simulation
 
-    class StopAtOnce(run.StopRequest):
+    class StopAtOnce(simulation.StopRequest):
         def __init__(self, rank):
             super().__init__(rank)
             self.requested = True
 
     err, threads = io.StringIO(), torch.get_num_threads()
-    patch = mock.patch.object(run, "StopRequest", StopAtOnce) if stop_after_first_round else contextlib.nullcontext()
+    patch = mock.patch.object(simulation, "StopRequest", StopAtOnce) if stop_after_first_round else contextlib.nullcontext()
     try:
         with patch, contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             code = run.main(list(args))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from p2pfl.bitpack import pack_mask, unpack_mask
-from p2pfl.run import device_note
+from p2pfl.simulation import device_note
 from tests.conftest import run_here
 from tests.helpers import make_context
 

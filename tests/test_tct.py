@@ -146,7 +146,7 @@ def test_tct_lr_auto_is_half_the_stability_limit_of_the_stiffest_client(digits):
     AUTO_LR_SHARE * 2 / the largest; against the eigenvalues of the dense features."""
     from p2pfl.algorithms.star.tct import AUTO_LR_SHARE
     from p2pfl.configure import parse_config, resolve
-    from p2pfl.run import build
+    from p2pfl.simulation import build
 
     args = [a if a != "1e-5" else "auto" for a in TCT_ARGS] + ["--data-dir", str(digits), "--tct-solver", "p-space"]
     ctx, algorithm = build(resolve(parse_config(args), 1), 0, 1, 0)

@@ -9,7 +9,7 @@ import torch
 from p2pfl.options import bits, fraction, non_negative, option, positive, positive_ints
 from p2pfl.comm import Payload
 from p2pfl.errors import UserError
-from p2pfl.models import MODELS
+from p2pfl.models import model_spec
 from p2pfl.ntk.codec import JacobianCodec
 from p2pfl.ntk.compression import project_dataset
 from p2pfl.ntk.step import NTKSettings
@@ -95,7 +95,7 @@ def check_memory(codec: JacobianCodec, options: NTKOptions, n_classes: int, samp
 def project_inputs(data, cfg) -> None:
     """--ntk-projection: inputs become d1'-vectors, which only a model of flat inputs can take."""
     if cfg.settings.ntk_projection:
-        if MODELS[cfg.model].images:
+        if model_spec(cfg.model).images:
             raise UserError(f"--ntk-projection turns images into vectors; --model {cfg.model} needs images")
         features = data.train_x[0].numel()
         if cfg.settings.ntk_projection >= features:

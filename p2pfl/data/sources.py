@@ -18,6 +18,7 @@ from p2pfl.data.cifar import find_cifar, read_cifar
 from p2pfl.data.idx import read_idx
 from p2pfl.data.leaf import find_leaf, read_leaf
 from p2pfl.errors import UserError
+from p2pfl.plugins import is_reference, load_object
 from p2pfl.seeding import numpy_rng, torch_generator
 
 DEBIAN_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
@@ -280,14 +281,42 @@ ALIASES = {alias: s.name for s in DATASETS.values() for alias in (s.name, *s.ali
 
 
 def canonical_dataset(name: str) -> str | None:
-    return ALIASES.get(str(name).lower())
+    """A built-in dataset's own name for one of its aliases; a 'module:function' reference stays as it is."""
+    return str(name) if is_reference(name) else ALIASES.get(str(name).lower())
+
+
+def dataset_spec(name: str) -> DatasetSpec:
+    """The spec of a dataset named by canonical_dataset, or of a reference to the user's loader."""
+    if is_reference(name):
+        load_object(name, "--dataset")  # importable: checked before anything is read
+        return DatasetSpec(name, _user_dataset, natural_split=True)
+    return DATASETS[name]
+
+
+def _user_dataset(reference: str, req: DataRequest) -> Dataset:
+    """The user's loader called with no arguments: a p2pfl Dataset, or (train_x, train_y, test_x, test_y),
+    optionally followed by each training sample's owner (for --partition writers); classes are the
+    labels 0..C-1."""
+    out = load_object(reference, "--dataset")()
+    if isinstance(out, Dataset):
+        return out
+    parts = tuple(out) if isinstance(out, (tuple, list)) else ()
+    if len(parts) not in (4, 5):
+        raise UserError(f"--dataset {reference} must return (train_x, train_y, test_x, test_y[, owners]) or a "
+                        f"p2pfl Dataset, not {type(out).__name__}")
+    train_x, train_y, test_x, test_y = (torch.as_tensor(v) for v in parts[:4])
+    if train_y.is_floating_point() or len(train_x) != len(train_y) or len(test_x) != len(test_y):
+        raise UserError(f"--dataset {reference}: labels must be integer classes, one per sample")
+    groups = np.asarray(parts[4]) if len(parts) == 5 else None
+    n_classes = int(max(train_y.max(), test_y.max())) + 1
+    return Dataset(reference, train_x.float(), train_y.long(), test_x.float(), test_y.long(), n_classes, groups=groups)
 
 
 def load_dataset(name: str, req: DataRequest | None = None) -> Dataset:
     canonical = canonical_dataset(name)
     if canonical is None:
         raise UserError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
-    return DATASETS[canonical].load(canonical, req or DataRequest())
+    return dataset_spec(canonical).load(canonical, req or DataRequest())
 
 
-__all__ = ["DATASETS", "DataRequest", "Dataset", "canonical_dataset", "load_dataset"]
+__all__ = ["DATASETS", "DataRequest", "Dataset", "canonical_dataset", "dataset_spec", "load_dataset"]

@@ -7,11 +7,14 @@ from typing import Callable
 
 from torch import nn
 
+from p2pfl.errors import UserError
+
 from p2pfl.models.cnn import CNNCifar, CNNFashionMNIST, CNNFEMNIST, LeNet5, SimpleCNN
 from p2pfl.models.linear_rep import LinearRepresentation
 from p2pfl.models.mlp import MLP, MLPShape
 from p2pfl.models.resnet import resnet8, resnet18
 from p2pfl.models.stack import ParamLayout, PeerStack, initial_parameters, reset_model
+from p2pfl.plugins import is_reference, load_object
 
 
 @dataclass(frozen=True)
@@ -38,9 +41,30 @@ MODELS = {s.name: s for s in [
 ]}
 
 
+def model_spec(name: str) -> ModelSpec:
+    """A built-in model, or a 'package.module:function' reference to the user's: function(input_shape,
+    n_classes) returns an nn.Module (its attribute task = "regression" makes it a regression model)."""
+    if name in MODELS:
+        return MODELS[name]
+    if not is_reference(name):
+        raise UserError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}, or name your own as "
+                        "package.module:function")
+    make = load_object(name, "--model")
+    if not callable(make):
+        raise UserError(f"--model {name} is not a function of (input_shape, n_classes)")
+    return ModelSpec(name, "the user's model", lambda shape, n, o: _checked(make(shape, n), name),
+                     task=getattr(make, "task", "classification"), images=False)
+
+
+def _checked(model, name: str) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise UserError(f"--model {name} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
 def build_model(name: str, input_shape: tuple[int, ...], n_outputs: int, options) -> nn.Module:
     """options carries hidden, norm and rep_dim (a RunConfig does)."""
-    return MODELS[name].build(tuple(input_shape), n_outputs, options)
+    return model_spec(name).build(tuple(input_shape), n_outputs, options)
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -48,4 +72,4 @@ def count_parameters(model: nn.Module) -> int:
 
 
 __all__ = ["MLP", "MLPShape", "MODELS", "ModelSpec", "ParamLayout", "PeerStack", "build_model", "count_parameters",
-           "initial_parameters", "reset_model"]
+           "initial_parameters", "model_spec", "reset_model"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
 from p2pfl.bitpack import pack_bits, pack_mask, unpack_bits, unpack_mask

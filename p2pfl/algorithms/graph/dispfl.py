@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from p2pfl.algorithms.base import Algorithm, train_taking_part
-from p2pfl.options import fraction, non_negative, option, positive
+from p2pfl.options import fraction, non_negative, option
 from p2pfl.comm import Message, Payload
 from p2pfl.bitpack import pack_mask, unpack_mask
 from p2pfl.seeding import torch_generator

@@ -180,15 +180,18 @@ class FedAvgFT(FedAvg):
 
     # -- after training ---------------------------------------------------------------------------------
     def finish(self, run_dir: Path | None):
-        if run_dir is None or not self.is_server:
+        if not self.is_server:
             return None
         if self.truth is not None:
             result = self.fine_tune_linear()
-            plot_linear_run({self.label(): (self.history, result)}, run_dir)
+            if run_dir is not None:
+                plot_linear_run({self.label(): (self.history, result)}, run_dir)
             return {"fine_tuning": result, "final_rep_dist": self.history[-1]["rep_dist"],
                     "final_grad_norm": self.history[-1]["grad_norm"]}
         result = {"fine_tuning": self.fine_tune_network(),
                   "feature_similarity": self.feature_similarity().tolist()}
+        if run_dir is None:
+            return result
         plot_similarity(np.array(result["feature_similarity"]), run_dir / "feature_similarity.png",
                         f"{self.label()}: cosine similarity of penultimate features by class")
         if result["fine_tuning"]:

@@ -1,0 +1,32 @@
+"""A decentralized algorithm of your own: local SGD, then a lazy gossip step that keeps part of the own
+model and takes the rest from the neighbourhood average.
+
+    python -m p2pfl.run --algo lazy_gossip:LazyGossip --keep 0.5 --dataset synthetic   # PYTHONPATH=examples
+    p2pfl.simulate(algo=LazyGossip, keep=0.5, dataset="synthetic")
+"""
+from dataclasses import dataclass
+
+import p2pfl
+
+
+def below_one(value):
+    return None if 0 <= value < 1 else f"must be in [0, 1), got {value}"
+
+
+@dataclass(frozen=True)
+class LazyGossipSettings:
+    keep: float = p2pfl.option(0.5, "share of its own model a peer keeps at averaging", below_one)
+
+
+class LazyGossip(p2pfl.Algorithm):
+    name = "lazy-gossip"
+    summary = "local SGD, then a lazy step towards the neighbourhood average"
+    Settings = LazyGossipSettings
+    training = {"lr": 0.05, "batch_size": 16, "local_epochs": 1}
+
+    def round(self, round_index):
+        ctx = self.ctx
+        losses = p2pfl.train_taking_part(ctx, round_index, ctx.flat, ctx.sgd())
+        mixed = p2pfl.neighbour_average(ctx, round_index, ctx.flat)
+        ctx.flat = self.settings.keep * ctx.flat + (1 - self.settings.keep) * mixed
+        return losses

@@ -1,0 +1,45 @@
+"""Code of the user's own, named where a built-in name would go: 'package.module:attribute' (on the
+Python path) for an algorithm, a model or a dataset; installed packages may also register algorithms
+through the 'p2pfl.algorithms' entry-point group."""
+from __future__ import annotations
+
+import importlib
+import sys
+from importlib.metadata import entry_points
+
+from p2pfl.errors import UserError
+
+ENTRY_POINTS = "p2pfl.algorithms"
+
+
+def is_reference(name: str) -> bool:
+    """Whether a name is a 'module:attribute' reference rather than a built-in name."""
+    return ":" in str(name)
+
+
+def load_object(reference: str, flag: str):
+    """The object a 'package.module:attribute' reference names, or one UserError line saying why not."""
+    module_name, _, attribute = str(reference).partition(":")
+    if not module_name or not attribute:
+        raise UserError(f"{flag} {reference}: a reference reads package.module:name")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UserError(f"{flag} {reference}: cannot import {module_name} ({exc}); is its folder on PYTHONPATH?")
+    target = module
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise UserError(f"{flag} {reference}: {module_name} has no {attribute}")
+        target = getattr(target, part)
+    return target
+
+
+def load_entry_points() -> None:
+    """Import the algorithms installed packages register (each registers itself when its class is
+    defined); one that fails to load is named on stderr and left out."""
+    for point in entry_points(group=ENTRY_POINTS):
+        try:
+            point.load()
+        except Exception as exc:  # noqa: BLE001 - someone else's package must not stop every run
+            print(f"p2pfl: the algorithm {point.name} ({point.value}) of an installed package did not load: "
+                  f"{exc.__class__.__name__}: {exc}", file=sys.stderr)
