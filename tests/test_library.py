@@ -1,0 +1,178 @@
+"""p2pfl as a library: simulate() with the CLI's settings and checks, an algorithm, a model and a dataset
+of the user's own (by class, by package.module:name reference, by entry point), and the examples."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import p2pfl
+from p2pfl.algorithms import REGISTRY
+from p2pfl.testing import check_layout_invariance, check_learns, check_resume, mpirun, results, run_in_process
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+TINY = dict(dataset="synthetic", peers=6, kappa=2, rounds=3, samples_per_peer=40, seed=4, progress=False)
+TINY_ARGS = ["--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--rounds", "3", "--samples-per-peer", "40",
+             "--seed", "4", "--no-progress"]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLES), str(ROOT)]),
+       "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+@pytest.fixture
+def on_path(monkeypatch):
+    """examples/ importable here and in the processes the checks start (mpirun's ranks)."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
+    yield
+    REGISTRY.pop("lazy-gossip", None)
+    sys.modules.pop("lazy_gossip", None)
+
+
+def test_simulate_returns_the_cli_numbers_and_writes_nothing_without_out(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = p2pfl.simulate(algo="dfedavg", **TINY)
+    assert list(tmp_path.iterdir()) == []  # out=None: not even runs/
+    assert result.run_dir is None and len(result.rows) == 3 and result.config.peers == 6
+    code, err = run_in_process([*TINY_ARGS, "--algo", "dfedavg", "--out", str(tmp_path / "cli")])
+    assert code == 0, err
+    cli = results(tmp_path / "cli")
+    assert [{k: v for k, v in r.items() if k != "wall_s" and k != "peak_rss_mb"} for r in result.rows] == cli["metrics"]
+    saved = torch.load(tmp_path / "cli" / "model.pt", weights_only=True)
+    assert saved.keys() == result.model_state.keys() and all(torch.equal(saved[k], result.model_state[k]) for k in saved)
+    assert result.series("test_acc")[-1] == (3, result.rows[-1]["test_acc"])
+
+
+def test_simulate_writes_its_folder_when_asked(tmp_path):
+    result = p2pfl.simulate(algo="ntk-dfl", out=tmp_path / "run", ntk_taus=(50, 100), lr=0.1, **TINY)
+    assert result.run_dir == tmp_path / "run" and (tmp_path / "run" / "metrics.jsonl").exists()
+    assert result.final == json.loads((tmp_path / "run" / "final.json").read_text())
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"peers": 0}, "--peers must be at least 1, got 0"),
+    ({"topology": "torus"}, "unknown topology 'torus'"),
+    ({"learning_rate": 0.1}, "unknown setting(s): learning_rate"),
+    ({"algo": "dfedavg", "prox_mu": 0.1}, "--prox-mu does not apply to --algo dfedavg"),
+])
+def test_a_bad_setting_raises_config_error_with_the_cli_message(settings, message):
+    with pytest.raises(p2pfl.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        p2pfl.simulate(**settings)
+
+
+def test_simulate_never_exits_the_interpreter():
+    with pytest.raises(p2pfl.DivergenceError):
+        p2pfl.simulate(algo="dfedavg", lr=1e30, **TINY)
+
+
+def test_an_algorithm_by_class_by_reference_and_under_mpirun(on_path, tmp_path):
+    from lazy_gossip import LazyGossip
+
+    by_class = p2pfl.simulate(algo=LazyGossip, keep=0.3, out=tmp_path / "class", **TINY)
+    args = [*TINY_ARGS, "--algo", "lazy_gossip:LazyGossip", "--keep", "0.3"]
+    code, err = run_in_process([*args, "--out", str(tmp_path / "reference")])
+    assert code == 0, err
+    assert results(tmp_path / "class") == results(tmp_path / "reference")
+    assert 'algo = "lazy_gossip:LazyGossip"' in (tmp_path / "reference" / "config.toml").read_text()
+    assert by_class.rows[-1]["test_acc"] == results(tmp_path / "reference")["metrics"][-1]["test_acc"]
+    # the conformance checks of the built-in algorithms, on it
+    check_learns(args, tmp_path / "learns")
+    check_layout_invariance(args, tmp_path / "layout", ranks=2)
+    check_resume(args, tmp_path / "resume")
+
+
+@pytest.mark.skipif(mpirun() is None, reason="needs mpirun")
+def test_simulate_by_class_under_mpirun_gives_every_rank_the_result(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import json, p2pfl\nfrom lazy_gossip import LazyGossip\n"
+                      f"r = p2pfl.simulate(algo=LazyGossip, keep=0.3, **{TINY!r})\n"
+                      "print('ROWS', json.dumps([{k: v for k, v in x.items() if k not in ('wall_s', 'peak_rss_mb')} "
+                      "for x in r.rows]))\n")
+    outputs = []
+    for ranks in (1, 2):
+        run = subprocess.run([mpirun(), "-n", str(ranks), "--oversubscribe", sys.executable, str(script)],
+                             capture_output=True, text=True, env=ENV, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        lines = [line for line in run.stdout.splitlines() if line.startswith("ROWS")]
+        assert len(lines) == ranks  # every rank got it
+        outputs.append(set(lines))
+    assert outputs[0] == outputs[1] and len(outputs[1]) == 1
+
+
+def test_a_model_of_ones_own_by_reference(on_path, tmp_path):
+    args = [*TINY_ARGS, "--algo", "fedavg", "--model", "tiny_net:make_net"]
+    rows = check_learns(args, tmp_path)
+    assert "model tiny_net:make_net: 2,410 parameters" in (tmp_path / "learns" / "config.toml").read_text()
+    assert rows
+    code, err = run_in_process([*TINY_ARGS, "--model", "tiny_net:nothing", "--out", str(tmp_path / "bad")])
+    assert code == 2 and "--model tiny_net:nothing: tiny_net has no nothing" in err
+
+
+LOADER = '''
+import torch
+
+def load():
+    g = torch.Generator().manual_seed(0)
+    centres = torch.randn(4, 12, generator=g) * 2
+    def draw(n):
+        y = torch.arange(n) % 4
+        return centres[y] + torch.randn(n, 12, generator=g), y
+    train_x, train_y = draw(800)
+    test_x, test_y = draw(200)
+    return train_x, train_y, test_x, test_y, torch.arange(800) % 8   # owners: 8 writers
+
+def not_data():
+    return 42
+'''
+
+
+@pytest.mark.parametrize("partition", ["dirichlet", "iid", "classes", "writers"])
+def test_a_dataset_of_ones_own_takes_every_partition(partition, tmp_path, monkeypatch):
+    (tmp_path / "mydata.py").write_text(LOADER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = [*TINY_ARGS, "--dataset", "mydata:load", "--partition", partition, "--peers", "8", "--algo", "fedavg",
+            "--lr", "0.1"]
+    rows = check_learns(args, tmp_path / partition)
+    assert rows[-1]["test_acc"] > 0.3
+    sys.modules.pop("mydata", None)
+
+
+def test_a_bad_dataset_reference_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "mydata.py").write_text(LOADER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for reference, message in [("mydata:not_data", "must return (train_x, train_y, test_x, test_y[, owners])"),
+                               ("nowhere:load", "cannot import nowhere")]:
+        code, err = run_in_process([*TINY_ARGS, "--dataset", reference, "--out", str(tmp_path / "x")])
+        assert code == 2 and message in err, err
+    sys.modules.pop("mydata", None)
+
+
+def test_an_installed_package_registers_by_entry_point(tmp_path):
+    """A distribution on the path whose metadata names its algorithm in the p2pfl.algorithms group."""
+    site = tmp_path / "site"
+    (site / "ep_gossip-1.0.dist-info").mkdir(parents=True)
+    (site / "ep_gossip-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-gossip\nVersion: 1.0\n")
+    (site / "ep_gossip-1.0.dist-info" / "entry_points.txt").write_text(
+        "[p2pfl.algorithms]\nep-gossip = ep_gossip:EntryGossip\n")
+    (site / "ep_gossip.py").write_text((EXAMPLES / "lazy_gossip.py").read_text().replace(
+        'name = "lazy-gossip"', 'name = "ep-gossip"').replace("class LazyGossip(", "class EntryGossip("))
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    run = subprocess.run([sys.executable, "-m", "p2pfl.run", *TINY_ARGS, "--algo", "ep-gossip", "--keep", "0.2",
+                          "--out", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert len(results(tmp_path / "run")["metrics"]) == 3
+
+
+@pytest.mark.parametrize("example, args", [
+    ("sweep_keep.py", ["--rounds", "2"]),
+])
+def test_the_examples_run(example, args, tmp_path):
+    run = subprocess.run([sys.executable, str(EXAMPLES / example), *args, "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, env=ENV, timeout=600, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (tmp_path / "out" / "compare.png").stat().st_size > 0 and "keep=0.5" in run.stdout
