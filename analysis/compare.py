@@ -22,7 +22,8 @@ from analysis.toolkit import Parser, guarded, output_file, read_run
 from p2pfl.errors import UserError
 
 # Settings that do not change a run's numbers: never a reason to split groups.
-NOT_RESULTS = {"seed", "progress", "device", "comm_timeout", "checkpoint_every", "save_edges", "batched", "resume"}
+NOT_RESULTS = {"seed", "progress", "device", "comm_timeout", "checkpoint_every", "save_edges", "batched", "resume",
+               "tensorboard"}
 MIB = 2 ** 20
 
 

@@ -112,6 +112,8 @@ class RunConfig:
                             choices=AGGREGATES, noun="aggregate")
     eval_every: int = option(1, "evaluate every N rounds (the last round always)", at_least(1))
     save_edges: bool = option(False, "write each round's edge list to edges.jsonl")
+    tensorboard: bool = option(False, "also write TensorBoard event files of the metrics (run folder/tensorboard; "
+                               "needs the tensorboard extra)")
     batched: bool = option(True, "train a rank's peers as one vmap batch (--no-batch: one by one)", switch="batch")
     comm_timeout: float = option(600.0, "seconds to wait for a peer's message", positive)
     drop_peers: float = option(0.0, "simulated faults: probability that a peer is offline for a round (neither "

@@ -26,6 +26,7 @@ from p2pfl.models import MODELS, model_spec
 from p2pfl.options import add_flags, build, check, coerce
 from p2pfl.paths import checked_path
 from p2pfl.plugins import is_reference
+from p2pfl.tracking import check_available
 from p2pfl.config import FIELDS, TRAINING_FALLBACK, RunConfig, machine_memory
 
 __all__ = ["RunConfig", "TRAINING_FALLBACK", "machine_memory", "make_config", "parse_config", "resolve",
@@ -114,7 +115,8 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     return make_config(values)
 
 
-RESULT_NEUTRAL = ("resume", "out", "overwrite", "comm_timeout", "progress", "checkpoint_every")  # change no number
+# settings that change no number
+RESULT_NEUTRAL = ("resume", "out", "overwrite", "comm_timeout", "progress", "checkpoint_every", "tensorboard")
 
 
 def _stored_config(run_dir: str) -> dict[str, Any]:
@@ -154,7 +156,8 @@ def _resume_values(run_dir: str, stored: dict[str, Any], given: dict[str, Any]) 
                             f"run keeps no checkpoint); to train longer, start a new run with --config {config} "
                             "--rounds N")
         raise UserError(f"--resume {run_dir}: the run has no checkpoint to continue from")
-    values = {**stored, **{k: given[k] for k in ("comm_timeout", "progress", "checkpoint_every") if k in given}}
+    values = {**stored, **{k: given[k] for k in ("comm_timeout", "progress", "checkpoint_every", "tensorboard")
+                           if k in given}}
     values.update(out=run_dir, resume=run_dir)
     return values
 
@@ -214,6 +217,8 @@ def validate(cfg: RunConfig) -> None:
     if cfg.rounds < 1:
         raise UserError(f"--rounds must be at least 1, got {cfg.rounds}")
     lookup(cfg.algo).check(cfg)
+    if cfg.tensorboard:
+        check_available()
     if cfg.partition_file is not None:
         if not Path(cfg.partition_file).is_file():
             raise UserError(f"--partition-file {cfg.partition_file}: no such file")

@@ -43,6 +43,7 @@ from p2pfl.ntk.precompile import loop_is_cached
 from p2pfl.report import plot_metric, plot_partition
 from p2pfl.tasks import TASKS
 from p2pfl.threads import ranks_on_this_machine
+from p2pfl.tracking import TensorBoardLog
 
 started = False  # a round loop has begun in this process (StopRequest handles signals from then on)
 
@@ -60,6 +61,8 @@ def simulate(algo: str | type[Algorithm] = "dfedavg", *, out: str | Path | None 
     values["algo"] = algorithm_name(algo)
     if out is not None:
         values["out"] = str(out)
+    elif values.get("tensorboard") and not values.get("resume"):
+        raise UserError("tensorboard=True writes into the run folder: give out=")
     rank, size, local_rank = mpi_world()
     cfg = resolve(make_config(values), size)
     return execute(cfg, rank, size, local_rank, write=out is not None)
@@ -120,7 +123,7 @@ def make_run_dir(cfg: RunConfig) -> Path:
 # What a run writes into its folder besides its plots (*.png): an overwritten run's are removed first, so
 # that one folder never holds two runs (an NTK-DFL run's final.json beside a DFedAvg run's metrics).
 RUN_FILES = ("config.toml", "metrics.jsonl", "partition.json", "model.pt", "final.json", "edges.jsonl",
-             "tct_linear.pt", "checkpoint")
+             "tct_linear.pt", "checkpoint", "tensorboard")
 
 
 def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
@@ -286,6 +289,7 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool) -> 
     log.restore(rows if rank == 0 else [])  # metrics.jsonl holds exactly the rounds done (none for a new run)
     if rank == 0 and cfg.resume and cfg.save_edges:  # a resume always has its folder
         (run_dir / "edges.jsonl").write_text("".join(_edges_line(ctx, k) for k in range(first)))
+    board = TensorBoardLog(run_dir) if rank == 0 and cfg.tensorboard and write else None
     stop = StopRequest(rank)
     bar = tqdm(range(first, cfg.rounds), desc=f"{cfg.algo} {cfg.peers} peers", disable=rank != 0 or not cfg.progress,
                unit="round", file=sys.stderr, initial=first, total=cfg.rounds)
@@ -301,6 +305,8 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool) -> 
                     fh.write(_edges_line(ctx, k))
             last = k == cfg.rounds - 1
             row = log.record(k, losses, time.perf_counter() - start, last or (k + 1) % cfg.eval_every == 0)
+            if board is not None and row:
+                board.add(row)
             head = ctx.stack.task.headline
             if row and f"test_{head}" in row:
                 bar.set_postfix({head: ctx.stack.task.format(row[f"test_{head}"]),
@@ -329,6 +335,8 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool) -> 
     finally:
         stop.uninstall()
         bar.close()
+        if board is not None:
+            board.close()
         if rank == 0 and log.rows and write:
             graph = "star" if cfg.topology == "star" else f"{cfg.topology} kappa={cfg.kappa:g}"
             try:

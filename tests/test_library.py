@@ -176,3 +176,28 @@ def test_the_examples_run(example, args, tmp_path):
                          capture_output=True, text=True, env=ENV, timeout=600, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     assert (tmp_path / "out" / "compare.png").stat().st_size > 0 and "keep=0.5" in run.stdout
+
+
+def test_tensorboard_holds_the_metrics_rows(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    code, err = run_in_process([*TINY_ARGS, "--algo", "dfedavg", "--tensorboard", "--out", str(tmp_path / "run")])
+    assert code == 0, err
+    rows = results(tmp_path / "run")["metrics"]
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"test_acc", "client_acc_mean", "train_loss", "bytes_by_phase/average"} <= tags
+    assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("test_acc")] == \
+        [(r["round"], r["test_acc"]) for r in rows]
+    with pytest.raises(p2pfl.ConfigError, match="give out="):
+        p2pfl.simulate(tensorboard=True, **TINY)
+
+
+def test_tensorboard_without_its_package_is_one_line(tmp_path, monkeypatch):
+    from p2pfl import tracking
+
+    monkeypatch.setattr(tracking.importlib.util, "find_spec", lambda name: None)
+    code, err = run_in_process([*TINY_ARGS, "--tensorboard", "--out", str(tmp_path / "run")])
+    assert code == 2 and "--tensorboard needs the tensorboard package" in err and not (tmp_path / "run").exists()
