@@ -201,3 +201,24 @@ def test_tensorboard_without_its_package_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(tracking.importlib.util, "find_spec", lambda name: None)
     code, err = run_in_process([*TINY_ARGS, "--tensorboard", "--out", str(tmp_path / "run")])
     assert code == 2 and "--tensorboard needs the tensorboard package" in err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").exists() and "P2PFL_DATA" not in os.environ,
+                    reason="Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed")
+def test_the_readme_python_quickstart_runs_in_a_fresh_interpreter(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    code = readme.split("## Python quickstart", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [line.split() for line in run.stdout.splitlines()]
+    assert [int(line[0]) for line in lines] == [1, 2, 3] and all(0 < float(line[1]) <= 1 for line in lines)
+    assert list(tmp_path.iterdir()) == []  # out=None: nothing written
+
+
+def test_the_readme_algorithm_list_is_generated():
+    from p2pfl.docs import LIST_BEGIN, LIST_END, algorithm_list
+
+    readme = (ROOT / "README.md").read_text()
+    assert readme.split(LIST_BEGIN, 1)[1].split(LIST_END, 1)[0].strip() == algorithm_list().strip()
+    assert len(readme.splitlines()) <= 250

@@ -208,13 +208,14 @@ def test_regression_run_writes_loss_metrics_and_plot(tmp_path):
     assert "model linear-rep: 505 parameters" in (tmp_path / "r" / "config.toml").read_text()
 
 
-def test_readme_algorithm_tables_are_generated_from_the_declarations():
+def test_the_settings_tables_are_generated_from_the_declarations():
     from pathlib import Path
 
-    from p2pfl.docs import BEGIN, END, tables
+    from p2pfl.docs import BEGIN, END, RUN_BEGIN, RUN_END, run_table, tables
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert readme.split(BEGIN, 1)[1].split(END, 1)[0].strip() == tables().strip()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    assert page.split(BEGIN, 1)[1].split(END, 1)[0].strip() == tables().strip()
+    assert page.split(RUN_BEGIN, 1)[1].split(RUN_END, 1)[0].strip() == run_table().strip()
 
 
 def test_dense_jacobian_of_a_batch_norm_net_matches_autograd():
