@@ -162,8 +162,18 @@ def _resume_values(run_dir: str, stored: dict[str, Any], given: dict[str, Any]) 
     return values
 
 
-def make_config(values: dict[str, Any]) -> RunConfig:
-    """A checked RunConfig from raw values (TOML or parsed flags); the algorithm's settings built in."""
+def config_from_values(values: dict[str, Any], writes: bool = True) -> RunConfig:
+    """make_config for a caller that is not the command line (p2pfl.simulate): a resume takes the run's
+    own config.toml, and what is given besides must agree with it."""
+    resume = values.get("resume")
+    if resume is not None:
+        values = _resume_values(str(resume), _stored_config(str(resume)), values)
+    return make_config(values, writes)
+
+
+def make_config(values: dict[str, Any], writes: bool = True) -> RunConfig:
+    """A checked RunConfig from raw values (TOML or parsed flags); the algorithm's settings built in.
+    writes=False: the run will write no folder (simulate's out=None), so none is checked."""
     algo = values.get("algo", "dfedavg")
     cls = lookup(algo)
     mine = set(setting_names(algo))
@@ -182,11 +192,11 @@ def make_config(values: dict[str, Any]) -> RunConfig:
         base["hidden"] = list(base["hidden"])
     settings = build(cls.Settings, {k: v for k, v in values.items() if k in mine}, cls.setting_defaults)
     cfg = RunConfig(**base, settings=settings, given=frozenset(values))
-    validate(cfg)
+    validate(cfg, writes)
     return cfg
 
 
-def validate(cfg: RunConfig) -> None:
+def validate(cfg: RunConfig, writes: bool = True) -> None:
     """Checks across settings that need no data and no MPI (each setting's own check is declared with it,
     p2pfl.config); resolve() does the rest once peers are known."""
     canonical = canonical_dataset(cfg.dataset)
@@ -230,7 +240,8 @@ def validate(cfg: RunConfig) -> None:
     check_data_dir(cfg, spec)
     if cfg.peers is not None:
         check_peers(cfg, cfg.peers)
-    check_out(cfg)
+    if writes:
+        check_out(cfg)
 
 
 def check_data_dir(cfg: RunConfig, spec) -> None:

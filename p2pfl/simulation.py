@@ -31,8 +31,8 @@ from p2pfl.algorithms.base import Algorithm, RunContext
 from p2pfl.algorithms.server import clients_per_round
 from p2pfl.comm import make_transport, mpi_world
 from p2pfl.config import CHECKPOINT_SECONDS, RunConfig
-from p2pfl.configure import (check_data_fit, check_model_memory, load_toml, make_config, resolve, resolved_dict,
-                             write_toml)
+from p2pfl.configure import (check_data_fit, check_model_memory, config_from_values, load_toml, resolve,
+                             resolved_dict, write_toml)
 from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file, summary
 from p2pfl.data.partition_file import through_origin
 from p2pfl.errors import Interrupted, OutOfGPUMemory, UserError
@@ -48,24 +48,26 @@ from p2pfl.tracking import TensorBoardLog
 started = False  # a round loop has begun in this process (StopRequest handles signals from then on)
 
 
-def simulate(algo: str | type[Algorithm] = "dfedavg", *, out: str | Path | None = None, config: str | Path | None = None,
+def simulate(algo: str | type[Algorithm] | None = None, *, out: str | Path | None = None, config: str | Path | None = None,
              **settings: Any) -> Result:
     """Run a simulation and return its Result; the settings are the CLI's flags as keywords (underscores
     for hyphens: samples_per_peer=100), checked as the CLI checks them: a bad one raises ConfigError
     with the CLI's one-line message. algo: a name, or an Algorithm subclass. out: the run folder (None:
     write nothing). config: a TOML file the keywords override. Under mpirun every rank calls it and
     gets the same Result. It never exits the interpreter: a diverged, interrupted or failed run
-    raises."""
+    raises. resume=folder continues a run from its checkpoint, with its own settings."""
     values = load_toml(str(config)) if config is not None else {}
     values.update({key.replace("-", "_"): value for key, value in settings.items()})
-    values["algo"] = algorithm_name(algo)
+    if algo is not None:
+        values["algo"] = algorithm_name(algo)
     if out is not None:
         values["out"] = str(out)
     elif values.get("tensorboard") and not values.get("resume"):
         raise UserError("tensorboard=True writes into the run folder: give out=")
     rank, size, local_rank = mpi_world()
-    cfg = resolve(make_config(values), size)
-    return execute(cfg, rank, size, local_rank, write=out is not None)
+    writes = out is not None or bool(values.get("resume"))
+    cfg = resolve(config_from_values(values, writes), size)
+    return execute(cfg, rank, size, local_rank, write=writes)
 
 
 def algorithm_name(algo: str | type[Algorithm]) -> str:

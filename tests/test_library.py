@@ -222,3 +222,23 @@ def test_the_readme_algorithm_list_is_generated():
     readme = (ROOT / "README.md").read_text()
     assert readme.split(LIST_BEGIN, 1)[1].split(LIST_END, 1)[0].strip() == algorithm_list().strip()
     assert len(readme.splitlines()) <= 250
+
+
+def test_simulate_stopped_and_resumed_equals_the_uninterrupted_run(tmp_path):
+    from unittest import mock
+
+    from p2pfl import simulation
+
+    class StopAtOnce(simulation.StopRequest):
+        def __init__(self, rank):
+            super().__init__(rank)
+            self.requested = True
+
+    settings = dict(TINY, rounds=4)
+    whole = p2pfl.simulate(algo="dfedavgm", **settings)
+    with mock.patch.object(simulation, "StopRequest", StopAtOnce), pytest.raises(p2pfl.Interrupted, match="round 1"):
+        p2pfl.simulate(algo="dfedavgm", out=tmp_path / "cut", **settings)
+    again = p2pfl.simulate(resume=tmp_path / "cut", progress=False)
+    assert [r["test_acc"] for r in again.rows] == [r["test_acc"] for r in whole.rows] and len(again.rows) == 4
+    with pytest.raises(p2pfl.ConfigError, match="--resume continues"):
+        p2pfl.simulate(resume=tmp_path / "cut", lr=0.5)
