@@ -14,45 +14,15 @@ from p2pfl.testing import results, run_in_process
 
 # A graph algorithm written outside the package: train, then keep part of the own model and take the
 # rest from the neighbourhood average (a lazy gossip step).
-LAZY_GOSSIP = '''
-from dataclasses import dataclass
-
-from p2pfl.algorithms.base import Algorithm, neighbour_average, train_taking_part
-from p2pfl.options import option
-
-
-def below_one(v):
-    return None if 0 <= v < 1 else f"must be in [0, 1), got {v}"
-
-
-@dataclass(frozen=True)
-class LazyGossipSettings:
-    keep: float = option(0.5, "share of its own model a peer keeps at averaging", below_one)
-
-
-class LazyGossip(Algorithm):
-    name = "lazy-gossip"
-    summary = "local SGD, then a lazy step towards the neighbourhood average"
-    Settings = LazyGossipSettings
-    training = {"lr": 0.05, "batch_size": 16, "local_epochs": 1}
-
-    def round(self, round_index):
-        ctx = self.ctx
-        losses = train_taking_part(ctx, round_index, ctx.flat, ctx.sgd())
-        mixed = neighbour_average(ctx, round_index, ctx.flat)
-        ctx.flat = self.settings.keep * ctx.flat + (1 - self.settings.keep) * mixed
-        return losses
-'''
+LAZY_GOSSIP = Path(__file__).resolve().parents[1] / "examples" / "lazy_gossip.py"
 
 TINY = ["--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--samples-per-peer", "40", "--rounds", "3",
         "--no-progress", "--seed", "2"]
 
 
 @pytest.fixture
-def lazy_gossip(tmp_path):
-    path = tmp_path / "lazy_gossip.py"
-    path.write_text(LAZY_GOSSIP)
-    spec = importlib.util.spec_from_file_location("lazy_gossip", path)
+def lazy_gossip():
+    spec = importlib.util.spec_from_file_location("lazy_gossip", LAZY_GOSSIP)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     try:
