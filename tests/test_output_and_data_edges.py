@@ -163,7 +163,7 @@ def test_a_partition_file_names_the_same_images_under_fedavg_ft(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--peers", "abc"], "invalid int value"),
+    (["--peers", "abc"], "--peers takes an integer, not 'abc'"),
     (["--frobnicate"], "unrecognized arguments"),
     (["--device", "cuda", "--dataset", "synthetic", "--peers", "6", "--kappa", "2"], "no CUDA device"),
     (["--dataset", "mnist", "--data-dir", "/nonexistent"], "is not a folder"),
