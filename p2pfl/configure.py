@@ -228,6 +228,8 @@ def validate(cfg: RunConfig, writes: bool = True) -> None:
         raise UserError(f"--rounds must be at least 1, got {cfg.rounds}")
     lookup(cfg.algo).check(cfg)
     if cfg.tensorboard:
+        if not writes:
+            raise UserError("tensorboard=True writes into the run folder: give out=")
         check_available()
     if cfg.partition_file is not None:
         if not Path(cfg.partition_file).is_file():

@@ -157,14 +157,23 @@ def declared(cls: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
 
 
+def written(value: Any) -> str:
+    """A value as a flag takes it: lists comma-separated, booleans lower case."""
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value))
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def shown_default(f: dataclasses.Field, overrides: dict[str, Any] | None = None) -> str:
     """A field's default as --help and the docs state it."""
-    default = (overrides or {}).get(f.name, default_of(f))
     if f.metadata.get("shown") and f.name not in (overrides or {}):
         return f.metadata["shown"]
-    if isinstance(default, (tuple, list)):
-        return ",".join(map(str, default))
-    return str(default).lower() if isinstance(default, bool) else str(default)
+    return written((overrides or {}).get(f.name, default_of(f)))
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    """A field's flag: --name, or a bool's own switch name (--batch sets batched)."""
+    return flag(f.metadata.get("switch") or f.name)
 
 
 def add_flags(group: argparse._ArgumentGroup, cls: type, overrides: dict[str, Any] | None = None,
@@ -175,7 +184,7 @@ def add_flags(group: argparse._ArgumentGroup, cls: type, overrides: dict[str, An
         more = f" {extra[f.name]}" if extra and f.name in extra else ""
         text = f"{f.metadata['help']}{more} (default {shown_default(f, overrides)})"
         if kind_of(f) == "bool":  # --x turns it on, --no-x off
-            group.add_argument(flag(f.metadata.get("switch") or f.name), dest=f.name,
+            group.add_argument(flag_of(f), dest=f.name,
                                action=argparse.BooleanOptionalAction, help=text)
         else:
             group.add_argument(flag(f.name), dest=f.name, help=text, metavar=f.name.upper().split("_")[-1],

@@ -62,12 +62,10 @@ def simulate(algo: str | type[Algorithm] | None = None, *, out: str | Path | Non
         values["algo"] = algorithm_name(algo)
     if out is not None:
         values["out"] = str(out)
-    elif values.get("tensorboard") and not values.get("resume"):
-        raise UserError("tensorboard=True writes into the run folder: give out=")
     rank, size, local_rank = mpi_world()
     writes = out is not None or bool(values.get("resume"))
     cfg = resolve(config_from_values(values, writes), size)
-    return execute(cfg, rank, size, local_rank, write=writes)
+    return execute(cfg, rank, size, local_rank, write=writes, everywhere=True)
 
 
 def algorithm_name(algo: str | type[Algorithm]) -> str:
@@ -250,16 +248,18 @@ class Result:
                 f"run_dir={str(self.run_dir) if self.run_dir else None})")
 
 
-def execute(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool = True) -> Result:
+def execute(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool = True,
+            everywhere: bool = False) -> Result:
     """A run on this rank (write=False: no run folder, no checkpoints); running out of GPU memory anywhere
-    in it is one line, not a CUDA traceback."""
+    in it is one line, not a CUDA traceback. everywhere: every rank gets rank 0's Result (a broadcast of
+    the rows and the model); else the other ranks' Result holds no rows (the CLI reads none)."""
     try:
-        return _run(cfg, rank, size, local_rank, write or bool(cfg.resume))
+        return _run(cfg, rank, size, local_rank, write or bool(cfg.resume), everywhere)
     except torch.OutOfMemoryError:
         raise out_of_gpu_memory(cfg, size, str(pick_device(cfg.device, local_rank))) from None
 
 
-def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool) -> Result:
+def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, everywhere: bool) -> Result:
     if size > 1:  # oversubscribed ranks share the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     ctx, algorithm = build(cfg, rank, size, local_rank)
@@ -349,7 +349,9 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool) -> 
                 print(f"p2pfl: the plot was not drawn ({exc.strerror or exc})", file=sys.stderr)
     if rank == 0:
         print(summary_line(log.rows, ctx.stack.task, run_dir), file=sys.stderr)
-    rows, final, state = ctx.transport.bcast((log.rows, final, state) if rank == 0 else None)
+    rows, final, state = (log.rows, final, state) if rank == 0 else ([], None, None)
+    if everywhere:
+        rows, final, state = ctx.transport.bcast((rows, final, state) if rank == 0 else None)
     return Result(rows, state, final, run_dir, cfg)
 
 
