@@ -22,7 +22,7 @@ CHECKPOINT_SECONDS = 30.0  # the default --checkpoint-every: after a round when 
 
 
 def _device(v) -> str | None:
-    return None if v in ("auto", "cpu", "cuda") or v.startswith("cuda:") else \
+    return None if v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit()) else \
         f"{v} is an unknown device; use auto, cpu, cuda or cuda:N"
 
 

@@ -79,24 +79,38 @@ def algorithm_name(algo: str | type[Algorithm]) -> str:
 
 
 def pick_device(choice: str, local_rank: int) -> torch.device:
+    """The rank's device, decided once: auto is a GPU where there is one, else the CPU; auto and cuda
+    spread the ranks of a machine over its GPUs by local rank; cuda:N is that GPU for every rank. A GPU
+    becomes the process's current device, so that no library opens a context on GPU 0 beside it."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if choice == "auto":
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        return torch.device(f"cuda:{local_rank % n}") if n else torch.device("cpu")
-    if choice.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {choice}: no CUDA device is available here")
-    return torch.device(choice)
+        choice = "cuda" if gpus else "cpu"
+    if choice == "cpu":
+        return torch.device("cpu")
+    if not gpus:
+        raise UserError(f"--device {choice}: no CUDA device is available here (torch {torch.__version__} sees "
+                        "none); use --device cpu or auto")
+    index = local_rank % gpus if choice == "cuda" else int(choice.split(":", 1)[1])
+    if index >= gpus:
+        raise UserError(f"--device {choice}: this machine has {gpus} GPU{'s' if gpus > 1 else ''} "
+                        f"(cuda:0{f' to cuda:{gpus - 1}' if gpus > 1 else ''})")
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    return device
 
 
-def _ranks_per_gpu() -> int:
-    """The local ranks that share each GPU, rounded up."""
-    return -(-(ranks_on_this_machine() or 1) // torch.cuda.device_count())
+def _ranks_per_gpu(choice: str) -> int:
+    """The local ranks that share each GPU: all of them on a GPU named by its index, else the ranks
+    spread over the GPUs by local rank (rounded up)."""
+    local = ranks_on_this_machine() or 1
+    return local if choice.startswith("cuda:") else -(-local // torch.cuda.device_count())
 
 
-def _gpu_share(device: torch.device, peers_here: int) -> tuple[str, int, int] | None:
+def _gpu_share(device: torch.device, choice: str, peers_here: int) -> tuple[str, int, int] | None:
     """(device, its bytes, the peers of the ranks that share it) for a GPU; None for the CPU."""
     if device.type != "cuda":
         return None
-    return str(device), torch.cuda.get_device_properties(device).total_memory, peers_here * _ranks_per_gpu()
+    return str(device), torch.cuda.get_device_properties(device).total_memory, peers_here * _ranks_per_gpu(choice)
 
 
 def make_run_dir(cfg: RunConfig) -> Path:
@@ -145,7 +159,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     peers = transport.placement.peers_of(transport.rank)
     with torch.device("meta"):  # counted before it is allocated
         n_params = count_parameters(build_model(cfg.model, data.input_shape, data.n_classes, cfg))
-    check_model_memory(cfg, n_params, len(peers) * (ranks_on_this_machine() or 1), _gpu_share(device, len(peers)))
+    check_model_memory(cfg, n_params, len(peers) * (ranks_on_this_machine() or 1), _gpu_share(device, cfg.device, len(peers)))
     if written is not None:
         shards = through_origin(written, data.train_origin, cfg.partition_file)
     else:
@@ -158,7 +172,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     data.to(device)
     stack = PeerStack(model.to(device), cfg.batched, TASKS[data.task])
     if device.type == "cuda":  # the ranks that share a GPU share its free memory for their batches
-        stack.memory_share /= _ranks_per_gpu()
+        stack.memory_share /= _ranks_per_gpu(cfg.device)
     ctx = RunContext(cfg=cfg, transport=transport, data=data, shards=[torch.from_numpy(s) for s in shards],
                      schedule=TopologySchedule(cfg.topology, cfg.peers + cls.centralized, cfg.kappa, cfg.seed,
                                                cfg.static),

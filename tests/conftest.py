@@ -57,6 +57,21 @@ def write_stripes(root: Path, classes: int, n_train: int, n_test: int) -> Path:
 from p2pfl.testing import mpirun  # noqa: E402,F401 - the one lookup of Open MPI's launcher
 
 
+@pytest.fixture(autouse=True)
+def cpu_unless_marked_cuda(request, monkeypatch):
+    """Tests run on the CPU, on a GPU machine too: the bit-exact checks (1 process = 3 ranks, resume =
+    uninterrupted) are CPU facts, and `--device auto` would pick the GPU. In this process torch sees no
+    GPU; runs it starts (subprocesses, mpirun's ranks) see none either. Tests marked cuda see the GPU and
+    compare it with the CPU."""
+    if request.node.get_closest_marker("cuda") is not None:
+        return
+    import torch
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+
 def run_cli(*args: str, ranks: int = 0, timeout: float = 600) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "p2pfl.run", *args]
     if ranks:

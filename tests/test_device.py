@@ -65,3 +65,50 @@ def test_initial_weights_are_drawn_on_a_copy_and_leave_the_model_alone():
     assert all(torch.equal(x, y) for x, y in zip(model.parameters(), before))
     assert torch.equal(a, initial_parameters(model, [0, 1], seed=5, init="different", device=torch.device("cpu")))
     assert not torch.equal(a[0], a[1])
+
+
+def test_tests_see_no_gpu_unless_marked_cuda():
+    """The suite is the CPU suite on a GPU machine too (tests/conftest.py): auto picks the CPU here."""
+    import os
+
+    from p2pfl.simulation import pick_device
+
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and not torch.cuda.is_available()
+    assert pick_device("auto", 0) == torch.device("cpu")
+
+
+@pytest.mark.parametrize("choice,gpus,needle", [
+    ("cuda:7", 2, "this machine has 2 GPUs (cuda:0 to cuda:1)"),
+    ("cuda:1", 1, "this machine has 1 GPU (cuda:0)"),
+    ("cuda", 0, "no CUDA device is available here"),
+    ("cuda:0", 0, "no CUDA device is available here"),
+])
+def test_a_gpu_that_is_not_there_is_one_line_naming_what_is(monkeypatch, choice, gpus, needle):
+    from p2pfl.errors import UserError
+    from p2pfl.simulation import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(UserError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        pick_device(choice, 0)
+
+
+def test_ranks_spread_over_the_gpus_by_local_rank_and_each_becomes_current(monkeypatch):
+    """--device cuda (and auto) under mpirun: local rank r on GPU r mod n, made the current device (no
+    context on GPU 0 beside it); cuda:N puts every rank on N, so all the local ranks share it."""
+    from p2pfl import simulation
+
+    current = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "8")
+    assert [simulation.pick_device("cuda", r).index for r in range(6)] == [0, 1, 2, 3, 0, 1]
+    assert simulation.pick_device("auto", 3) == torch.device("cuda", 3) and current[-1] == torch.device("cuda", 3)
+    assert simulation.pick_device("cuda:2", 5) == torch.device("cuda", 2)
+    assert simulation._ranks_per_gpu("cuda") == 2 and simulation._ranks_per_gpu("cuda:2") == 8
+
+
+def test_an_unknown_device_name_is_refused_before_any_work():
+    result = run_here(*ARGS, "--device", "cuda:x")
+    assert result.returncode == 2 and "cuda:x is an unknown device" in result.stderr
