@@ -59,8 +59,8 @@ def batched_evolutions(args, device: str) -> None:
     """The evolutions of every neighbourhood of round 1 as one batch on the device (what a GPU run does),
     timed; and one of them against the tight ODE solution and against the CPU's split method."""
     cfg = resolve(make_config({"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1,
-                               "progress": False}), 1)
-    ctx, _ = build(cfg, 0, 1, 0)
+                               "progress": False, "device": "cpu"}), 1)
+    ctx, _ = build(cfg, 0, 1, 0)  # on the CPU: the kernels are made there and moved to device
     graph, shape = ctx.schedule.graph(0), MLPShape.of(ctx.stack.model, ctx.stack.layout)
     count = args.peers if device != "cpu" else 2  # on the CPU this path is slow by design: two for the check
     kernels, f0s, targets = [], [], []
@@ -110,7 +110,7 @@ def one_step(ctx, path: str, peer: int = 0):
 
 def factored_vs_dense(args) -> None:
     cfg = resolve(make_config({"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1,
-                               "progress": False}), 1)
+                               "progress": False, "device": "cpu"}), 1)
     ctx, _ = build(cfg, 0, 1, 0)
     fac_s, fac, n = one_step(ctx, "factored")
     fac_s = min(fac_s, one_step(ctx, "factored")[0])
@@ -141,7 +141,7 @@ def kernel_and_selection(args) -> None:
     Fashion-MNIST: it keeps the codes across neighbourhoods and rounds); its 8 candidates' losses by vmap
     of functional_call, by the batched MLP products and with the codes; their weights likewise."""
     cfg = resolve(make_config({"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1,
-                               "progress": False}), 1)
+                               "progress": False, "device": "cpu"}), 1)
     ctx, _ = build(cfg, 0, 1, 0)
     hood = sorted(list(ctx.schedule.graph(0).neighbors(0)) + [0])
     w, shape = ctx.flat[0], MLPShape.of(ctx.stack.model, ctx.stack.layout)
@@ -192,7 +192,7 @@ def kernel_and_selection(args) -> None:
 
 def ode_methods(args) -> None:
     cfg = resolve(make_config({"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1,
-                               "progress": False}), 1)
+                               "progress": False, "device": "cpu"}), 1)
     ctx, _ = build(cfg, 0, 1, 0)
     graph = ctx.schedule.graph(0)
     hood = sorted(list(graph.neighbors(0)) + [0])

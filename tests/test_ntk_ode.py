@@ -162,3 +162,27 @@ def test_ntk_dfl_rounds_with_the_batched_evolution_are_the_cpu_loops(monkeypatch
     assert (chunk_loop, chunk_batch) == (ntk_dfl.EVOLVE_CHUNK, 8)  # all 8 peers in one batch
     assert taus_batch == taus_loop
     assert torch.allclose(batch, loop, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("small", [1, 10, 16, 17])
+def test_a_small_neighbourhood_beside_a_large_one_evolves_as_on_the_cpu(small):
+    """A peer that heard nobody, or a tiny batch of samples, beside a full neighbourhood: its padded kernel
+    has no top-16 subspace (Cholesky of a singular Gram raised LinAlgError); it takes its whole basis and
+    evolves as the CPU's split method does, and the large one as it does alone."""
+    gen = torch.Generator().manual_seed(small)
+    problems = []
+    for n in (300, small):
+        A = torch.rand(n, 784, generator=gen)
+        problems.append((A @ A.T / 784 * 50, torch.randn(n, 10, generator=gen),
+                         F.one_hot(torch.randint(0, 10, (n,), generator=gen), 10).float()))
+    eta, taus = 0.01, [100, 200]
+    together = evolve_ce_batched(*map(list, zip(*problems)), eta, taus)
+    for (H, f0, Y), evo in zip(problems, together):
+        assert torch.isfinite(evo.residual_sums).all()
+        ref = tight_ce_sums(H, f0, Y, eta, taus)
+        off = (evo.residual_sums.double() - ref).norm(dim=(1, 2)) / ref.norm(dim=(1, 2))
+        assert float(off.max()) < 1e-4, off
+    cpu = evolve_ce(*problems[1], eta, taus)
+    assert torch.allclose(together[1].residual_sums, cpu.residual_sums, rtol=1e-4, atol=1e-3)
+    alone = evolve_ce_batched([problems[0][0]], [problems[0][1]], [problems[0][2]], eta, taus)[0]
+    assert torch.allclose(together[0].residual_sums, alone.residual_sums, atol=1e-5)

@@ -43,7 +43,7 @@ def evolve_ce_batched(kernels: list[torch.Tensor], f0s: list[torch.Tensor], targ
     rates = [float(eta) / n for n in sizes]
     H = _padded([H.float() for H in kernels], square=True)
     H.mul_(torch.tensor([-r for r in rates], device=H.device)[:, None, None])  # -(eta/N) H: the slope's kernel
-    V = top_subspace(H)
+    V = top_subspace(H, sizes)
     M = V.transpose(1, 2) @ H @ V
     ritz = torch.linalg.eigvalsh(-(M + M.transpose(1, 2)) / 2).cpu()  # of (eta/N) H, ascending
     plans = []
@@ -64,27 +64,42 @@ def evolve_ce_batched(kernels: list[torch.Tensor], f0s: list[torch.Tensor], targ
     return results
 
 
-def top_subspace(H: torch.Tensor, rank: int = SPLIT_RANK, iterations: int = SUBSPACE_ITERATIONS) -> torch.Tensor:
+def top_subspace(H: torch.Tensor, sizes: list[int] | None = None, rank: int = SPLIT_RANK,
+                 iterations: int = SUBSPACE_ITERATIONS) -> torch.Tensor:
     """An orthonormal basis (B, N, rank) close to each symmetric H's top (largest magnitude) eigenvectors:
     subspace iteration by batched products, orthonormalized by Cholesky QR twice (thin batched products;
     a batched Householder QR is slow on a GPU). The start vectors are numpy's, of a fixed seed, row by
-    row: a kernel's first n rows are the same whatever N the batch is padded to."""
+    row: a kernel's first n rows are the same whatever N the batch is padded to. A kernel of at most
+    `rank` samples (sizes: each kernel's own, before padding) has no rank-`rank` subspace: it takes its
+    whole coordinate basis, whose Ritz values are its eigenvalues (and zeros)."""
     B, N, _ = H.shape
     rank = min(rank, N)
     start = np.random.default_rng(0).standard_normal((N, rank)).astype(np.float32)
     Q = torch.from_numpy(start).to(H.device).expand(B, N, rank)
     for _ in range(iterations):
         Q = _orthonormal(_orthonormal(torch.bmm(H, Q)))
+    small = [i for i, n in enumerate(sizes or []) if n <= rank]
+    if small:  # chosen from the sizes the caller knows: no wait for the device
+        whole = torch.eye(N, rank, device=H.device).expand(B, N, rank)
+        coords = torch.arange(N, device=H.device)[:, None]
+        n = torch.tensor(sizes, device=H.device)[:, None, None]
+        own = torch.where(coords < n, whole, torch.zeros((), device=H.device))  # a padded coordinate is no axis
+        pick = torch.zeros(B, 1, 1, dtype=torch.bool, device=H.device)
+        pick[small] = True
+        Q = torch.where(pick, own, Q)
     return Q
 
 
 def _orthonormal(Q: torch.Tensor) -> torch.Tensor:
-    """Q R^-1 with R^T R = Q^T Q (in float64, with a tiny shift against rank deficiency)."""
-    G = (Q.transpose(1, 2) @ Q).double()
-    G = G + 1e-12 * G.diagonal(dim1=1, dim2=2).amax(-1)[:, None, None] * torch.eye(G.shape[-1], device=G.device,
-                                                                                      dtype=G.dtype)
-    R = torch.linalg.cholesky(G, upper=True)
-    return torch.linalg.solve_triangular(R, Q.double(), upper=True, left=False).float()
+    """Q R^-1 with R^T R = Q^T Q. The Gram is formed in float64 (in float32 its rounding makes it
+    indefinite where Q is near rank-deficient) and shifted by 1e-12 of its largest diagonal entry, so
+    that the factorization exists for any Q; cholesky_ex, which never waits for the device to report."""
+    Q64 = Q.double()
+    G = Q64.transpose(1, 2) @ Q64
+    shift = 1e-12 * G.diagonal(dim1=1, dim2=2).amax(-1).clamp(min=torch.finfo(torch.float64).tiny)
+    G.diagonal(dim1=1, dim2=2).add_(shift[:, None])
+    R = torch.linalg.cholesky_ex(G, upper=True).L
+    return torch.linalg.solve_triangular(R, Q64, upper=True, left=False).float()
 
 
 class _Slope:
