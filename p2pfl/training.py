@@ -376,13 +376,28 @@ def _mlp_shared_outputs(shape, flat: torch.Tensor, x: torch.Tensor, pixels=None)
     return z.transpose(1, 2)
 
 
+EVAL_SAMPLES = 5000  # test samples per forward pass at most
+EVAL_PEERS_CPU = 25  # peers per forward pass on the CPU at most (on a GPU: as many as the budget holds)
+
+
+def evaluation_chunks(stack: PeerStack, peers: int, samples: int, sample_shape: tuple[int, ...]) -> tuple[int, int]:
+    """(peers, samples) per forward pass of evaluate: sized, as training's batches are, from the per-sample
+    activation estimate and the rank's batch budget, so that evaluation fits wherever training does
+    (resnet18 at 32x32 holds about 22 MB a sample: 25 peers x 5,000 samples would be terabytes)."""
+    per_sample = stack.activation_bytes(sample_shape)
+    budget = stack.batch_budget()
+    sample_chunk = max(1, min(samples, EVAL_SAMPLES, budget // per_sample))
+    cap = EVAL_PEERS_CPU if stack.device.type == "cpu" else peers
+    return max(1, min(peers, cap, budget // (per_sample * sample_chunk))), sample_chunk
+
+
 @torch.no_grad()
-def evaluate(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-             peer_chunk: int = 25, sample_chunk: int = 5000) -> dict[str, torch.Tensor]:
+def evaluate(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
     """The task's metrics (accuracy and loss for classification) of each row of flat (L, D) on (x, y),
     averaged over the samples: {metric: (L,)}."""
     task = stack.task
     sums = {m: torch.zeros(len(flat), device=flat.device) for m in task.metrics}
+    peer_chunk, sample_chunk = evaluation_chunks(stack, len(flat), len(x), tuple(x.shape[1:]))
     for p in range(0, len(flat), peer_chunk):
         rows = flat[p:p + peer_chunk]
         for s in range(0, len(x), sample_chunk):

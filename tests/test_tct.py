@@ -184,3 +184,17 @@ def test_tct_lr_takes_a_positive_number_or_auto(value, ok):
     else:
         with pytest.raises(Exception, match="--tct-lr"):
             parse_config(["--algo", "tct", "--tct-lr", value])
+
+
+def test_feature_moments_are_summed_a_block_at_a_time():
+    """convexify's feature sums without an n x p float64 copy of the features: blocks of rows give the
+    sums the whole would (float64 sums of float16 features)."""
+    from p2pfl.algorithms.star.tct import Moments
+
+    raw = torch.randn(37, 50, generator=torch.Generator().manual_seed(0)).half()
+    whole = raw.double()
+    for block_bytes in (1, 8 * 50 * 4, 2**28):
+        m = Moments.of(raw, block_bytes)
+        assert torch.allclose(m.total, whole.sum(0), rtol=0, atol=1e-12)
+        assert torch.allclose(m.squares, (whole * whole).sum(0), rtol=0, atol=1e-12)
+        assert m.count.item() == 37.0

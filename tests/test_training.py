@@ -41,7 +41,7 @@ def test_one_peer_matches_torch_sgd():
 
 def test_evaluate_matches_direct_forward():
     model, flat, _, x, y = setup()
-    scores = evaluate(PeerStack(model), flat, x, y, peer_chunk=3, sample_chunk=50)
+    scores = evaluate(PeerStack(model), flat, x, y)
     acc, loss = scores["acc"], scores["loss"]
     for i in range(len(flat)):
         torch.nn.utils.vector_to_parameters(flat[i].clone(), model.parameters())
@@ -131,3 +131,30 @@ def test_peer_block_by_device():
     assert peer_block(PeerStack(model), 300, 25, (12,)) == PEER_BLOCK  # a CPU cache's worth of MLPs
     assert peer_block(PeerStack(model, batched=False), 300, 25, (12,)) == 1
     assert PeerStack(model).activation_bytes((12,)) > 3 * 4 * (8 + 3)  # the hidden and output units, at least
+
+
+def test_evaluation_chunks_fit_the_budget_training_uses_and_give_the_same_scores(monkeypatch):
+    """Evaluation is sized from the per-sample activation estimate and the rank's batch budget, as
+    training is: a model that holds a lot per sample (resnet18 at 32x32 on a GPU) is evaluated in small
+    chunks instead of 25 peers x 5,000 samples per pass, and the scores do not depend on the chunks."""
+    from p2pfl.training import EVAL_PEERS_CPU, EVAL_SAMPLES, evaluation_chunks
+
+    model, flat, shards, x, y = setup(peers=6)
+    stack = PeerStack(model)
+    per_sample = stack.activation_bytes((12,))
+    assert evaluation_chunks(stack, 300, 10_000, (12,)) == (EVAL_PEERS_CPU, EVAL_SAMPLES)  # the CPU's as before
+    whole = evaluate(stack, flat, x, y)
+    for budget in (per_sample * 7, per_sample * 50, per_sample * 400):
+        monkeypatch.setattr(PeerStack, "batch_budget", lambda self, b=budget: b)
+        peers, samples = evaluation_chunks(stack, 6, len(x), (12,))
+        assert peers * samples * per_sample <= budget and samples >= 1 and peers >= 1
+        chunked = evaluate(stack, flat, x, y)
+        assert torch.equal(chunked["acc"], whole["acc"]) and torch.allclose(chunked["loss"], whole["loss"], atol=1e-6)
+    monkeypatch.setattr(PeerStack, "batch_budget", lambda self: 40 * 2**30)  # a GPU's share: all peers at once
+    monkeypatch.setattr(stack, "device", torch.device("cuda"), raising=False)
+    assert evaluation_chunks(stack, 300, 10_000, (12,))[0] == 300
+    stack.device = torch.device("cpu")
+    big = 22_315_129  # resnet18 at 32x32, measured by activation_bytes
+    monkeypatch.setattr(PeerStack, "activation_bytes", lambda self, shape: big)
+    peers, samples = evaluation_chunks(stack, 25, 10_000, (3, 32, 32))
+    assert peers * samples * big <= 40 * 2**30 and samples < EVAL_SAMPLES
