@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from p2pfl.models.stack import PeerStack
-from p2pfl.seeding import torch_generator
+from p2pfl.seeding import keyed_orders, row_keys
 from p2pfl.tasks import Task
 
 
@@ -101,11 +101,16 @@ def gradients(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Te
             return _mlp_gradients(stack, flat, x, y, mask)
     if not stack.couples_samples:
         return _gradients(stack, flat, x, y, mask, noise, contrast)
+    sizes = (mask.sum(1) if sizes is None else sizes).long().cpu()
+    lengths = set(sizes.tolist())
+    if len(lengths) == 1 and 0 not in lengths:  # every row a batch of one length: no groups to gather
+        b = lengths.pop()
+        part_noise = {k: v[:, : v.shape[1] // x.shape[1] * b] for k, v in (noise or {}).items()}
+        return _gradients(stack, flat, x[:, :b], y[:, :b], mask[:, :b], part_noise, contrast)
     grad = torch.zeros(len(flat), stack.layout.trainable, device=flat.device, dtype=flat.dtype)
     losses = torch.zeros(len(flat), device=flat.device, dtype=flat.dtype)
-    sizes = (mask.sum(1) if sizes is None else sizes).long().cpu()
     for b in sorted(set(sizes.tolist()) - {0}):
-        rows = (sizes == b).nonzero()[:, 0].to(flat.device)
+        rows = to_device((sizes == b).nonzero()[:, 0], flat.device)
         sub = flat[rows]
         part_noise = {k: v[rows, : v.shape[1] // x.shape[1] * b] for k, v in (noise or {}).items()}
         grad[rows], losses[rows] = _gradients(stack, sub, x[rows, :b], y[rows, :b], mask[rows, :b], part_noise,
@@ -178,22 +183,45 @@ def _gradients(stack, flat, x, y, mask, noise, contrast=None):
     return out, losses.detach()
 
 
-def epoch_batches(shards: list[torch.Tensor], batch: int, seed: int, round_index: int, peers: list[int],
-                  epoch: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """One epoch's minibatch plan: indices (steps, L, B) into the training set and a mask (steps, L, B),
-    drawn on the CPU from the keyed generators and moved to device (to_device) in one copy each."""
-    steps = max(math.ceil(len(s) / batch) for s in shards)
-    orders = [shard[torch.randperm(len(shard), generator=torch_generator(seed, "shuffle", round_index, peer, epoch))]
-              for shard, peer in zip(shards, peers)]
-    # step s takes order[s*batch:(s+1)*batch]; rows padded with index 0, masked out. One padding call, not two
-    # copies per peer (1.3-1.5x faster at 24 peers; at 300, where a GPU round waits for the plan, 1.2x unloaded)
-    index = torch.nn.utils.rnn.pad_sequence(orders, batch_first=True)
-    index = torch.nn.functional.pad(index, (0, steps * batch - index.shape[1]))
-    lengths = torch.tensor([len(o) for o in orders])
-    mask = (torch.arange(steps * batch)[None] < lengths[:, None]).float()
-    shape = (len(shards), steps, batch)
-    return (to_device(index.view(shape).transpose(0, 1).contiguous(), device),
-            to_device(mask.view(shape).transpose(0, 1).contiguous(), device))
+class MinibatchPlan:
+    """A block's minibatches for one call of local training (a round), drawn where the weights live.
+
+    Each peer's epoch order is a keyed permutation (p2pfl.seeding.keyed_orders) of its shard, keyed by
+    (seed, 'shuffle', round, peer) and the epoch: the same on every layout and device, and made on the
+    device in a few kernels for all the block's peers (per-peer generators on the CPU took 11.6 ms an
+    epoch at 300 peers, more than the GPU's steps). Which peers step at which step follows from the
+    shard sizes and step budgets alone, so that part is known on the CPU without asking the device."""
+
+    def __init__(self, shards: list[torch.Tensor], peers: list[int], batch: int, seed: int, round_index: int,
+                 budget: torch.Tensor, device: torch.device):
+        self.batch, self.budget, self.device = batch, budget, device
+        self.lengths = torch.tensor([len(s) for s in shards])
+        self.width = max(1, int(self.lengths.max()))
+        self.steps = math.ceil(self.width / batch)
+        padded = torch.nn.utils.rnn.pad_sequence([s.long() for s in shards], batch_first=True)
+        self.shards = to_device(torch.nn.functional.pad(padded, (0, self.width - padded.shape[1])), device)
+        self.keys = row_keys(seed, "shuffle", [(round_index, p) for p in peers], device)
+        self.on_device_lengths = to_device(self.lengths, device)
+        self.taken = torch.zeros_like(budget)
+
+    def unfinished(self) -> bool:
+        return bool((self.taken < self.budget).any())
+
+    def epoch(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(sizes, index, mask, active) of the epoch's steps: sizes (steps, L) each row's batch length at
+        each step (0 where it does not step; on the CPU), indices (steps, L, B) into the training set and
+        the mask (steps, L, B) and active (steps, L) on the device. A row steps while it has a batch in
+        this epoch and steps left in its budget."""
+        s = torch.arange(self.steps)[:, None]
+        sizes = (self.lengths[None] - s * self.batch).clamp(0, self.batch)
+        sizes = sizes * ((sizes > 0) & (self.taken[None] + s < self.budget[None]))
+        self.taken += (sizes > 0).sum(0)
+        order = keyed_orders(self.keys, self.on_device_lengths, self.width, epoch)
+        index = torch.nn.functional.pad(self.shards.gather(1, order), (0, self.steps * self.batch - self.width))
+        index = index.view(len(self.keys), self.steps, self.batch).transpose(0, 1)
+        stepping = to_device(sizes.to(torch.int32), self.device)
+        mask = (torch.arange(self.batch, device=self.device) < stepping[..., None]).float()
+        return sizes, index, mask, stepping > 0
 
 
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -205,21 +233,12 @@ def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def apply_step(flat: torch.Tensor, grad: torch.Tensor, active: torch.Tensor, opt: SGDSettings, lr: float,
+def apply_step(flat: torch.Tensor, grad: torch.Tensor, active: torch.Tensor | None, opt: SGDSettings, lr: float,
                velocity: torch.Tensor | None, terms: StepTerms | None = None) -> None:
-    """In-place SGD (torch semantics: buf = m*buf + g, dampening 0) on the rows where active is true,
-    on the trainable part of flat (the first grad.shape[1] columns; buffers are not stepped).
-    grad is consumed (modified in place). active on the CPU costs the device no wait."""
-    if not bool(active.all()):
-        rows = active.nonzero()[:, 0].to(flat.device)
-        sub_v = velocity[rows] if velocity is not None else None
-        sub_w = flat[rows]
-        apply_step(sub_w, grad[rows], torch.ones(len(rows), dtype=torch.bool), opt, lr, sub_v,
-                   terms.rows(rows) if terms else None)
-        flat[rows] = sub_w
-        if velocity is not None:
-            velocity[rows] = sub_v
-        return
+    """In-place SGD (torch semantics: buf = m*buf + g, dampening 0) on the trainable part of flat (the
+    first grad.shape[1] columns; buffers are not stepped). active: (L,) bool on flat's device, the rows
+    that step (the others keep their weights and momentum: a masked update, no gather and no wait for
+    the device), or None where every row does. grad is consumed (modified in place)."""
     weights = flat[:, : grad.shape[1]]
     if opt.clip:
         norm = grad.norm(dim=1, keepdim=True)
@@ -228,11 +247,22 @@ def apply_step(flat: torch.Tensor, grad: torch.Tensor, active: torch.Tensor, opt
         terms.add_to(grad, weights, opt)
     if opt.weight_decay:
         grad.add_(weights, alpha=opt.weight_decay)
+    mask = terms.mask if terms is not None else None
+    if active is None:
+        if velocity is not None:
+            grad = velocity.mul_(opt.momentum).add_(grad)
+        weights.add_(grad, alpha=-lr)
+        if mask is not None:
+            weights.mul_(mask)
+        return
+    keep = active[:, None]
     if velocity is not None:
-        grad = velocity.mul_(opt.momentum).add_(grad)
-    weights.add_(grad, alpha=-lr)
-    if terms is not None and terms.mask is not None:
-        weights.mul_(terms.mask)
+        grad = velocity.mul(opt.momentum).add_(grad)
+        velocity.copy_(torch.where(keep, grad, velocity))
+    stepped = weights.add(grad, alpha=-lr)
+    if mask is not None:
+        stepped.mul_(mask)
+    weights.copy_(torch.where(keep, stepped, weights))
 
 
 @contextmanager
@@ -292,28 +322,23 @@ def local_steps(n_samples: int, opt: SGDSettings) -> int:
 
 
 def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, round_index, terms) -> torch.Tensor:
-    """The block's steps. Which peers step when follows from the shard sizes alone, so the plan (which
-    rows are active at each step, the masks, the batch lengths) is made on the CPU, an epoch at a time,
-    and the steps never wait for the device to say it."""
+    """The block's steps, an epoch's plan at a time (MinibatchPlan); nothing in a step waits for the
+    device: which rows step is known on the CPU, and a row that does not step is masked on the device."""
     velocity = torch.zeros_like(flat[:, : stack.layout.trainable]) if opt.momentum else None
     last = torch.zeros(len(peers), device=flat.device)
     budget = torch.tensor([local_steps(len(s), opt) if len(s) else 0 for s in shards])
-    taken = torch.zeros_like(budget)
+    plan = MinibatchPlan(shards, peers, opt.batch_size, seed, round_index, budget, flat.device)
+    noise_keys = row_keys(seed, "dropout", [(round_index, p) for p in peers], flat.device) if stack.dropouts else None
     plain_mlp = _hand_written(stack) and terms is None and not (opt.momentum or opt.weight_decay or opt.clip
                                                                  or opt.prox_mu)
     epoch = 0
-    while bool((taken < budget).any()):
-        index, mask = epoch_batches(shards, opt.batch_size, seed, round_index, peers, epoch)
-        active = torch.zeros(mask.shape[:2], dtype=torch.bool)
+    while plan.unfinished():
+        sizes, index, mask, active = plan.epoch(epoch)
         for s in range(len(index)):
-            active[s] = (mask[s].sum(1) > 0) & (taken < budget)
-            taken += active[s].long()
-        sizes = (mask * active[..., None]).sum(2)
-        index, mask, on_device = (to_device(t, flat.device) for t in (index, mask * active[..., None], active))
-        for s in range(len(index)):
-            if not bool(active[s].any()):
+            stepping = int((sizes[s] > 0).sum())
+            if not stepping:
                 continue
-            noise = stack.dropout_noise(peers, opt.batch_size, seed, round_index, epoch, s) if stack.dropouts else None
+            noise = stack.dropout_noise(noise_keys, opt.batch_size, epoch, s) if noise_keys is not None else None
             x = torch.index_select(train_x, 0, index[s].reshape(-1), out=stack.scratch(
                 "batch", (index.shape[1] * index.shape[2], *train_x.shape[1:]), train_x))
             x = x.view(*index.shape[1:], *train_x.shape[1:])
@@ -322,22 +347,25 @@ def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, ro
             else:
                 grad, losses = gradients(stack, flat, x, train_y[index[s]], mask[s], noise,
                                          terms.contrast if terms else None, sizes[s])
-                apply_step(flat, grad, active[s], opt, lr, velocity, terms)
-            last = torch.where(on_device[s], losses, last)
+                apply_step(flat, grad, None if stepping == len(peers) else active[s], opt, lr, velocity, terms)
+            last = torch.where(active[s], losses, last)
         epoch += 1
     return last
 
 
 def sample_batch(shards: list[torch.Tensor], batch: int, seed: int, round_index: int,
                  peers: list[int], device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """One minibatch per peer drawn without replacement: indices (L, B) and mask (L, B), on device."""
-    index = torch.zeros(len(shards), batch, dtype=torch.long)
-    mask = torch.zeros(len(shards), batch)
-    for i, (shard, peer) in enumerate(zip(shards, peers)):
-        pick = torch.randperm(len(shard), generator=torch_generator(seed, "batch", round_index, peer))[:batch]
-        index[i, :len(pick)] = shard[pick]
-        mask[i, :len(pick)] = 1.0
-    return index.to(device), mask.to(device)
+    """One minibatch per peer drawn without replacement: indices (L, B) and mask (L, B), on device; each
+    peer's the first B of its keyed permutation (seed, 'batch', round, peer)."""
+    device = torch.device(device)
+    lengths = torch.tensor([len(s) for s in shards])
+    width = max(batch, int(lengths.max()) if len(shards) else 1)
+    padded = torch.nn.utils.rnn.pad_sequence([s.long() for s in shards], batch_first=True)
+    padded = to_device(torch.nn.functional.pad(padded, (0, width - padded.shape[1])), device)
+    order = keyed_orders(row_keys(seed, "batch", [(round_index, p) for p in peers], device), to_device(lengths, device),
+                         width)[:, :batch]
+    mask = (torch.arange(batch)[None] < lengths[:, None]).float()
+    return padded.gather(1, order) * to_device(mask.long(), device), to_device(mask, device)
 
 
 @torch.no_grad()

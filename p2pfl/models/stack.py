@@ -17,7 +17,7 @@ from torch.func import functional_call, vmap
 
 from p2pfl.models.layers import PeerDropout
 from p2pfl.models.mlp import MLP, MLPShape
-from p2pfl.seeding import torch_generator
+from p2pfl.seeding import keyed_uniform, torch_generator
 from p2pfl.tasks import TASKS, Task
 
 
@@ -156,16 +156,12 @@ class PeerStack:
             hook.remove()
         return outputs, seen[0]
 
-    def dropout_noise(self, peers: list[int], batch: int, seed: int, *key: int) -> dict[str, torch.Tensor]:
-        """Uniform draws (L, batch * features) for every dropout layer, from each peer's own generator
-        keyed by (seed, key, peer): the same mask whatever else shares the batch. Drawn on the CPU (its
-        generators are the keyed ones, the same on every layout) and moved to the model's device."""
-        out = {}
-        for j, (name, layer) in enumerate(self.dropouts.items()):
-            rows = [torch.rand(batch * layer.features, generator=torch_generator(seed, "dropout", *key, j, p))
-                    for p in peers]
-            out[f"{name}.noise"] = torch.stack(rows).to(self.device)
-        return out
+    def dropout_noise(self, keys: torch.Tensor, batch: int, *counters: int) -> dict[str, torch.Tensor]:
+        """Uniform draws (L, batch * features) for every dropout layer, on the device where keys are:
+        row i keyed by keys[i] (the peer's, p2pfl.seeding.row_keys), the counters (the step) and the
+        layer, so each peer's mask is its own whatever shares the batch, on every layout and device."""
+        return {f"{name}.noise": keyed_uniform(keys, batch * layer.features, *counters, j)
+                for j, (name, layer) in enumerate(self.dropouts.items())}
 
 
 def _mlp_shape(model: nn.Module, layout: ParamLayout):
