@@ -9,6 +9,7 @@ import json
 import math
 import os
 import resource
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,30 @@ def peak_gpu_mib(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
     return torch.cuda.max_memory_allocated(device) / 2**20
+
+
+def gpu_identity(device: torch.device) -> str | None:
+    """Which physical GPU device is (ranks that share one report the same), None off a GPU."""
+    if device.type != "cuda":
+        return None
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    return str(uuid) if uuid is not None else f"{socket.gethostname()}:{device}"
+
+
+def busiest_gpu_mib(marks: list[tuple[float | None, str | None]]) -> float | None:
+    """From each rank's (peak GPU MiB, GPU identity): the largest sum over the ranks that share one GPU,
+    which is what must fit on it (4 ranks sharing a GPU each peaking at 10 GiB need 40); None: no GPU."""
+    per_gpu: dict[str, float] = {}
+    for peak, gpu in marks:
+        if peak is not None:
+            per_gpu[gpu] = per_gpu.get(gpu, 0.0) + peak
+    return max(per_gpu.values()) if per_gpu else None
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work: a clock read before it on a GPU measures the launches only."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def peak_rss_kib() -> int:
@@ -153,7 +178,8 @@ class MetricsLog:
         sent, dense, lost = ctx.transport.counter.take()
         links = ctx.transport.counter.take_links()  # bytes per edge: a graph's diagnostic, not a star's
         rss, gpu = peak_rss_kib(), peak_gpu_mib(ctx.device)
-        gathered = ctx.transport.gather((sent, dense, rss, lost, links if decentralized else {}, gpu))
+        gathered = ctx.transport.gather((sent, dense, rss, lost, links if decentralized else {}, gpu,
+                                         gpu_identity(ctx.device)))
         train = ctx.transport.gather_rows(train_losses[:, None].double()) if train_losses is not None else None
         custom = self.algorithm.test_scores(self.test_x, self.test_y) if evaluate_now else None
         weights, clients = self.evaluate_all() if evaluate_now and custom is None else (None, None)
@@ -193,9 +219,9 @@ class MetricsLog:
         row.update(bytes_sent=int(sum(phases.values())), bytes_dense=int(dense_total),
                    bytes_by_phase=phases, wall_s=round(wall_s, 4),
                    peak_rss_mb=round(sum(g[2] for g in gathered) / 1024))
-        gpus = [g[5] for g in gathered if g[5] is not None]
-        if gpus:  # the largest rank's high-water mark: what must fit on one GPU
-            row["peak_gpu_mb"] = round(max(gpus))
+        gpu_peak = busiest_gpu_mib([(g[5], g[6]) for g in gathered])
+        if gpu_peak is not None:
+            row["peak_gpu_mb"] = round(gpu_peak)
         self.rows.append(row)
         if self.path is not None:
             append_line(self.path, json.dumps(row))

@@ -37,7 +37,7 @@ from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file
 from p2pfl.data.partition_file import through_origin
 from p2pfl.errors import Interrupted, OutOfGPUMemory, UserError
 from p2pfl.faults import Faults
-from p2pfl.metrics import MetricsLog, run_model
+from p2pfl.metrics import MetricsLog, run_model, synchronize
 from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
 from p2pfl.ntk.precompile import loop_is_cached
 from p2pfl.report import plot_metric, plot_partition
@@ -314,13 +314,16 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, eve
     try:
         for k in bar:
             ctx.transport.round_index = k
+            synchronize(ctx.device)
             start = time.perf_counter()
             losses = algorithm.round(k)
+            synchronize(ctx.device)  # the round's queued GPU work is part of its time
             if rank == 0 and cfg.save_edges and write:
                 with (run_dir / "edges.jsonl").open("a") as fh:
                     fh.write(_edges_line(ctx, k))
             last = k == cfg.rounds - 1
-            row = log.record(k, losses, time.perf_counter() - start, last or (k + 1) % cfg.eval_every == 0)
+            seconds = time.perf_counter() - start
+            row = log.record(k, losses, seconds, last or (k + 1) % cfg.eval_every == 0)
             if board is not None and row:
                 board.add(row)
             head = ctx.stack.task.headline

@@ -200,3 +200,29 @@ def test_the_gpu_preset_is_the_papers_run_on_cuda():
     assert gpu.pop("device") == "cuda" and gpu.pop("rounds") == 40
     cpu.pop("rounds")
     assert gpu == cpu
+
+
+def test_mixing_rows_together_is_adding_edge_by_edge_bit_for_bit():
+    """neighbour_average mixes every row's k-th neighbour at once (a few launches per neighbour on a GPU,
+    not one per edge): the same sums, in the same order, as adding w * x edge by edge from zero."""
+    import random
+
+    from p2pfl.algorithms.base import mix_rows
+
+    rng = random.Random(0)
+    for trial in range(20):
+        rows, width = rng.randint(1, 12), rng.randint(1, 300)
+        flat = torch.randn(rows, width, generator=torch.Generator().manual_seed(trial)) * 10 ** rng.uniform(-3, 3)
+        terms = []
+        for _ in range(rows):
+            k = rng.randint(1, 7)
+            w = [rng.random() for _ in range(k)]
+            w = [1.0 / k] * k if rng.random() < 0.5 else [v / sum(w) for v in w]
+            terms.append([(v, torch.randn(width) if rng.random() < 0.5 else flat[rng.randrange(rows)]) for v in w])
+        edge_by_edge = torch.empty_like(flat)
+        for i, row in enumerate(terms):
+            acc = torch.zeros_like(flat[0])
+            for v, x in row:
+                acc += v * x
+            edge_by_edge[i] = acc
+        assert torch.equal(mix_rows(terms, flat), edge_by_edge)

@@ -112,3 +112,11 @@ def test_ranks_spread_over_the_gpus_by_local_rank_and_each_becomes_current(monke
 def test_an_unknown_device_name_is_refused_before_any_work():
     result = run_here(*ARGS, "--device", "cuda:x")
     assert result.returncode == 2 and "cuda:x is an unknown device" in result.stderr
+
+
+def test_peak_gpu_memory_is_summed_over_the_ranks_that_share_a_gpu():
+    from p2pfl.metrics import busiest_gpu_mib
+
+    assert busiest_gpu_mib([(None, None), (None, None)]) is None  # a CPU run
+    assert busiest_gpu_mib([(100.0, "A"), (300.0, "A"), (250.0, "B")]) == 400.0
+    assert busiest_gpu_mib([(100.0, "A"), (300.0, "B"), (250.0, "C")]) == 300.0

@@ -213,14 +213,26 @@ def neighbour_average(ctx: RunContext, round_index: int, flat: torch.Tensor, pha
     messages = [Message(p, j, Weights(flat[row_of[p]])) for p in ctx.peers for j in graph.neighbors(p)]
     expect = [(j, p) for p in ctx.peers for j in graph.neighbors(p)]
     inbox = ctx.transport.exchange(phase, round_index, messages, expect, Weights)
-    out = torch.empty_like(flat)
+    terms = []  # per row of this rank: (weight, the tensor it weighs), in peer order
     for p in ctx.peers:
         heard = [(j, w) for j, w in weights[p] if j == p or j in inbox[p]]
         if len(heard) < len(weights[p]):  # lost messages (simulated faults): the weights of what arrived
             total = sum(w for _, w in heard)
             heard = [(j, w / total) for j, w in heard]
-        acc = torch.zeros_like(flat[0])
-        for j, w in heard:
-            acc += w * (flat[row_of[p]] if j == p else inbox[p][j].weights)
-        out[row_of[p]] = acc
+        terms.append([(w, flat[row_of[p]] if j == p else inbox[p][j].weights) for j, w in heard])
+    return mix_rows(terms, flat)
+
+
+def mix_rows(terms: list[list[tuple[float, torch.Tensor]]], like: torch.Tensor) -> torch.Tensor:
+    """Row i = sum of w * x over terms[i], added in order from zero: the k-th terms of every row as one
+    stacked product and sum (a few launches per neighbour, not one per edge; the same arithmetic, so the
+    same bits, as adding edge by edge). A row with fewer terms adds 0 * 0."""
+    out = torch.zeros_like(like)
+    if not terms:
+        return out
+    zero = torch.zeros_like(like[0]) if len(like) else None
+    for k in range(max(map(len, terms))):
+        column = [row[k] if k < len(row) else (0.0, zero) for row in terms]
+        w = torch.tensor([c[0] for c in column], dtype=like.dtype).to(like.device, non_blocking=True)
+        out += w[:, None] * torch.stack([c[1] for c in column])
     return out

@@ -65,7 +65,7 @@ def ntk_steps(problems: list[NTKProblem], shape, n_classes: int, eta: float, set
             evolutions = list(pool.map(evolution, range(len(problems))))
     else:
         evolutions = [evolution(i) for i in range(len(problems))]
-    results = []
+    picked = []
     for p, Y, evo in zip(problems, targets, evolutions):
         # every candidate's weights, also for the linearized selection, which needs only the chosen one's:
         # one product for all keeps its rounding the same whatever the threads (one candidate's did not)
@@ -74,9 +74,10 @@ def ntk_steps(problems: list[NTKProblem], shape, n_classes: int, eta: float, set
             losses = linearized_loss(settings.loss, evo, Y)
         else:
             losses = p.network_loss(candidates)
-        best = int(torch.argmin(losses))  # first of equals, as the reference code
-        results.append(StepResult(candidates[best], settings.taus[best], losses))
-    return results
+        best = torch.argmin(losses)  # first of equals, as the reference code; on the device
+        picked.append((candidates.index_select(0, best[None])[0], best, losses))
+    chosen = torch.stack([best for _, best, _ in picked]).tolist() if picked else []  # one wait, not one a problem
+    return [StepResult(w, settings.taus[b], losses) for (w, _, losses), b in zip(picked, chosen)]
 
 
 def evolves_batched(device: torch.device, settings: NTKSettings) -> bool:

@@ -132,11 +132,14 @@ class NTKDFL(Algorithm):
         self.round_taus = []
         losses = torch.zeros(len(ctx.peers), device=ctx.device)
         for b in range(self.batches):
-            losses = self.evolve_batch(round_index, graph, hood, weights, {p: d[b] for p, d in data.items()})
+            losses = self.evolve_batch(round_index, graph, hood, weights, {p: d[b] for p, d in data.items()},
+                                       on_device({p: d[b] for p, d in data.items()}, ctx.device))
             weights = ctx.flat
         return losses
 
-    def evolve_batch(self, round_index, graph, hood, weights, data) -> torch.Tensor:
+    def evolve_batch(self, round_index, graph, hood, weights, data, placed) -> torch.Tensor:
+        """Steps 2-4 on one Jacobian batch: data, each peer's sample indices (on the CPU: the inputs
+        cache's keys), and placed, the same on the device (moved in one copy)."""
         ctx = self.ctx
         eta = ctx.lr(round_index)
         row = {p: i for i, p in enumerate(ctx.peers)}
@@ -149,12 +152,12 @@ class NTKDFL(Algorithm):
         new = ctx.flat.clone()
         losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)  # NaN: offline this round
         for group in self.receiver_groups(round_index, hood):
-            own, inbox = self.exchange_jacobians(round_index, graph, weights, heard, data, online, group)
+            own, inbox = self.exchange_jacobians(round_index, graph, weights, heard, placed, online, group)
             receivers = [p for p in online if p in group]
             for chunk in range(0, len(receivers), self.chunk):
                 peers = receivers[chunk:chunk + self.chunk]
                 members = {p: [j for j in hood[p] if j == p or j in inbox[p]] for p in peers}  # what arrived
-                problems = [self.problem(p, members[p], own, inbox, weights[row[p]], data) for p in peers]
+                problems = [self.problem(p, members[p], own, inbox, weights[row[p]], data, placed) for p in peers]
                 results = ntk_steps(problems, self.codec.shape, n_classes, eta, self.step_settings)
                 for p, result in zip(peers, results):
                     new[row[p]] = result.weights
@@ -219,7 +222,7 @@ class NTKDFL(Algorithm):
         chosen = self.ctx.transport.gather(self.round_taus)
         return None if chosen is None else {"ntk_t_hist": tau_histogram([t for part in chosen for t in part])}
 
-    def problem(self, peer, hood, own, inbox, w, data) -> NTKProblem:
+    def problem(self, peer, hood, own, inbox, w, data, placed) -> NTKProblem:
         """Peer's evolution over its neighbourhood: its own Jacobian and the ones it received, stacked."""
         ctx = self.ctx
         parts = [own[peer] if j == peer else inbox[peer][j].read(self.codec) for j in hood]
@@ -233,7 +236,7 @@ class NTKDFL(Algorithm):
         # the selection's samples are the neighbourhood's, or the peer's own block of them
         selection_pixels = None if pixels is None else pixels if self.settings.ntk_selection != "own" \
             else blocks[hood.index(peer)]
-        selection_x, selection_y = self.selection_data(peer, hood, data, selection_pixels is None)
+        selection_x, selection_y = self.selection_data(peer, hood, placed, selection_pixels is None)
         return NTKProblem(jac, w, f0, labels, lambda cands: candidate_losses(
             ctx.stack, cands, selection_x, selection_y, self.settings.ntk_loss, selection_pixels))
 
@@ -278,6 +281,15 @@ def evolve_chunk(settings, hood_bytes: int, peers: int, stack) -> int:
     if not evolves_batched(stack.device, settings):
         return EVOLVE_CHUNK
     return max(1, min(peers, stack.batch_budget() // max(1, hood_bytes)))
+
+
+def on_device(indices: dict[int, torch.Tensor], device: torch.device) -> dict[int, torch.Tensor]:
+    """The same index tensors on device, in one copy (one per peer was about 900 copies a round)."""
+    keys = list(indices)
+    if not keys:
+        return {}
+    moved = torch.cat([indices[k] for k in keys]).to(device).split([len(indices[k]) for k in keys])
+    return dict(zip(keys, moved))
 
 
 def _nbytes(kept: PixelInputs | torch.Tensor) -> int:
