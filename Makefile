@@ -9,7 +9,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install run test bench gpu-smoke figures figures-quick data clean
+.PHONY: install run test bench gpu-smoke gpu-check figures figures-quick data clean
 
 install: $(VENV)/.installed data $(PRECOMPILED)
 
@@ -55,9 +55,15 @@ bench: install
 	$(PY) bench/bench_cnn.py
 	$(PY) bench/bench_cnn.py --tct-stage1 --device gpu --repeats 1
 
-# Every algorithm x model pair for 2 rounds on the GPU, one OK/FAIL line each (needs CUDA).
+# Every algorithm x model pair for 2 rounds on the GPU, one OK/FAIL line each (without CUDA: one line, skipped).
 gpu-smoke: install
 	$(PY) bench/gpu_smoke.py --device cuda
+
+# The device check on a bare GPU machine, without installing: `make gpu-check PY=python3` (or
+# `bash bench/gpu_check.sh python3`): the smoke matrix, the cuda tests and the speed figures beside the
+# CPU, in under 9 minutes.
+gpu-check:
+	bash bench/gpu_check.sh $(PY)
 
 # The NTK-DFL paper's figures: runs, then PNGs with captions in runs/<experiment>/figures/.
 figures: install
