@@ -23,6 +23,14 @@ SUMMARY="$LOGS/gpu_check.txt"
 : > "$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 
+# A rehearsal of this script's mechanics on a machine without a GPU: GPU_CHECK_DEVICE=cpu (and GPU_CHECK_FLAGS,
+# say "--peers 12", for figures of a size the CPU finishes); not a check of anything on a GPU.
+DEVICE=${GPU_CHECK_DEVICE:-cuda}
+read -r -a FLAGS <<< "${GPU_CHECK_FLAGS:-}"
+if ! command -v "$PY" > /dev/null; then
+    echo "gpu-check: no interpreter $PY (name one: bash bench/gpu_check.sh PYTHON)"
+    exit 2
+fi
 missing=$("$PY" - <<'EOF' 2>&1
 import importlib
 need = ["torch", "numpy", "networkx", "matplotlib", "tqdm", "skimage", "numba", "threadpoolctl", "pytest"]
@@ -34,7 +42,7 @@ if [ -n "$missing" ]; then
     echo "gpu-check: $PY lacks $missing (install them, or name another interpreter: bash bench/gpu_check.sh PYTHON)"
     exit 2
 fi
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+if [ "$DEVICE" != cpu ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
     echo "gpu-check: no CUDA device here ($PY's torch sees none); nothing to check"
     exit 2
 fi
@@ -53,7 +61,7 @@ step() {
     timeout -k 5 "$limit" "$@" > "$LOGS/$name.log" 2>&1
 }
 
-say "p2pfl device check: $("$PY" -c "import torch; p = torch.cuda.get_device_properties(0); print(f'{p.name}, {p.total_memory / 2**30:.0f} GiB, {torch.cuda.device_count()} GPU(s), torch {torch.__version__}')"), $(nproc) CPU cores, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+say "p2pfl device check: $("$PY" -c "import torch; p = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None; print(f'{p.name}, {p.total_memory / 2**30:.0f} GiB, {torch.cuda.device_count()} GPU(s)' if p else 'no GPU (a rehearsal on $DEVICE)', f'torch {torch.__version__}', sep=', ')"), $(nproc) CPU cores, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 
 DATA=()
 if [ -n "${P2PFL_DATA:-}" ] || [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
@@ -70,7 +78,7 @@ fi
 ( timeout -k 5 300 "$PY" -m p2pfl.ntk.precompile > "$LOGS/precompile.log" 2>&1 ) &
 PRECOMPILE=$!
 
-step smoke 170 "$PY" bench/gpu_smoke.py --device cuda --jobs 4 --timeout 150
+step smoke 170 "$PY" bench/gpu_smoke.py --device "$DEVICE" --jobs 4 --timeout 150
 code=$?
 ok=$(grep -c '^OK' "$LOGS/smoke.log"); fail=$(grep -c '^FAIL' "$LOGS/smoke.log")
 say "smoke matrix: $ok OK, $fail FAIL$([ $code = 124 ] && echo ' (stopped at its time limit)')"
@@ -89,7 +97,8 @@ wait $PRECOMPILE
 figure() {
     local name=$1 device=$2 limit=$3
     shift 3
-    step "$name-$device" "$limit" "$PY" bench/gpu_figures.py "$name" --device "$device" "${DATA[@]}" "$@" \
+    [ "$device" = cuda ] && device=$DEVICE
+    step "$name-$device" "$limit" "$PY" bench/gpu_figures.py "$name" --device "$device" "${DATA[@]}" "${FLAGS[@]}" "$@" \
         && tail -1 "$LOGS/$name-$device.log"
 }
 say "speed on $DATA_NOTE (seconds per round of training and exchange, the GPU synchronized; best of the rounds timed):"
@@ -104,7 +113,8 @@ def read(text):
         return None
 c, g = read(cpu), read(gpu)
 cpu_s = c["best"] * scale if c else None
-line = f"  {name:34s} cuda " + (f"{g['best']:7.3f} s, peak GPU {g['peak_gpu_gb']:.2f} GB" if g else "   FAIL or over its limit")
+peak = f", peak GPU {g['peak_gpu_gb']:.2f} GB" if g and g["peak_gpu_gb"] is not None else ""
+line = f"  {name:34s} {g['device'] if g else 'gpu'} " + (f"{g['best']:7.3f} s{peak}" if g else "   FAIL or over its limit")
 line += ", cpu " + (f"{cpu_s:7.2f} s" + (f" (1 epoch x {scale:g})" if scale != 1 else "") if c else "  not measured")
 if c and g:
     line += f", {cpu_s / g['best']:.1f}x"

@@ -225,4 +225,5 @@ def test_mixing_rows_together_is_adding_edge_by_edge_bit_for_bit():
             for v, x in row:
                 acc += v * x
             edge_by_edge[i] = acc
+        assert torch.equal(mix_rows(terms, flat, stacked=True), edge_by_edge)  # a GPU's way, here on the CPU
         assert torch.equal(mix_rows(terms, flat), edge_by_edge)
