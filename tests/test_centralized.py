@@ -128,3 +128,48 @@ def test_datashare_sends_the_shared_set_once_and_mixes_it_in(tmp_path):
     alg.round(1)
     assert "share" not in ctx.transport.counter.take()[0]
     assert all(len(s) <= 200 for s in ctx.shards)  # the mix is per round, shards are untouched
+
+
+def test_cp_ntk_fl_selects_t_by_the_true_networks_loss_by_default():
+    """The NTK-FL paper's eq. 11a for both: the true network's loss at each candidate, not the evolved
+    outputs' (that rule is NTK-DFL's appendix C; NTK-FL's Remark 1 warns it falls with t)."""
+    from p2pfl.configure import make_config
+
+    for algo in ("ntk-fl", "cp-ntk-fl"):
+        assert make_config({"algo": algo}).settings.ntk_selection == "network"
+
+
+def test_the_linearized_rule_takes_the_largest_candidate_and_the_network_rule_need_not():
+    """Remark 1, measured: the evolved outputs' loss falls with t, so 'linearized' picks the largest t in
+    every round, while the true network's loss picks smaller ones here."""
+    taus = (50, 100, 200, 400, 800)
+    picked = {}
+    for rule in ("linearized", "network"):
+        _, alg = run_rounds("cp-ntk-fl", rounds=3, ntk_projection=16, ntk_taus=taus, ntk_selection=rule, lr=0.5)
+        picked[rule] = alg.taus_chosen
+    assert picked["linearized"] == [max(taus)] * 3
+    assert min(picked["network"]) < max(taus), picked
+
+
+def test_validation_selection_holds_clients_out_and_selects_on_their_samples():
+    ctx, alg = run_rounds("ntk-fl", rounds=3, peers=10, clients_per_round=4, ntk_selection="validation",
+                          ntk_validation_clients=3, ntk_taus=(50, 100, 200, 400, 800), lr=0.5)
+    held = alg.held_out
+    assert len(held) == 3 and held == alg.validation_clients()
+    assert all(not set(alg.sample(k)) & set(held) and len(alg.sample(k)) == 4 for k in range(20))
+    x, y = alg.validation
+    assert torch.equal(y, ctx.data.train_y[torch.cat([ctx.shards[c] for c in held])])
+    assert len(alg.taus_chosen) == 3 and set(alg.taus_chosen) <= {50, 100, 200, 400, 800}
+
+
+@pytest.mark.parametrize("algo,args,needle", [
+    ("ntk-dfl", ["--ntk-selection", "validation"], "--ntk-selection validation is NTK-FL's"),
+    ("ntk-fl", ["--ntk-selection", "own"], "--ntk-selection own is NTK-DFL's"),
+    ("cp-ntk-fl", ["--ntk-selection", "validation", "--ntk-validation-clients", "5", "--clients-per-round", "4"],
+     "leaves fewer than the 4 sampled"),
+])
+def test_a_selection_rule_of_another_algorithm_is_refused_in_one_line(algo, args, needle, capsys):
+    assert main(["--algo", algo, "--dataset", "synthetic", "--peers", "8", "--rounds", "1", "--no-progress",
+                 *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err

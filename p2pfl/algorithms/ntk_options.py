@@ -47,9 +47,12 @@ class NTKOptions:
                           "adaptive (ODE solver with error control; slower), euler (unit steps = gradient descent "
                           "on the linearized model, not the ODE) or deflated (those Euler steps, faster)",
                           choices=("split", "adaptive", "euler", "deflated"))
-    ntk_selection: str = option("network", "pick t by: network (true loss on neighbourhood data), linearized "
-                                "(loss of the evolved outputs) or own (true loss on the peer's own data)",
-                                choices=("network", "linearized", "own"))
+    ntk_selection: str = option("network", "pick t by: network (the true network's loss on the round's training "
+                                "samples: NTK-FL's eq. 11a, NTK-DFL's reference code), linearized (the loss of the "
+                                "evolved outputs, NTK-DFL's appendix C; it falls with t, so it takes the largest "
+                                "candidate), own (NTK-DFL: the true loss on the peer's own samples) or validation "
+                                "(NTK-FL, CP-NTK-FL: the true loss on held-out clients' samples)",
+                                choices=("network", "linearized", "own", "validation"))
     ntk_jacobian: str = option("auto", "Jacobian path: auto (factored for MLPs, else dense), factored (exact, "
                                "fast, MLPs only) or dense (any model; needed by compression)",
                                choices=("auto", "factored", "dense"))

@@ -266,7 +266,9 @@ def evolve(kind: str, H, f0, Y, eta, taus, ode: str = "split") -> Evolution:
 
 
 def linearized_loss(kind: str, evolution: Evolution, Y: torch.Tensor) -> torch.Tensor:
-    """Loss of the evolved outputs f_t per candidate (the paper's appendix-C criterion): (T,)."""
+    """Loss of the evolved outputs f_t per candidate: (T,). The NTK-DFL paper's appendix-C rule. Under
+    the CE flow it falls monotonically in t (NTK-FL's Remark 1), so it selects the largest candidate;
+    NTK-FL selects by the true network's loss (eq. 11a) instead."""
     if kind == "mse":
         return 0.5 * ((evolution.outputs - Y) ** 2).sum(-1).mean(-1)
     return -(torch.log_softmax(evolution.outputs, -1) * Y).sum(-1).mean(-1)

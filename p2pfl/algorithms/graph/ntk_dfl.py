@@ -14,8 +14,8 @@ drawn anew each round.
 Selection of t (--ntk-selection): 'network' = the true network's cross-entropy on the neighbourhood's
 samples (the reference code; a simulator shortcut: it reads the neighbours' inputs from the shared
 dataset copy, which a deployment would have to send); 'linearized' = the loss of the evolved outputs
-(the paper's appendix-C wording); 'own' = the true loss on the peer's own samples (no neighbour inputs
-needed).
+(the paper's appendix-C wording; it falls with t, so it takes the largest candidate); 'own' = the true
+loss on the peer's own samples (no neighbour inputs needed).
 """
 from __future__ import annotations
 
@@ -93,6 +93,12 @@ class NTKDFL(Algorithm):
         stacked = largest_hood * ctx.data.n_classes * self.codec.n_params * 4 if self.codec.path == "dense" else 0
         self.chunk = evolve_chunk(self.step_settings, KERNEL_COPIES * 4 * largest_hood ** 2 + stacked, len(ctx.peers),
                                   ctx.stack)
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        if cfg.settings.ntk_selection == "validation":
+            raise UserError("--ntk-selection validation is NTK-FL's and CP-NTK-FL's (a server's held-out clients); "
+                            "NTK-DFL has network, linearized or own")
 
     def notes(self) -> list[str]:
         if self.codec.path != "dense":

@@ -8,8 +8,14 @@ CP-NTK-FL adds: each client uses a fraction beta of its samples each round (--cp
 projected with a shared-seed Gaussian matrix (--ntk-projection, the model's input size becomes d1';
 the test set is projected too), Jacobians are top-k sparsified (--ntk-topk), and a shuffling server
 permutes the (J, f, Y) rows jointly before the aggregator sees them (the update does not change:
-tests check it). Its t is picked on the evolved outputs (--ntk-selection linearized), since the
-aggregator holds no raw samples.
+tests check it).
+
+Both pick t by the true network's loss at each candidate on the round's training samples (eq. 11a, as
+the reference code; a simulator shortcut: the server reads those inputs from the shared dataset copy,
+which the clients do not upload). --ntk-selection validation is the paper's alternative for a server
+without them: the loss on the samples of --ntk-validation-clients held-out clients, which are never
+sampled for training. 'linearized' (the evolved outputs' loss) falls with t (Remark 1) and so always
+takes the largest candidate.
 """
 from __future__ import annotations
 
@@ -20,8 +26,9 @@ import numpy as np
 import torch
 
 from p2pfl.algorithms.ntk_options import NTKOptions, check_memory, make_codec, project_inputs
-from p2pfl.algorithms.server import ServerAlgorithm, ServerOptions
-from p2pfl.options import fraction, option
+from p2pfl.algorithms.server import ServerAlgorithm, ServerOptions, clients_per_round
+from p2pfl.errors import UserError
+from p2pfl.options import fraction, option, positive
 from p2pfl.comm import Payload
 from p2pfl.ntk.codec import tau_histogram
 from p2pfl.ntk.pixels import PixelInputs
@@ -32,7 +39,8 @@ from p2pfl.training import candidate_losses
 
 @dataclass(frozen=True)
 class NTKFLSettings(ServerOptions, NTKOptions):
-    pass
+    ntk_validation_clients: int = option(15, "with --ntk-selection validation: clients held out of training whose "
+                                         "samples the server selects t on", positive)
 
 
 @dataclass(frozen=True)
@@ -69,12 +77,41 @@ class NTKFL(ServerAlgorithm):
         self.codec = make_codec(ctx, self.settings)
         self.beta = self.sampling_rate()
         self.taus_chosen: list[int] = []
+        self.held_out = self.validation_clients()
+        if self.held_out and self.is_server:  # their samples on the server's device, once
+            self.validation = ctx.rows(torch.cat([ctx.shards[c] for c in self.held_out]))
         largest = sorted(len(s) for s in ctx.shards)[-self.per_round:]
         check_memory(self.codec, self.settings, ctx.data.n_classes, sum(math.ceil(self.beta * n) for n in largest))
 
     @classmethod
     def prepare_data(cls, data, cfg):
         project_inputs(data, cfg)
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        s = cfg.settings
+        if s.ntk_selection == "own":
+            raise UserError(f"--ntk-selection own is NTK-DFL's (a peer's own samples); {cls.name} has network, "
+                            "linearized or validation")
+        if s.ntk_selection == "validation" and clients_per_round(cfg) > cfg.peers - s.ntk_validation_clients:
+            raise UserError(f"--ntk-validation-clients {s.ntk_validation_clients} held out of {cfg.peers} clients "
+                            f"leaves fewer than the {clients_per_round(cfg)} sampled each round; hold out fewer, "
+                            "or sample fewer (--clients-per-round)")
+
+    def validation_clients(self) -> list[int]:
+        """The held-out clients of --ntk-selection validation (seeded; none for the other rules)."""
+        if self.settings.ntk_selection != "validation":
+            return []
+        rng = numpy_rng(self.ctx.cfg.seed, "validation-clients")
+        return sorted(rng.choice(self.ctx.cfg.peers, self.settings.ntk_validation_clients, replace=False).tolist())
+
+    def sample(self, round_index: int) -> list[int]:
+        """The round's clients, from those not held out for validation."""
+        if not self.held_out:
+            return super().sample(round_index)
+        pool = np.setdiff1d(np.arange(self.ctx.cfg.peers), self.held_out)
+        rng = numpy_rng(self.ctx.cfg.seed, "clients", round_index)
+        return sorted(pool[rng.choice(len(pool), self.per_round, replace=False)].tolist())
 
     def sampling_rate(self) -> float:
         """The fraction of its samples a client uses each round (CP-NTK-FL's beta)."""
@@ -110,9 +147,11 @@ class NTKFL(ServerAlgorithm):
         if self.shuffle:
             order = torch.randperm(len(labels), generator=torch_generator(ctx.cfg.seed, "shuffler", round_index))
             jac, f0, labels, index = jac.rows(order.to(f0.device)), f0[order], labels[order], index[order]
-        x, pixels = ctx.rows(index)[0], getattr(jac, "pixels", None)
+        x, y, pixels = ctx.rows(index)[0], labels, getattr(jac, "pixels", None)
+        if self.held_out:  # the held-out clients' samples instead of the round's (eq. 11a's alternative)
+            (x, y), pixels = self.validation, None
         result = ntk_step(jac, self.codec.shape, w, f0, labels, ctx.data.n_classes, ctx.lr(round_index),
-                          self.step_settings, lambda cands: candidate_losses(ctx.stack, cands, x, labels,
+                          self.step_settings, lambda cands: candidate_losses(ctx.stack, cands, x, y,
                                                                              self.settings.ntk_loss, pixels))
         self.taus_chosen.append(result.tau)
         return result.weights
@@ -127,8 +166,7 @@ class CPNTKFL(NTKFL):
     name = "cp-ntk-fl"
     summary = "CP-NTK-FL: NTK-FL with sampling, projection, top-k, shuffling"
     Settings = CPNTKFLSettings
-    setting_defaults = {**NTKFL.setting_defaults, "ntk_projection": 200, "ntk_topk": 0.1,
-                        "ntk_selection": "linearized"}
+    setting_defaults = {**NTKFL.setting_defaults, "ntk_projection": 200, "ntk_topk": 0.1}
     shuffle = True
 
     def sampling_rate(self) -> float:
