@@ -198,8 +198,7 @@ class MinibatchPlan:
         self.lengths = torch.tensor([len(s) for s in shards])
         self.width = max(1, int(self.lengths.max()))
         self.steps = math.ceil(self.width / batch)
-        padded = torch.nn.utils.rnn.pad_sequence([s.long() for s in shards], batch_first=True)
-        self.shards = to_device(torch.nn.functional.pad(padded, (0, self.width - padded.shape[1])), device)
+        self.shards = padded_shards(shards, self.width, device)
         self.keys = row_keys(seed, "shuffle", [(round_index, p) for p in peers], device)
         self.on_device_lengths = to_device(self.lengths, device)
         self.taken = torch.zeros_like(budget)
@@ -222,6 +221,14 @@ class MinibatchPlan:
         stepping = to_device(sizes.to(torch.int32), self.device)
         mask = (torch.arange(self.batch, device=self.device) < stepping[..., None]).float()
         return sizes, index, mask, stepping > 0
+
+
+def padded_shards(shards: list[torch.Tensor], width: int, device: torch.device | str) -> torch.Tensor:
+    """The peers' sample indices as one (L, width) tensor on device, each row padded with 0."""
+    if not shards:  # a rank without peers
+        return torch.zeros(0, width, dtype=torch.long, device=device)
+    padded = torch.nn.utils.rnn.pad_sequence([s.long() for s in shards], batch_first=True)
+    return to_device(torch.nn.functional.pad(padded, (0, width - padded.shape[1])), device)
 
 
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -360,8 +367,7 @@ def sample_batch(shards: list[torch.Tensor], batch: int, seed: int, round_index:
     device = torch.device(device)
     lengths = torch.tensor([len(s) for s in shards])
     width = max(batch, int(lengths.max()) if len(shards) else 1)
-    padded = torch.nn.utils.rnn.pad_sequence([s.long() for s in shards], batch_first=True)
-    padded = to_device(torch.nn.functional.pad(padded, (0, width - padded.shape[1])), device)
+    padded = padded_shards(shards, width, device)
     order = keyed_orders(row_keys(seed, "batch", [(round_index, p) for p in peers], device), to_device(lengths, device),
                          width)[:, :batch]
     mask = (torch.arange(batch)[None] < lengths[:, None]).float()
