@@ -138,8 +138,8 @@ class NTKDFL(Algorithm):
         self.round_taus = []
         losses = torch.zeros(len(ctx.peers), device=ctx.device)
         for b in range(self.batches):
-            losses = self.evolve_batch(round_index, graph, hood, weights, {p: d[b] for p, d in data.items()},
-                                       on_device({p: d[b] for p, d in data.items()}, ctx.device))
+            batch = {p: d[b] for p, d in data.items()}
+            losses = self.evolve_batch(round_index, graph, hood, weights, batch, on_device(batch, ctx.device))
             weights = ctx.flat
         return losses
 
