@@ -2,9 +2,9 @@
 # The device check: on a bare GPU machine (torch with CUDA in its Python, no network, no time to install),
 # in under 9 minutes, one summary of
 #   - the smoke matrix (every algorithm x model pair for 2 rounds on the GPU, OK/FAIL),
+#   - the speed figures, each beside this machine's CPU in this run, with peak GPU memory,
 #   - the `cuda` tests (each algorithm, a dropout conv net, a batch-norm net and NTK-DFL's batched evolution
-#     against the CPU),
-#   - the speed figures, each beside this machine's CPU in this run, with peak GPU memory.
+#     against the CPU), with the time that is left.
 # Every step has its own time limit, and a step that would pass the overall limit is skipped (said so).
 #
 #   bash bench/gpu_check.sh [PYTHON]          (default: python3; or make gpu-check PY=python3)
@@ -78,18 +78,11 @@ fi
 ( timeout -k 5 300 "$PY" -m p2pfl.ntk.precompile > "$LOGS/precompile.log" 2>&1 ) &
 PRECOMPILE=$!
 
-step smoke 170 "$PY" bench/gpu_smoke.py --device "$DEVICE" --jobs 4 --timeout 150
+step smoke 150 "$PY" bench/gpu_smoke.py --device "$DEVICE" --jobs 4 --timeout 120
 code=$?
 ok=$(grep -c '^OK' "$LOGS/smoke.log"); fail=$(grep -c '^FAIL' "$LOGS/smoke.log")
 say "smoke matrix: $ok OK, $fail FAIL$([ $code = 124 ] && echo ' (stopped at its time limit)')"
 grep '^FAIL' "$LOGS/smoke.log" | sed 's/^/  /' | tee -a "$SUMMARY"
-
-XDIST=()
-"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 4)
-step cuda-tests 170 "$PY" -m pytest -q -m cuda -p no:cacheprovider "${XDIST[@]}" tests/test_conformance.py tests/test_cuda.py
-code=$?
-say "cuda tests: $(grep -E '(passed|failed|error|skipped)' "$LOGS/cuda-tests.log" | tail -1)$([ $code = 124 ] && echo ' (stopped at its time limit)')"
-grep -E '^(FAILED|ERROR)' "$LOGS/cuda-tests.log" | cut -c1-200 | sed 's/^/  /' | tee -a "$SUMMARY"
 
 wait $PRECOMPILE
 
@@ -130,4 +123,11 @@ report "DFedAvg, 300 peers, MLP" "<= 0.15 s" "$(figure dfedavg cpu 60 --rounds 1
 report "NTK-DFL, 300 peers (paper preset)" "<= 1.5 s" "$(figure ntk-dfl cpu 100 --rounds 1)" "$(figure ntk-dfl cuda 75 --rounds 2)" 1
 report "TCT stage 1, paper scale" "<= 3 s" "$(figure tct-stage1 cpu 80 --rounds 1 --epochs 1)" "$(figure tct-stage1 cuda 75 --rounds 2)" 5
 report "DFedAvg, 300 peers, cnn-fmnist" "<= 1 s" "" "$(figure dfedavg-cnn cuda 60 --rounds 2)" 1
+XDIST=()
+"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 4)
+step cuda-tests 200 "$PY" -m pytest -q -m cuda -p no:cacheprovider "${XDIST[@]}" tests/test_conformance.py tests/test_cuda.py
+code=$?
+say "cuda tests: $(grep -E '(passed|failed|error|skipped)' "$LOGS/cuda-tests.log" | tail -1)$([ $code = 124 ] && echo ' (stopped at its time limit)')"
+grep -E '^(FAILED|ERROR)' "$LOGS/cuda-tests.log" | cut -c1-200 | sed 's/^/  /' | tee -a "$SUMMARY"
+
 say "logs: $LOGS; $((SECONDS - START)) s in all"
