@@ -173,3 +173,16 @@ def test_a_selection_rule_of_another_algorithm_is_refused_in_one_line(algo, args
                  *args]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
+
+
+def test_ntk_fl_rows_carry_the_t_chosen_each_round(tmp_path):
+    out = tmp_path / "r"
+    assert main(["--algo", "cp-ntk-fl", "--dataset", "synthetic", "--peers", "8", "--clients-per-round", "4",
+                 "--rounds", "3", "--ntk-projection", "16", "--ntk-taus", "50,100,200", "--out", str(out),
+                 "--no-progress"]) == 0
+    import json
+
+    chosen = [row["ntk_t"] for row in metric_lines(out)]
+    assert len(chosen) == 3 and set(chosen) <= {50, 100, 200}
+    assert sorted(chosen) == sorted(int(t) for t, n in json.loads((out / "final.json").read_text())["tau_histogram"].items()
+                                    for _ in range(n))

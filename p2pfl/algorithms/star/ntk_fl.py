@@ -77,6 +77,7 @@ class NTKFL(ServerAlgorithm):
         self.codec = make_codec(ctx, self.settings)
         self.beta = self.sampling_rate()
         self.taus_chosen: list[int] = []
+        self.round_t: tuple[int | None, int | None] = (None, None)  # (round, the t chosen in it), for its row
         self.held_out = self.validation_clients()
         if self.held_out and self.is_server:  # their samples on the server's device, once
             self.validation = ctx.rows(torch.cat([ctx.shards[c] for c in self.held_out]))
@@ -154,7 +155,13 @@ class NTKFL(ServerAlgorithm):
                           self.step_settings, lambda cands: candidate_losses(ctx.stack, cands, x, y,
                                                                              self.settings.ntk_loss, pixels))
         self.taus_chosen.append(result.tau)
+        self.round_t = (round_index, result.tau)
         return result.weights
+
+    def row_fields(self, round_index):
+        """ntk_t: the t the server chose this round (none where it heard no client)."""
+        done, tau = self.round_t
+        return {"ntk_t": tau} if done == round_index else {}
 
     def finish(self, run_dir):
         if not self.is_server:
