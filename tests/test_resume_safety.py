@@ -196,6 +196,7 @@ def test_sigusr1_to_mpirun_reaches_the_ranks_and_saves(tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
+    assert (run / "checkpoint" / "latest.json").exists(), err
     assert json.loads((run / "checkpoint" / "latest.json").read_text())["round"] >= 2
 
 
