@@ -120,3 +120,31 @@ def test_peak_gpu_memory_is_summed_over_the_ranks_that_share_a_gpu():
     assert busiest_gpu_mib([(None, None), (None, None)]) is None  # a CPU run
     assert busiest_gpu_mib([(100.0, "A"), (300.0, "A"), (250.0, "B")]) == 400.0
     assert busiest_gpu_mib([(100.0, "A"), (300.0, "B"), (250.0, "C")]) == 300.0
+
+
+def test_keyed_draws_are_the_reference_hash_and_each_peers_own():
+    """The counter-based draws (minibatch orders, dropout noise) are integer hashes that every device
+    computes alike: here checked bit for bit against the hash written in plain Python, and each row's
+    draws depend on its key alone (the same whatever other peers share the tensor)."""
+    from p2pfl.seeding import derive_seed, keyed_bits, keyed_orders, keyed_uniform, row_keys
+
+    def mix(h):
+        h ^= h >> 16
+        h = (h * 0x7FEB352D) & 0xFFFFFFFF
+        h ^= h >> 15
+        h = (h * 0x846CA68B) & 0xFFFFFFFF
+        return h ^ (h >> 16)
+
+    keys = row_keys(7, "shuffle", [(3, p) for p in range(6)])
+    bits = keyed_bits(keys[:, None], 5, torch.arange(40)[None])
+    for i in range(6):
+        for j in range(40):
+            assert int(bits[i, j]) & 0xFFFFFFFF == mix(mix((derive_seed(7, "shuffle", 3, i) & 0xFFFFFFFF) ^ 5) ^ j)
+    lengths = torch.tensor([40, 13, 1, 0, 27, 40])
+    orders = keyed_orders(keys, lengths, 40, 2)
+    for i, n in enumerate(lengths.tolist()):
+        assert sorted(orders[i, :n].tolist()) == list(range(n)) and orders[i, n:].tolist() == list(range(n, 40))
+    assert torch.equal(keyed_orders(keys[1:3], lengths[1:3], 40, 2), orders[1:3])  # a row is its peer's alone
+    u = keyed_uniform(keys, 1000, 1, 2)
+    assert torch.equal(keyed_uniform(keys[4:], 1000, 1, 2), u[4:]) and 0 <= float(u.min()) and float(u.max()) < 1
+    assert abs(float(u.mean()) - 0.5) < 0.02 and not torch.equal(u, keyed_uniform(keys, 1000, 1, 3))
