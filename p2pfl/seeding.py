@@ -48,9 +48,11 @@ def _int32(value: int) -> int:
     return value - (1 << 32) if value >= 1 << 31 else value
 
 
-def row_keys(seed: int, purpose: str, rows: list[tuple[int, ...]], device: torch.device | str = "cpu") -> torch.Tensor:
-    """(len(rows),) int32 keys, one per row of indices (for example (round, peer)), on device."""
-    return torch.tensor([_int32(derive_seed(seed, purpose, *r)) for r in rows], dtype=torch.int32).to(device)
+def peer_keys(seed: int, purpose: str, round_index: int, peers: list[int],
+              device: torch.device | str = "cpu") -> torch.Tensor:
+    """(len(peers),) int32 keys on device, one per peer: (seed, purpose, round, peer)'s."""
+    return torch.tensor([_int32(derive_seed(seed, purpose, round_index, p)) for p in peers],
+                        dtype=torch.int32).to(device)
 
 
 def keyed_bits(keys: torch.Tensor, *counters: int | torch.Tensor) -> torch.Tensor:

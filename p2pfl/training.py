@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from p2pfl.models.stack import PeerStack
-from p2pfl.seeding import keyed_orders, row_keys
+from p2pfl.seeding import keyed_orders, peer_keys
 from p2pfl.tasks import Task
 
 
@@ -199,7 +199,7 @@ class MinibatchPlan:
         self.width = max(1, int(self.lengths.max()))
         self.steps = math.ceil(self.width / batch)
         self.shards = padded_shards(shards, self.width, device)
-        self.keys = row_keys(seed, "shuffle", [(round_index, p) for p in peers], device)
+        self.keys = peer_keys(seed, "shuffle", round_index, peers, device)
         self.on_device_lengths = to_device(self.lengths, device)
         self.taken = torch.zeros_like(budget)
 
@@ -335,7 +335,7 @@ def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, ro
     last = torch.zeros(len(peers), device=flat.device)
     budget = torch.tensor([local_steps(len(s), opt) if len(s) else 0 for s in shards])
     plan = MinibatchPlan(shards, peers, opt.batch_size, seed, round_index, budget, flat.device)
-    noise_keys = row_keys(seed, "dropout", [(round_index, p) for p in peers], flat.device) if stack.dropouts else None
+    noise_keys = peer_keys(seed, "dropout", round_index, peers, flat.device) if stack.dropouts else None
     plain_mlp = _hand_written(stack) and terms is None and not (opt.momentum or opt.weight_decay or opt.clip
                                                                  or opt.prox_mu)
     epoch = 0
@@ -368,7 +368,7 @@ def sample_batch(shards: list[torch.Tensor], batch: int, seed: int, round_index:
     lengths = torch.tensor([len(s) for s in shards])
     width = max(batch, int(lengths.max()) if len(shards) else 1)
     padded = padded_shards(shards, width, device)
-    order = keyed_orders(row_keys(seed, "batch", [(round_index, p) for p in peers], device), to_device(lengths, device),
+    order = keyed_orders(peer_keys(seed, "batch", round_index, peers, device), to_device(lengths, device),
                          width)[:, :batch]
     mask = (torch.arange(batch)[None] < lengths[:, None]).float()
     return padded.gather(1, order) * to_device(mask.long(), device), to_device(mask, device)

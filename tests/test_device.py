@@ -126,7 +126,7 @@ def test_keyed_draws_are_the_reference_hash_and_each_peers_own():
     """The counter-based draws (minibatch orders, dropout noise) are integer hashes that every device
     computes alike: here checked bit for bit against the hash written in plain Python, and each row's
     draws depend on its key alone (the same whatever other peers share the tensor)."""
-    from p2pfl.seeding import derive_seed, keyed_bits, keyed_orders, keyed_uniform, row_keys
+    from p2pfl.seeding import derive_seed, keyed_bits, keyed_orders, keyed_uniform, peer_keys
 
     def mix(h):
         h ^= h >> 16
@@ -135,7 +135,7 @@ def test_keyed_draws_are_the_reference_hash_and_each_peers_own():
         h = (h * 0x846CA68B) & 0xFFFFFFFF
         return h ^ (h >> 16)
 
-    keys = row_keys(7, "shuffle", [(3, p) for p in range(6)])
+    keys = peer_keys(7, "shuffle", 3, list(range(6)))
     bits = keyed_bits(keys[:, None], 5, torch.arange(40)[None])
     for i in range(6):
         for j in range(40):

@@ -158,7 +158,7 @@ class PeerStack:
 
     def dropout_noise(self, keys: torch.Tensor, batch: int, *counters: int) -> dict[str, torch.Tensor]:
         """Uniform draws (L, batch * features) for every dropout layer, on the device where keys are:
-        row i keyed by keys[i] (the peer's, p2pfl.seeding.row_keys), the counters (the step) and the
+        row i keyed by keys[i] (the peer's, p2pfl.seeding.peer_keys), the counters (the step) and the
         layer, so each peer's mask is its own whatever shares the batch, on every layout and device."""
         return {f"{name}.noise": keyed_uniform(keys, batch * layer.features, *counters, j)
                 for j, (name, layer) in enumerate(self.dropouts.items())}

@@ -23,7 +23,7 @@ from p2pfl.algorithms.base import Algorithm, train_taking_part
 from p2pfl.options import fraction, non_negative, option
 from p2pfl.comm import Message, Payload
 from p2pfl.bitpack import pack_mask, unpack_mask
-from p2pfl.seeding import keyed_uniform, row_keys, torch_generator
+from p2pfl.seeding import keyed_uniform, peer_keys, torch_generator
 from p2pfl.training import StepTerms, gradients, sample_batch
 
 
@@ -179,7 +179,7 @@ class DisPFL(Algorithm):
         random regrowth)."""
         ctx = self.ctx
         if self.settings.dispfl_regrow == "random":
-            keys = row_keys(ctx.cfg.seed, "dispfl-regrow", [(round_index, p) for p in ctx.peers], ctx.device)
+            keys = peer_keys(ctx.cfg.seed, "dispfl-regrow", round_index, ctx.peers, ctx.device)
             return keyed_uniform(keys, self.width)
         batch = ctx.cfg.batch_size
         index, mask = sample_batch(ctx.local_shards, batch, ctx.cfg.seed, round_index, ctx.peers, ctx.device)

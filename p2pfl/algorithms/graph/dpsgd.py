@@ -4,7 +4,7 @@ average: x_i <- sum_j W_ij x_j - lr * g_i(x_i). One SGD step per gossip round.""
 import torch
 
 from p2pfl.algorithms.base import Algorithm, neighbour_average
-from p2pfl.seeding import row_keys
+from p2pfl.seeding import peer_keys
 from p2pfl.training import apply_step, gradients, sample_batch
 
 
@@ -17,7 +17,7 @@ class DPSGD(Algorithm):
         ctx = self.ctx
         opt = ctx.sgd()
         index, mask = sample_batch(ctx.local_shards, opt.batch_size, ctx.cfg.seed, round_index, ctx.peers, ctx.device)
-        noise = ctx.stack.dropout_noise(row_keys(ctx.cfg.seed, "dropout", [(round_index, p) for p in ctx.peers], ctx.device),
+        noise = ctx.stack.dropout_noise(peer_keys(ctx.cfg.seed, "dropout", round_index, ctx.peers, ctx.device),
                                         opt.batch_size) if ctx.stack.dropouts else None
         grad, losses = gradients(ctx.stack, ctx.flat, ctx.data.train_x[index], ctx.data.train_y[index], mask, noise)
         ctx.flat = neighbour_average(ctx, round_index, ctx.flat)
