@@ -42,12 +42,23 @@ class Run:
         return curve[max(curve)]
 
     def cumulative(self, key: str) -> dict[int, float]:
-        """Running sum of a per-round field (bytes_sent, wall_s), by round."""
+        """Running sum of a per-round field (bytes_sent, round_s), by round."""
         total, out = 0.0, {}
         for r in self.rows:
-            total += r.get(key, 0.0)
+            total += r.get(key, 0.0) if key != "round_s" else round_seconds(r)
             out[r["round"]] = total
         return out
+
+    @property
+    def training_time_only(self) -> bool:
+        """A run from before rows held round_s: its times leave out evaluation."""
+        return any("round_s" not in r for r in self.rows)
+
+
+def round_seconds(row: dict) -> float:
+    """A round's whole time, evaluation included: round_s; rows written before it existed hold only the
+    training time, wall_s."""
+    return row.get("round_s", row.get("wall_s", 0.0))
 
 
 @dataclass
@@ -144,7 +155,7 @@ def table(groups: list[Group], metric: str, targets: list[float]) -> list[dict]:
                f"final_client_{metric}_mean": float(np.mean(clients)) if clients else None,
                "rounds": max(run.rows[-1]["round"] for run in group.runs),
                "mib_sent": float(np.mean([run.cumulative("bytes_sent")[run.rows[-1]["round"]] for run in group.runs])) / MIB,
-               "wall_s_per_round": float(np.mean([np.mean([r.get("wall_s", 0.0) for r in run.rows]) for run in group.runs]))}
+               "s_per_round": float(np.mean([np.mean([round_seconds(r) for r in run.rows]) for run in group.runs]))}
         for target in targets:
             reached = [(run, first_reaching(run, key, target, higher)) for run in group.runs]
             reached = [(run, k) for run, k in reached if k is not None]
@@ -174,7 +185,8 @@ def markdown(rows: list[dict], metric: str) -> str:
         lines.append("| " + " | ".join(_cell(row[h], percent and (h.startswith("final_"))) for h in header) + " |")
     unit = "final_* accuracies in %; " if percent else ""
     return "\n".join(lines) + (f"\n\n{unit}rounds_to_X and mib_to_X average the runs that reached X "
-                               "(reached_X says how many); mib = MiB sent by all peers.\n")
+                               "(reached_X says how many); mib = MiB sent by all peers; s_per_round = a round's wall time, "
+                               "evaluation included.\n")
 
 
 def draw(groups: list[Group], metric: str, band: str, path: Path, title: str) -> None:
@@ -195,7 +207,7 @@ def draw(groups: list[Group], metric: str, band: str, path: Path, title: str) ->
         else:
             low, high = values.min(0), values.max(0)
         xs = [np.array(rounds, dtype=float), group.stack("bytes_sent", rounds, True).mean(0) / MIB,
-              group.stack("wall_s", rounds, True).mean(0)]
+              group.stack("round_s", rounds, True).mean(0)]
         client_rounds = group.rounds(f"client_{metric}_mean")
         for ax, x in zip(axes, xs):
             ax.plot(x, mean, "-", color=color, label=f"{group.label} (n={len(group.runs)})")
@@ -204,7 +216,9 @@ def draw(groups: list[Group], metric: str, band: str, path: Path, title: str) ->
             if client_rounds == rounds:
                 ax.plot(x, scale * group.stack(f"client_{metric}_mean", rounds).mean(0), "--", color=color, lw=1)
     names = {"acc": "test accuracy (%)", "loss": "test loss"}
-    for ax, xlabel in zip(axes, ["round", "MiB sent (all peers, cumulative)", "wall time (s, cumulative)"]):
+    older = any(run.training_time_only for group in groups for run in group.runs)
+    clock = "wall time (s, cumulative" + ("; training only for runs without round_s)" if older else ")")
+    for ax, xlabel in zip(axes, ["round", "MiB sent (all peers, cumulative)", clock]):
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
         if metric != "acc":

@@ -57,8 +57,8 @@ def main() -> None:
         elif args.ranks > 1:
             flags = ["--algo", "dfedavg", "--peers", str(args.peers), "--kappa", "5", "--alpha", "0.1", "--dataset",
                      args.dataset, "--local-epochs", str(args.epochs), "--rounds", "2", "--device", device]
-            one = min(r["wall_s"] for r in run_rounds(flags)[0])
-            shared = min(r["wall_s"] for r in run_rounds(flags, args.ranks)[0])
+            one = min(r["train_s"] for r in run_rounds(flags)[0])
+            shared = min(r["train_s"] for r in run_rounds(flags, args.ranks)[0])
             print(f"  {device}, real runs: 1 process {one:.3f} s/round, {args.ranks} ranks sharing it {shared:.3f} "
                   f"s/round ({one / shared:.2f}x)")
     print(f"  peak memory of this process (all runs): {peak_rss_kib() / 2**20:.2f} GB")

@@ -2,8 +2,8 @@
 
 1. (printed last) Seconds per round at 300 peers (kappa 5, Fashion-MNIST alpha 0.1, ~200 samples per
    peer, 8 candidate t), and the job's peak memory: a real `python -m p2pfl.run` child (under mpirun
-   with --ranks > 1), round time from its metrics.jsonl (wall_s), peak memory the sum of the ranks'
-   peak RSS; on the CPU and, where CUDA is present (--device all), on the GPU with one process.
+   with --ranks > 1), round time from its metrics.jsonl (train_s: the round without its evaluation),
+   peak memory the sum of the ranks' peak RSS; on the CPU and, where CUDA is present (--device all), on the GPU with one process.
 2. One peer's evolution step on the same neighbourhood, factored vs dense Jacobians (Jacobian, kernel,
    evolution, candidates, selection), and the largest difference between the weights they pick. Then
    the neighbourhood's kernel as one product, by blocks, by blocks with the peers' inputs Grams given,
@@ -47,12 +47,12 @@ def round_seconds(args, ranks: int, device: str = "cpu") -> float:
     peak = max(r["peak_rss_mb"] for r in rows) / 1024  # summed over ranks by the run itself
     gpu = max((r.get("peak_gpu_mb", 0) for r in rows), default=0) / 1024
     for r in rows:
-        print(f"  round {r['round']}: {r['wall_s']:.2f} s (aggregated accuracy {100 * r['test_acc']:.1f}%, "
+        print(f"  round {r['round']}: {r['train_s']:.2f} s (aggregated accuracy {100 * r['test_acc']:.1f}%, "
               f"sent {r['bytes_sent'] / 1e6:.0f} MB, dense-equivalent {r['bytes_dense'] / 1e9:.0f} GB, "
               f"t chosen {r.get('ntk_t_hist')})")
     print(f"  whole job {total:.0f} s with start-up and evaluation; peak memory {peak:.2f} GB"
           + (f", peak GPU memory {gpu:.2f} GB" if gpu else ""))
-    return min(r["wall_s"] for r in rows)
+    return min(r["train_s"] for r in rows)
 
 
 def batched_evolutions(args, device: str) -> None:

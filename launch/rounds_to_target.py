@@ -55,7 +55,7 @@ def main() -> None:
         summary[algo] = {"rounds_to_target": rounds_to_target(rows, args.target),
                          "final_test_acc": last["test_acc"], "final_client_acc_mean": last["client_acc_mean"],
                          "aggregated_minus_mean_client": last["test_acc"] - last["client_acc_mean"],
-                         "seconds_per_round": sum(r["wall_s"] for r in rows) / len(rows)}
+                         "seconds_per_round": sum(r["round_s"] for r in rows) / len(rows)}
     plot_comparison(runs, out / "comparison.png", target=args.target,
                     title=f"{args.dataset}, {args.peers} peers, kappa {args.kappa:g}, alpha {args.alpha:g}")
     (out / "summary.json").write_text(json.dumps({"target": args.target, "settings": vars(args), "algos": summary},

@@ -89,6 +89,10 @@ class RunConfig:
                                        "reduces partitions that use the whole set (niid-bench, per-class)",
                                        at_least(1), shown="all")
     test_samples: int | None = option(None, "evaluate on the first N test samples", at_least(1), shown="all")
+    client_test_samples: int = option(7000, "score each client's model on a fixed subset of this many of those test "
+                                      "samples, drawn once from --seed in each class's share (the aggregated model "
+                                      "always sees them all); the rows' client_acc_se says how far the clients' mean "
+                                      "may be from all samples'; 0: all of them", non_negative)
     seed: int = option(0, "seed of every random choice", _seed)
     out: str | None = option(None, "run folder; one that already holds files is refused (exit 2) before any work", shown="runs/<algo>-<time>")
     overwrite: bool = option(False, "write into a non-empty --out, replacing the run files there")

@@ -10,6 +10,7 @@ import math
 import os
 import resource
 import socket
+import time
 from pathlib import Path
 
 import numpy as np
@@ -68,8 +69,7 @@ def peak_rss_kib() -> int:
 
 def inter_model_variance(weights: torch.Tensor) -> float:
     """NTK-DFL eq. (6): V = (1/d) sum_j sqrt(sum_i (wbar_j - w_ij)^2), over parameters j and peers i."""
-    w = weights.double()
-    value = float(((w - w.mean(0)) ** 2).sum(0).sqrt().mean())
+    value = float((torch.var(weights.double(), dim=0, correction=0) * len(weights)).sqrt().mean())
     return float(f"{value:.10g}")  # the last bits of a long float64 sum depend on the thread count
 
 
@@ -92,6 +92,39 @@ def run_model(ctx, weights: torch.Tensor, algorithm) -> torch.Tensor:
     return aggregate(weights.to(ctx.device), ctx.sample_counts, ctx.cfg.aggregate)
 
 
+def largest_remainder(share: np.ndarray, total: int) -> np.ndarray:
+    """Whole counts that sum to total, each the floor of its share plus one for the largest remainders."""
+    quota = np.floor(share).astype(int)
+    quota[np.argsort(-(share - quota), kind="stable")[: total - quota.sum()]] += 1
+    return quota
+
+
+def client_test_subset(labels: torch.Tensor, size: int, seed: int, stratify: bool) -> torch.Tensor | None:
+    """The test samples every client model is scored on (--client-test-samples): size of them, drawn once
+    from the seed, each class in its share of the set; None: all of them (size 0, or not below the set's)."""
+    if size == 0 or size >= len(labels):
+        return None
+    y = labels.cpu().numpy() if stratify else np.zeros(len(labels), dtype=np.int64)
+    strata = [np.flatnonzero(y == c) for c in np.unique(y)]
+    quota = largest_remainder(size * np.array([len(s) for s in strata]) / len(y), size)
+    rng = numpy_rng(seed, "client-test")
+    return torch.from_numpy(np.sort(np.concatenate([rng.choice(s, q, replace=False) for s, q in zip(strata, quota)])))
+
+
+def subset_mean_error(values: np.ndarray, strata: np.ndarray, population: dict) -> float:
+    """Standard error of a mean over a stratified subset of the test set against the same mean over the
+    whole set: sqrt(sum_h W_h^2 (1 - n_h/N_h) s_h^2 / n_h), where values are per-sample scores (the
+    clients' mean accuracy on each sample), s_h their spread within class h of the subset, N_h the set's
+    count of class h and W_h = N_h / N."""
+    total = sum(population.values())
+    variance = 0.0
+    for h, big_n in population.items():
+        v = values[strata == h]
+        if len(v) > 1 and len(v) < big_n:
+            variance += (big_n / total) ** 2 * (1 - len(v) / big_n) * v.var(ddof=1) / len(v)
+    return math.sqrt(variance)
+
+
 def personal_test_sets(ctx) -> list[torch.Tensor]:
     """Each of this rank's peers' personal test set (DisPFL's): ceil(test size / peers) test samples
     drawn, seeded per peer, with the label proportions of the peer's training shard (largest
@@ -103,9 +136,7 @@ def personal_test_sets(ctx) -> list[torch.Tensor]:
     for p in ctx.peers:
         counts = np.bincount(ctx.samples(p)[1].cpu().numpy(),
                              minlength=ctx.data.n_classes)[: ctx.data.n_classes].astype(float)
-        share = size * counts / max(1.0, counts.sum())
-        quota = np.floor(share).astype(int)
-        quota[np.argsort(-(share - quota), kind="stable")[: size - quota.sum()]] += 1
+        quota = largest_remainder(size * counts / max(1.0, counts.sum()), size)
         rng = numpy_rng(ctx.cfg.seed, "personal-test", p)
         picks = [rng.choice(by_class[c], q, replace=q > len(by_class[c]))
                  for c, q in enumerate(quota) if q and len(by_class[c])]
@@ -140,6 +171,13 @@ class MetricsLog:
         self.path = run_dir / "metrics.jsonl" if run_dir is not None else None
         test_n = ctx.cfg.test_samples or len(ctx.data.test_y)
         self.test_x, self.test_y = ctx.data.test_x[:test_n], ctx.data.test_y[:test_n]
+        classification = ctx.stack.task.name == "classification"
+        subset = client_test_subset(self.test_y, ctx.cfg.client_test_samples, ctx.cfg.seed, classification)
+        self.client_x, self.client_y = (self.test_x, self.test_y) if subset is None else \
+            (self.test_x[subset.to(self.test_x.device)], self.test_y[subset.to(self.test_y.device)])
+        strata = self.test_y.cpu().numpy() if classification else np.zeros(len(self.test_y), dtype=np.int64)
+        self.population = {int(h): int(n) for h, n in zip(*np.unique(strata, return_counts=True))}
+        self.client_strata = strata[subset.numpy()] if subset is not None else None  # None: no subset, no error
         self.rows: list[dict] = []
         self.last_weights: torch.Tensor | None = None  # every peer's weights at the last evaluation (rank 0)
         self.personal = [index.to(ctx.device) for index in personal_test_sets(ctx)] \
@@ -152,17 +190,23 @@ class MetricsLog:
         if self.path is not None:
             self.path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
-    def evaluate_all(self) -> tuple[torch.Tensor | None, dict[str, torch.Tensor] | None]:
-        """Gathered weights (P, D) and each peer's test metrics {metric: (P,)}, on rank 0."""
-        ctx = self.ctx
-        scores = evaluate(ctx.stack, ctx.flat, self.test_x, self.test_y)
+    def evaluate_all(self) -> tuple[torch.Tensor | None, dict[str, torch.Tensor] | None, float | None]:
+        """Gathered weights (P, D), each peer's test metrics {metric: (P,)} on the client test samples,
+        and the standard error of the peers' mean headline metric from scoring a subset, on rank 0."""
+        ctx, head = self.ctx, self.ctx.stack.task.headline
+        scores, by_sample = evaluate(ctx.stack, ctx.flat, self.client_x, self.client_y, by_sample=True)
         if self.personal is not None:
             scores["personal_acc"] = self.personal_accuracy()
         weights = ctx.transport.gather_rows(ctx.flat.float())
         gathered = {m: ctx.transport.gather_rows(v[:, None].double()) for m, v in scores.items()}
+        sample_sums = ctx.transport.gather(by_sample[head].cpu()) if self.client_strata is not None else None
         if weights is None:
-            return None, None
-        return weights, {m: v[:, 0] for m, v in gathered.items()}
+            return None, None, None
+        error = None
+        if sample_sums is not None:
+            per_sample = (sum(sample_sums) / len(weights)).numpy()
+            error = subset_mean_error(per_sample, self.client_strata, self.population)
+        return weights, {m: v[:, 0] for m, v in gathered.items()}, error
 
     def personal_accuracy(self) -> torch.Tensor:
         """(peers,): each of this rank's peers' own model on its personal test set."""
@@ -172,8 +216,13 @@ class MetricsLog:
                 acc[i] = evaluate(ctx.stack, ctx.flat[i:i + 1], ctx.data.test_x[index], ctx.data.test_y[index])["acc"][0]
         return acc
 
-    def record(self, round_index: int, train_losses: torch.Tensor | None, wall_s: float, evaluate_now: bool) -> dict | None:
+    def record(self, round_index: int, train_losses: torch.Tensor | None, train_s: float, round_start: float,
+               evaluate_now: bool) -> dict | None:
+        """The round's row (rank 0; None elsewhere), appended to metrics.jsonl. Its times: train_s, the
+        algorithm's round; eval_s, this evaluation and gathering; round_s, all since round_start (the
+        previous row), so that the rows' round_s add up to the whole loop."""
         ctx = self.ctx
+        eval_start = time.perf_counter()
         check_finite(ctx, round_index)
         decentralized = not self.algorithm.centralized
         sent, dense, lost = ctx.transport.counter.take()
@@ -183,7 +232,7 @@ class MetricsLog:
                                          gpu_identity(ctx.device)))
         train = ctx.transport.gather_rows(train_losses[:, None].double()) if train_losses is not None else None
         custom = self.algorithm.test_scores(self.test_x, self.test_y) if evaluate_now else None
-        weights, clients = self.evaluate_all() if evaluate_now and custom is None else (None, None)
+        weights, clients, client_error = self.evaluate_all() if evaluate_now and custom is None else (None, None, None)
         if decentralized and not evaluate_now:  # consensus distance needs every round's weights
             weights = ctx.transport.gather_rows(ctx.flat.float())
         extra = self.algorithm.gathered_fields(round_index)
@@ -209,6 +258,8 @@ class MetricsLog:
         for m, v in (clients or {}).items():
             row.update({f"client_{m}_mean": float(v.mean()), f"client_{m}_min": float(v.min()),
                         f"client_{m}_max": float(v.max())})
+        if client_error is not None:
+            row[f"client_{ctx.stack.task.headline}_se"] = round(client_error, 6)
         if clients is not None and weights is not None:
             row["variance"] = inter_model_variance(weights)
         if decentralized and weights is not None:
@@ -217,8 +268,10 @@ class MetricsLog:
         row.update(extra or {})
         if train is not None and not bool(train.isnan().all()):
             row["train_loss"] = float(train.nanmean())  # the peers that trained this round
+        now = time.perf_counter()
         row.update(bytes_sent=int(sum(phases.values())), bytes_dense=int(dense_total),
-                   bytes_by_phase=phases, wall_s=round(wall_s, 4),
+                   bytes_by_phase=phases, train_s=round(train_s, 4), eval_s=round(now - eval_start, 4),
+                   round_s=round(now - round_start, 4),
                    peak_rss_mb=round(sum(g[2] for g in gathered) / 1024))
         gpu_peak = busiest_gpu_mib([(g[5], g[6]) for g in gathered])
         if gpu_peak is not None:

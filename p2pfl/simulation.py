@@ -310,6 +310,7 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, eve
     bar = tqdm(range(first, cfg.rounds), desc=f"{cfg.algo} {cfg.peers} peers", disable=rank != 0 or not cfg.progress,
                unit="round", file=sys.stderr, initial=first, total=cfg.rounds)
     last_save, k = time.monotonic(), first
+    round_start = time.perf_counter()  # each row's round_s runs from the previous row: the rows add up to the loop
     held: list[dict] = []  # in-memory captures of the last completed rounds: what a stop by SIGTERM saves
     try:
         for k in bar:
@@ -323,7 +324,8 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, eve
                     fh.write(_edges_line(ctx, k))
             last = k == cfg.rounds - 1
             seconds = time.perf_counter() - start
-            row = log.record(k, losses, seconds, last or (k + 1) % cfg.eval_every == 0)
+            row = log.record(k, losses, seconds, round_start, last or (k + 1) % cfg.eval_every == 0)
+            round_start = time.perf_counter()
             if board is not None and row:
                 board.add(row)
             head = ctx.stack.task.headline

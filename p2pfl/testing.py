@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from unittest import mock
 
-MACHINE_FACTS = ("wall_s", "peak_rss_mb", "peak_gpu_mb")  # how the run went on this machine, not its results
+MACHINE_FACTS = ("train_s", "eval_s", "round_s", "peak_rss_mb", "peak_gpu_mb")  # how the run went on this machine, not its results
 
 
 def run_in_process(args: list[str], stop_after_first_round: bool = False) -> tuple[int, str]:

@@ -12,9 +12,7 @@ def make_context(**settings):
 def metric_lines(run_dir):
     import json
 
+    from p2pfl.testing import MACHINE_FACTS
+
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    for row in rows:
-        row.pop("wall_s")
-        row.pop("peak_rss_mb")  # machine facts, not results
-        row.pop("peak_gpu_mb", None)
-    return rows
+    return [{k: v for k, v in row.items() if k not in MACHINE_FACTS} for row in rows]

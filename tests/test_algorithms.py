@@ -7,7 +7,7 @@ from tests.helpers import make_context, metric_lines
 from topologies import mixing_weights
 
 KEYS = {"round", "test_acc", "test_loss", "client_acc_mean", "client_acc_min", "client_acc_max", "variance",
-        "bytes_sent", "wall_s"}
+        "bytes_sent", "train_s", "eval_s", "round_s"}
 
 
 def test_full_graph_uniform_average_is_the_global_mean():

@@ -13,7 +13,7 @@ import torch
 
 import p2pfl
 from p2pfl.algorithms import REGISTRY
-from p2pfl.testing import check_layout_invariance, check_learns, check_resume, mpirun, results, run_in_process
+from p2pfl.testing import MACHINE_FACTS, check_layout_invariance, check_learns, check_resume, mpirun, results, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -42,7 +42,7 @@ def test_simulate_returns_the_cli_numbers_and_writes_nothing_without_out(tmp_pat
     code, err = run_in_process([*TINY_ARGS, "--algo", "dfedavg", "--out", str(tmp_path / "cli")])
     assert code == 0, err
     cli = results(tmp_path / "cli")
-    assert [{k: v for k, v in r.items() if k != "wall_s" and k != "peak_rss_mb"} for r in result.rows] == cli["metrics"]
+    assert [{k: v for k, v in r.items() if k not in MACHINE_FACTS} for r in result.rows] == cli["metrics"]
     saved = torch.load(tmp_path / "cli" / "model.pt", weights_only=True)
     assert saved.keys() == result.model_state.keys() and all(torch.equal(saved[k], result.model_state[k]) for k in saved)
     assert result.series("test_acc")[-1] == (3, result.rows[-1]["test_acc"])
@@ -89,9 +89,9 @@ def test_an_algorithm_by_class_by_reference_and_under_mpirun(on_path, tmp_path):
 @pytest.mark.skipif(mpirun() is None, reason="needs mpirun")
 def test_simulate_by_class_under_mpirun_gives_every_rank_the_result(tmp_path):
     script = tmp_path / "script.py"
-    script.write_text("import json, p2pfl\nfrom lazy_gossip import LazyGossip\n"
+    script.write_text("import json, p2pfl\nfrom p2pfl.testing import MACHINE_FACTS\nfrom lazy_gossip import LazyGossip\n"
                       f"r = p2pfl.simulate(algo=LazyGossip, keep=0.3, **{TINY!r})\n"
-                      "print('ROWS', json.dumps([{k: v for k, v in x.items() if k not in ('wall_s', 'peak_rss_mb')} "
+                      "print('ROWS', json.dumps([{k: v for k, v in x.items() if k not in MACHINE_FACTS} "
                       "for x in r.rows]))\n")
     outputs = []
     for ranks in (1, 2):

@@ -7,6 +7,7 @@ import pytest
 
 from p2pfl.data import load_dataset, partition, read_partition_file
 from p2pfl.errors import UserError
+from p2pfl.testing import MACHINE_FACTS
 from tests.conftest import run_here
 
 SHARDS = {0: np.array([5, 1, 3], dtype=np.int64), 1: np.array([0, 2]), 2: np.array([9, 4, 7, 8])}
@@ -85,7 +86,7 @@ def test_a_run_on_a_file_equals_the_run_that_drew_it(tmp_path):
                         ("file", ["--seed", "3", "--partition-file", str(path)])):
         done = run_here(*common, *extra, "--out", str(tmp_path / name))
         assert done.returncode == 0, done.stderr
-        runs[name] = [{k: v for k, v in json.loads(line).items() if k not in ("wall_s", "peak_rss_mb")}
+        runs[name] = [{k: v for k, v in json.loads(line).items() if k not in MACHINE_FACTS}
                       for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     assert runs["file"] == runs["drawn"]
     assert (tmp_path / "file" / "partition.json").read_text() == (tmp_path / "drawn" / "partition.json").read_text()

@@ -105,7 +105,7 @@ def test_sweep_resumes_an_interrupted_run_and_refuses_another_presets_folder(tmp
     argv = run["argv"][run["argv"].index("p2pfl.run") + 1:]
     code, err = testing.run_in_process(argv, stop_after_first_round=True)  # stopped after round 1, checkpointed
     assert code == 130, err
-    first_row = (out / "base" / "seed0" / "metrics.jsonl").read_text().splitlines()[0]  # its wall_s: this run's
+    first_row = (out / "base" / "seed0" / "metrics.jsonl").read_text().splitlines()[0]  # its times: this run's
     code, _, err = call("sweep", preset, "--out", out, "--target", "0.1")
     assert code == 0, err
     assert (out / "base" / "seed0" / "metrics.jsonl").read_text().splitlines()[0] == first_row  # resumed, not rerun

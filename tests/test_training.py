@@ -136,13 +136,13 @@ def test_peer_block_by_device():
 def test_evaluation_chunks_fit_the_budget_training_uses_and_give_the_same_scores(monkeypatch):
     """Evaluation is sized from the per-sample activation estimate and the rank's batch budget, as
     training is: a model that holds a lot per sample (resnet18 at 32x32 on a GPU) is evaluated in small
-    chunks instead of 25 peers x 5,000 samples per pass, and the scores do not depend on the chunks."""
-    from p2pfl.training import EVAL_PEERS_CPU, EVAL_SAMPLES, evaluation_chunks
+    chunks instead of the CPU's 10 peers x 2,000 samples per pass, and the scores do not depend on the chunks."""
+    from p2pfl.training import EVAL_PEERS_CPU, EVAL_SAMPLES, EVAL_SAMPLES_CPU, evaluation_chunks
 
     model, flat, shards, x, y = setup(peers=6)
     stack = PeerStack(model)
     per_sample = stack.activation_bytes((12,))
-    assert evaluation_chunks(stack, 300, 10_000, (12,)) == (EVAL_PEERS_CPU, EVAL_SAMPLES)  # the CPU's as before
+    assert evaluation_chunks(stack, 300, 10_000, (12,)) == (EVAL_PEERS_CPU, EVAL_SAMPLES_CPU)  # the CPU's passes
     whole = evaluate(stack, flat, x, y)
     for budget in (per_sample * 7, per_sample * 50, per_sample * 400):
         monkeypatch.setattr(PeerStack, "batch_budget", lambda self, b=budget: b)
@@ -157,4 +157,4 @@ def test_evaluation_chunks_fit_the_budget_training_uses_and_give_the_same_scores
     big = 22_315_129  # resnet18 at 32x32, measured by activation_bytes
     monkeypatch.setattr(PeerStack, "activation_bytes", lambda self, shape: big)
     peers, samples = evaluation_chunks(stack, 25, 10_000, (3, 32, 32))
-    assert peers * samples * big <= 40 * 2**30 and samples < EVAL_SAMPLES
+    assert peers * samples * big <= 40 * 2**30 and samples < EVAL_SAMPLES_CPU
