@@ -9,7 +9,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install run test bench gpu-smoke gpu-check figures figures-quick data clean
+.PHONY: install run test bench bench-flower gpu-smoke gpu-check figures figures-quick data clean
 
 install: $(VENV)/.installed data $(PRECOMPILED)
 
@@ -54,6 +54,12 @@ bench: install
 	$(PY) bench/bench_ntk.py
 	$(PY) bench/bench_cnn.py
 	$(PY) bench/bench_cnn.py --tct-stage1 --device gpu --repeats 1
+	$(PY) bench/bench_eval.py
+
+# p2pfl beside Flower's simulation engine on the same FedAvg work (installs flwr with Ray first).
+bench-flower: install
+	$(PY) -m pip install --quiet -e '.[flower]'
+	$(PY) bench/vs_flower.py
 
 # Every algorithm x model pair for 2 rounds on the GPU, one OK/FAIL line each (without CUDA: one line, skipped).
 gpu-smoke: install

@@ -1,0 +1,157 @@
+"""p2pfl beside Flower's simulation engine (flwr with Ray) on one machine, on the same work, as ratios
+measured in one run.
+
+The work: FedAvg, Fashion-MNIST, the MLP 784-100-10, 200 samples a client (p2pfl's Dirichlet 0.1
+shards, the same for both), 5 local epochs of SGD (lr 0.1, batch 50), every client every round.
+Flower's clients train with a plain PyTorch loop on Ray actors (one CPU each); its server evaluates
+the aggregated model on the 10,000 test images after each round (its centralized evaluation). p2pfl
+runs the same rounds as `python -m p2pfl.run`, once as it comes (its default evaluation: the
+aggregated model on every test image and each client's model on the client test subset), and its
+training time alone (train_s) is set beside Flower's training (fit) time.
+
+    make bench-flower        # installs the flower extra, then runs this
+    python bench/vs_flower.py [--clients 100,300] [--rounds 5]
+
+A round's time is the median over the rounds after the first (Ray's start and the first round's
+one-off costs left out on both sides).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from bench.common import run_rounds  # noqa: E402
+
+EPOCHS, BATCH, LR, SAMPLES = 5, 50, 0.1, 200
+
+
+def data(clients: int):
+    """Fashion-MNIST and each client's shard of it (p2pfl's Dirichlet 0.1 draw for seed 0), built once
+    in the driver: Ray's actors receive the client app, shards included, once."""
+    from p2pfl.data import load_dataset, partition
+
+    ds = load_dataset("fashion-mnist")
+    shards = partition(ds.train_y.numpy(), ds.n_classes, clients, "dirichlet", per_peer=SAMPLES, alpha=0.1, seed=0)
+    return ds, [(ds.train_x[torch.as_tensor(s)].clone(), ds.train_y[torch.as_tensor(s)].clone()) for s in shards]
+
+
+def mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 100), torch.nn.ReLU(), torch.nn.Linear(100, 10))
+
+
+def get_weights(model) -> list[np.ndarray]:
+    return [v.detach().cpu().numpy() for v in model.state_dict().values()]
+
+
+def set_weights(model, weights) -> None:
+    model.load_state_dict({k: torch.from_numpy(np.asarray(w)) for k, w in zip(model.state_dict(), weights)})
+
+
+def flower_round_times(clients: int, rounds: int) -> tuple[list[float], list[float]]:
+    """(each round's whole time, each round's fit time) of a Flower simulation."""
+    from flwr.client import ClientApp, NumPyClient
+    from flwr.common import Context, ndarrays_to_parameters
+    from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+    from flwr.server.strategy import FedAvg
+    from flwr.simulation import run_simulation
+
+    marks: dict[str, list[float]] = {"configure": [], "aggregated": [], "evaluated": []}
+
+    ds, shards = data(clients)
+
+    class Client(NumPyClient):
+        def __init__(self, index: int):
+            (self.x, self.y), self.model = shards[index], mlp()
+
+        def fit(self, parameters, config):
+            torch.set_num_threads(1)
+            set_weights(self.model, parameters)
+            opt = torch.optim.SGD(self.model.parameters(), lr=LR)
+            loss_fn = torch.nn.CrossEntropyLoss()
+            for _ in range(EPOCHS):
+                order = torch.randperm(len(self.y))
+                for start in range(0, len(order), BATCH):
+                    b = order[start:start + BATCH]
+                    opt.zero_grad()
+                    loss_fn(self.model(self.x[b]), self.y[b]).backward()
+                    opt.step()
+            return get_weights(self.model), len(self.y), {}
+
+    def client_fn(context: Context):
+        return Client(int(context.node_config["partition-id"])).to_client()
+
+    test_model = mlp()
+
+    def evaluate(server_round, parameters, config):
+        set_weights(test_model, parameters)
+        with torch.no_grad():
+            out = test_model(ds.test_x)
+        acc = float((out.argmax(1) == ds.test_y).float().mean())
+        marks["evaluated"].append(time.perf_counter())
+        return float(torch.nn.functional.cross_entropy(out, ds.test_y)), {"acc": acc}
+
+    class TimedFedAvg(FedAvg):
+        def configure_fit(self, server_round, parameters, client_manager):
+            marks["configure"].append(time.perf_counter())
+            return super().configure_fit(server_round, parameters, client_manager)
+
+        def aggregate_fit(self, server_round, results, failures):
+            out = super().aggregate_fit(server_round, results, failures)
+            marks["aggregated"].append(time.perf_counter())
+            return out
+
+    strategy = TimedFedAvg(fraction_fit=1.0, min_fit_clients=clients, min_available_clients=clients,
+                           fraction_evaluate=0.0, evaluate_fn=evaluate,
+                           initial_parameters=ndarrays_to_parameters(get_weights(mlp())))
+
+    def server_fn(context: Context):
+        return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds))
+
+    run_simulation(server_app=ServerApp(server_fn=server_fn), client_app=ClientApp(client_fn=client_fn),
+                   num_supernodes=clients, backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    ends = marks["evaluated"][1:]  # [0] is the evaluation of the initial model, before round 1
+    whole = [end - start for start, end in zip(marks["configure"], ends)]
+    fit = [end - start for start, end in zip(marks["configure"], marks["aggregated"])]
+    return whole, fit
+
+
+def p2pfl_round_times(clients: int, rounds: int) -> tuple[list[float], list[float]]:
+    """(each round's round_s, each round's train_s) of `python -m p2pfl.run` on the same work."""
+    rows, _ = run_rounds(["--algo", "fedavg", "--peers", str(clients), "--clients-per-round", str(clients),
+                          "--samples-per-peer", str(SAMPLES), "--local-epochs", str(EPOCHS), "--batch-size",
+                          str(BATCH), "--lr", str(LR), "--rounds", str(rounds), "--device", "cpu"])
+    return [r["round_s"] for r in rows], [r["train_s"] for r in rows]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", default="100,300")
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    try:
+        import flwr  # noqa: F401
+    except ImportError:
+        raise SystemExit("bench/vs_flower.py needs Flower's simulation engine: pip install -e '.[flower]' "
+                         "(or make bench-flower)")
+    print("p2pfl beside Flower (flwr + Ray), FedAvg, MLP, 200 samples x 5 epochs a client, all clients a round; "
+          "median seconds a round after the first:")
+    for clients in [int(c) for c in args.clients.split(",")]:
+        f_whole, f_fit = flower_round_times(clients, args.rounds)
+        p_whole, p_train = p2pfl_round_times(clients, args.rounds)
+        med = lambda v: statistics.median(v[1:])  # noqa: E731
+        print(f"  {clients} clients: training: Flower {med(f_fit):.2f} s, p2pfl {med(p_train):.2f} s "
+              f"({med(f_fit) / med(p_train):.1f}x); whole round: Flower {med(f_whole):.2f} s (its server's "
+              f"evaluation of the aggregated model), p2pfl {med(p_whole):.2f} s (its default evaluation) "
+              f"({med(f_whole) / med(p_whole):.1f}x)")
+
+
+if __name__ == "__main__":
+    main()
