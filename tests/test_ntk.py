@@ -229,3 +229,13 @@ def test_one_ntk_dfl_peer_step_against_an_independent_dense_computation():
     update, expected_update = ctx.flat[peer] - wbar, expected - wbar
     assert float((update - expected_update).norm() / expected_update.norm()) < 1e-4
     assert not torch.allclose(expected, wbar)
+
+
+def test_the_papers_standard_projection_is_the_scaled_one_times_root_d_out():
+    from tests.helpers import make_context
+
+    scaled, standard = gaussian_projection(64, 16, 3), gaussian_projection(64, 16, 3, standard=True)
+    assert torch.allclose(standard, scaled * 4.0) and abs(float(standard.std()) - 1) < 0.1
+    runs = {entries: make_context(algo="cp-ntk-fl", topology="star", peers=4, clients_per_round=2, ntk_projection=16,
+                                  ntk_projection_entries=entries)[0].data.test_x for entries in ("scaled", "standard")}
+    assert torch.allclose(runs["standard"], runs["scaled"] * 4.0, rtol=1e-5, atol=1e-5)

@@ -61,6 +61,10 @@ class NTKOptions:
     ntk_quant_bits: int = option(0, "Jacobian compression: quantize kept entries to this many bits (0 = off)", bits)
     ntk_projection: int = option(0, "project inputs to this many dims with a shared-seed Gaussian matrix "
                                  "(0 = off; MLP only)", non_negative)
+    ntk_projection_entries: str = option("scaled", "the projection's entries: scaled (N(0, 1/d1'), keeps input "
+                                         "norms on average) or standard (N(0, 1), as the NTK-FL paper writes it: "
+                                         "inputs sqrt(d1') times larger, the kernel about d1' times)",
+                                         choices=("scaled", "standard"))
     ntk_memory_gb: float = option(8.0, "cap on the dense Jacobians a rank holds at once, in GB (NTK-DFL holds them "
                                   "a group of neighbourhoods at a time; a run where one neighbourhood, or NTK-FL's "
                                   "round, would exceed it is refused before it starts)", positive)
@@ -104,4 +108,4 @@ def project_inputs(data, cfg) -> None:
         if cfg.settings.ntk_projection >= features:
             raise UserError(f"--ntk-projection {cfg.settings.ntk_projection} does not reduce the {features} input "
                             f"features of {data.name}; use fewer dimensions (or 0 for none)")
-        project_dataset(data, cfg.settings.ntk_projection, cfg.seed)
+        project_dataset(data, cfg.settings.ntk_projection, cfg.seed, cfg.settings.ntk_projection_entries == "standard")

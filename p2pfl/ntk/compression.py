@@ -57,17 +57,19 @@ def decode(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
     return out.reshape(shape)
 
 
-def gaussian_projection(d_in: int, d_out: int, seed: int) -> torch.Tensor:
+def gaussian_projection(d_in: int, d_out: int, seed: int, standard: bool = False) -> torch.Tensor:
     """P (d_in, d_out) with N(0, 1/d_out) entries from a seed every peer shares: Z = X P keeps norms
-    on average, and X cannot be read back from Z without P, and with P only up to its null space when d_out < d_in."""
+    on average, and X cannot be read back from Z without P, and with P only up to its null space when d_out < d_in.
+    standard: N(0, 1) entries, as the NTK-FL paper writes it."""
     gen = torch_generator(seed, "projection", d_in, d_out)
-    return torch.randn(d_in, d_out, generator=gen) / math.sqrt(d_out)
+    draw = torch.randn(d_in, d_out, generator=gen)
+    return draw if standard else draw / math.sqrt(d_out)
 
 
-def project_dataset(data, d_out: int, seed: int) -> None:
+def project_dataset(data, d_out: int, seed: int, standard: bool = False) -> None:
     """Replace train and test inputs by their projections (the model's input size becomes d_out)."""
     d_in = data.train_x[0].numel()
-    P = gaussian_projection(d_in, d_out, seed).to(data.train_x.device)
+    P = gaussian_projection(d_in, d_out, seed, standard).to(data.train_x.device)
     data.train_x = data.train_x.reshape(len(data.train_x), -1) @ P
     data.test_x = data.test_x.reshape(len(data.test_x), -1) @ P
     data.pixel_levels = None
