@@ -189,9 +189,9 @@ def markdown(rows: list[dict], metric: str) -> str:
                                "evaluation included.\n")
 
 
-def draw(groups: list[Group], metric: str, band: str, path: Path, title: str) -> None:
+def draw(groups: list[Group], metric: str, band: str, path: Path, title: str, targets: list[float] = ()) -> None:
     """Three panels: the metric against rounds, against MiB sent, against wall time; per group the mean
-    over its runs (aggregated solid, mean client dashed) and a band over runs."""
+    over its runs (aggregated solid, mean client dashed) and a band over runs; a grey line at each target."""
     key, scale = f"test_{metric}", 100 if metric == "acc" else 1
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), sharey=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -219,6 +219,11 @@ def draw(groups: list[Group], metric: str, band: str, path: Path, title: str) ->
     older = any(run.training_time_only for group in groups for run in group.runs)
     clock = "wall time (s, cumulative" + ("; training only for runs without round_s)" if older else ")")
     for ax, xlabel in zip(axes, ["round", "MiB sent (all peers, cumulative)", clock]):
+        for target in targets:
+            ax.axhline(scale * target, color="grey", lw=0.8, ls=(0, (1, 2)))
+            ax.annotate(f"{scale * target:g}" + ("%" if metric == "acc" else ""), (1, scale * target),
+                        xycoords=("axes fraction", "data"), xytext=(-2, 2), textcoords="offset points",
+                        ha="right", fontsize=7, color="grey")
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
         if metric != "acc":
@@ -247,7 +252,7 @@ def compare(folders: list[Path], by: list[str] | None = None, targets: list[floa
     rows = table(groups, metric, targets)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    draw(groups, metric, band, out, title)
+    draw(groups, metric, band, out, title, targets)
     out.with_suffix(".md").write_text(markdown(rows, metric))
     with out.with_suffix(".csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))

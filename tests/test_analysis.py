@@ -123,3 +123,15 @@ def test_privacy_study_recovers_uncompressed_and_not_projected(tmp_path, monkeyp
     assert rows["dense, uncompressed"]["ssim_mean"] > 0.85
     assert rows["projection 100"]["ssim_mean"] < rows["dense, uncompressed"]["ssim_mean"] - 0.3
     assert (tmp_path / "privacy.png").exists() and "| projection 100 |" in (tmp_path / "privacy.md").read_text()
+
+
+def test_compare_draws_a_line_at_each_target_on_every_panel(tmp_path, monkeypatch):
+    import analysis.compare as module
+
+    drawn = []
+    monkeypatch.setattr(module, "save", lambda fig, path: drawn.append(fig))
+    runs = [fake_run(tmp_path / f"a{s}", "ntk-dfl", s, [0.5, 0.7, 0.9]) for s in range(2)]
+    compare(runs, targets=[0.8, 0.85], out=tmp_path / "cmp.png")
+    for ax in drawn[0].axes:
+        flat = {round(line.get_ydata()[0], 6) for line in ax.get_lines() if len(set(line.get_ydata())) == 1}
+        assert {80.0, 85.0} <= flat
