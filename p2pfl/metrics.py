@@ -144,6 +144,17 @@ def personal_test_sets(ctx) -> list[torch.Tensor]:
     return out
 
 
+def row_fingerprints(flat: torch.Tensor) -> torch.Tensor:
+    """(L,) int64: each row's bits weighted by fixed random odd multipliers and summed in exact (wrapping)
+    integer arithmetic, so that a row whose weights changed in any bit gets another fingerprint (two
+    different rows agree with chance about 2^-64); in row blocks of about 256 MB."""
+    bits = flat.contiguous().view(torch.int32)
+    gen = torch.Generator().manual_seed(0x5EED)
+    multipliers = (torch.randint(-2**62, 2**62, (bits.shape[1],), generator=gen) * 2 + 1).to(flat.device)
+    block = max(1, 2**25 // max(1, bits.shape[1]))
+    return torch.cat([(bits[i:i + block].long() * multipliers).sum(1) for i in range(0, len(bits), block)])
+
+
 def check_finite(ctx, round_index: int) -> None:
     """Stop every rank together, naming the peers, when a model holds NaN or inf."""
     rows = (~torch.isfinite(ctx.flat).all(1)).nonzero()[:, 0].tolist()  # one read of the device, not one a peer
@@ -182,6 +193,11 @@ class MetricsLog:
         self.last_weights: torch.Tensor | None = None  # every peer's weights at the last evaluation (rank 0)
         self.personal = [index.to(ctx.device) for index in personal_test_sets(ctx)] \
             if ctx.stack.task.name == "classification" else None  # on the device once
+        # each local peer's scores as last evaluated, and the fingerprints of the weights they were for:
+        # a peer whose weights did not change since (a star's clients not sampled) is not evaluated again
+        self.scored: torch.Tensor | None = None
+        self.scores: dict[str, torch.Tensor] = {}
+        self.sample_scores: torch.Tensor | None = None  # (local peers, client test samples): the headline metric
 
     def restore(self, rows: list[dict]) -> None:
         """The rows so far (a resumed run's; none for a new one, rank 0): metrics.jsonl rewritten to hold
@@ -193,13 +209,11 @@ class MetricsLog:
     def evaluate_all(self) -> tuple[torch.Tensor | None, dict[str, torch.Tensor] | None, float | None]:
         """Gathered weights (P, D), each peer's test metrics {metric: (P,)} on the client test samples,
         and the standard error of the peers' mean headline metric from scoring a subset, on rank 0."""
-        ctx, head = self.ctx, self.ctx.stack.task.headline
-        scores, by_sample = evaluate(ctx.stack, ctx.flat, self.client_x, self.client_y, by_sample=True)
-        if self.personal is not None:
-            scores["personal_acc"] = self.personal_accuracy()
+        ctx = self.ctx
+        scores, sample_sum = self.local_scores()
         weights = ctx.transport.gather_rows(ctx.flat.float())
         gathered = {m: ctx.transport.gather_rows(v[:, None].double()) for m, v in scores.items()}
-        sample_sums = ctx.transport.gather(by_sample[head].cpu()) if self.client_strata is not None else None
+        sample_sums = ctx.transport.gather(sample_sum.cpu()) if self.client_strata is not None else None
         if weights is None:
             return None, None, None
         error = None
@@ -208,12 +222,35 @@ class MetricsLog:
             error = subset_mean_error(per_sample, self.client_strata, self.population)
         return weights, {m: v[:, 0] for m, v in gathered.items()}, error
 
-    def personal_accuracy(self) -> torch.Tensor:
-        """(peers,): each of this rank's peers' own model on its personal test set."""
-        ctx, acc = self.ctx, torch.zeros(len(self.ctx.peers), device=self.ctx.device)
-        for i, index in enumerate(self.personal):
+    def local_scores(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """This rank's peers' metrics {metric: (peers,)} on the client test samples (and personal_acc),
+        and their headline metric summed over the peers, sample by sample (n,). Only the peers whose
+        weights changed since they were last scored are evaluated."""
+        ctx, head = self.ctx, self.ctx.stack.task.headline
+        prints = row_fingerprints(ctx.flat)
+        stale = torch.ones_like(prints, dtype=torch.bool) if self.scored is None else prints != self.scored
+        rows = stale.nonzero()[:, 0]
+        if len(rows):
+            flat = ctx.flat if len(rows) == len(prints) else ctx.flat[rows]
+            fresh, by_sample = evaluate(ctx.stack, flat, self.client_x, self.client_y, by_sample=True)
+            if self.personal is not None:
+                fresh["personal_acc"] = self.personal_accuracy(rows.tolist())
+            if self.scored is None:
+                self.scores = {m: torch.zeros(len(prints), dtype=v.dtype, device=v.device) for m, v in fresh.items()}
+                self.sample_scores = torch.zeros(len(prints), len(self.client_y), device=by_sample[head].device)
+            for m, v in fresh.items():
+                self.scores[m][rows] = v
+            self.sample_scores[rows] = by_sample[head]
+        self.scored = prints
+        return {m: v.clone() for m, v in self.scores.items()}, self.sample_scores.double().sum(0)
+
+    def personal_accuracy(self, rows: list[int]) -> torch.Tensor:
+        """(rows,): these local peers' own models, each on its personal test set."""
+        ctx, acc = self.ctx, torch.zeros(len(rows), device=self.ctx.device)
+        for j, i in enumerate(rows):
+            index = self.personal[i]
             if len(index):
-                acc[i] = evaluate(ctx.stack, ctx.flat[i:i + 1], ctx.data.test_x[index], ctx.data.test_y[index])["acc"][0]
+                acc[j] = evaluate(ctx.stack, ctx.flat[i:i + 1], ctx.data.test_x[index], ctx.data.test_y[index])["acc"][0]
         return acc
 
     def record(self, round_index: int, train_losses: torch.Tensor | None, train_s: float, round_start: float,

@@ -431,11 +431,11 @@ def evaluation_chunks(stack: PeerStack, peers: int, samples: int, sample_shape: 
 def evaluate(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
              by_sample: bool = False) -> dict[str, torch.Tensor] | tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The task's metrics (accuracy and loss for classification) of each row of flat (L, D) on (x, y),
-    averaged over the samples: {metric: (L,)}. by_sample: also each metric summed over the rows, sample
-    by sample {metric: (n,)}, from which the precision of a mean over a subset of samples follows."""
+    averaged over the samples: {metric: (L,)}. by_sample: also each metric of each row, sample by sample
+    {metric: (L, n)}, from which the precision of a mean over a subset of samples follows."""
     task = stack.task
     sums = {m: torch.zeros(len(flat), device=flat.device) for m in task.metrics}
-    per_sample = {m: torch.zeros(len(x), dtype=torch.float64, device=flat.device) for m in task.metrics}
+    per_sample = {m: torch.zeros(len(flat), len(x), device=flat.device) if by_sample else None for m in task.metrics}
     peer_chunk, sample_chunk = evaluation_chunks(stack, len(flat), len(x), tuple(x.shape[1:]))
     for p in range(0, len(flat), peer_chunk):
         rows = flat[p:p + peer_chunk]
@@ -445,6 +445,6 @@ def evaluate(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Ten
             for m, values in task.per_sample(outputs, yb.expand(len(rows), *yb.shape)).items():
                 sums[m][p:p + peer_chunk] += values.sum(1)
                 if by_sample:
-                    per_sample[m][s:s + sample_chunk] += values.double().sum(0)
+                    per_sample[m][p:p + peer_chunk, s:s + sample_chunk] = values
     means = {m: v / len(x) for m, v in sums.items()}
     return (means, per_sample) if by_sample else means

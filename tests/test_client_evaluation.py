@@ -70,3 +70,28 @@ def test_every_row_carries_its_training_evaluation_and_total_time():
     for row in rows:
         assert {"train_s", "eval_s", "round_s"} <= set(MACHINE_FACTS) & set(row)
         assert 0 < row["train_s"] and 0 < row["eval_s"] and row["train_s"] + row["eval_s"] <= row["round_s"] + 2e-4  # each rounded to 0.1 ms
+
+
+def test_only_peers_whose_weights_changed_are_scored_again_and_the_scores_equal_a_fresh_evaluation(monkeypatch):
+    from p2pfl import metrics
+    from p2pfl.metrics import MetricsLog
+
+    ctx, algorithm = make_context(algo="fedavg", dataset="synthetic", peers=8, topology="star", clients_per_round=2, local_epochs=1,
+                                  client_test_samples=150)
+    log = MetricsLog(ctx, None, algorithm)
+    evaluated = []
+    real = metrics.evaluate
+    monkeypatch.setattr(metrics, "evaluate", lambda stack, flat, *a, **k: evaluated.append(len(flat)) or real(stack, flat, *a, **k))
+    for k in range(3):
+        algorithm.round(k)
+        log.record(k, None, 0.0, 0.0, True)
+    client_rows = [n for n in evaluated if n > 1]  # personal test sets are scored a peer at a time
+    assert client_rows[0] == 8 and all(n <= 2 for n in client_rows[1:]), evaluated  # 2 clients trained a round
+    fresh, by_sample = real(ctx.stack, ctx.flat, log.client_x, log.client_y, by_sample=True)
+    scores, sample_sum = log.local_scores()
+    assert all(torch.equal(scores[m], fresh[m]) for m in fresh)
+    assert torch.equal(sample_sum, by_sample["acc"].double().sum(0))
+    ctx.flat[3, 0] = torch.nextafter(ctx.flat[3, 0], torch.tensor(float("inf")))  # one bit of one peer
+    evaluated.clear()
+    log.local_scores()
+    assert evaluated == [1, 1]  # that peer alone: its client scores, its personal test set
