@@ -23,7 +23,7 @@ from p2pfl.errors import UserError
 
 # Settings that do not change a run's numbers: never a reason to split groups.
 NOT_RESULTS = {"seed", "progress", "device", "comm_timeout", "checkpoint_every", "save_edges", "batched", "resume",
-               "tensorboard"}
+               "tensorboard", "client_test_samples"}
 MIB = 2 ** 20
 
 
@@ -96,6 +96,8 @@ def group_runs(runs: list[Run], by: list[str] | None) -> list[Group]:
         keys = by
     else:
         keys = sorted({k for run in runs for k in run.config} - NOT_RESULTS)
+    for run in runs:  # a run older than a setting ran as its default does
+        run.config = {**{k: v for k, v in setting_defaults(run.config.get("algo")).items() if k in keys}, **run.config}
     groups: dict[tuple, Group] = {}
     for run in runs:
         groups.setdefault(tuple(repr(run.config.get(k)) for k in keys), Group("")).runs.append(run)
@@ -104,6 +106,19 @@ def group_runs(runs: list[Run], by: list[str] | None) -> list[Group]:
         config = group.runs[0].config
         group.label = ", ".join(f"{k}={_short(config.get(k))}" for k in varying) or str(config.get("algo", "runs"))
     return list(groups.values())
+
+
+def setting_defaults(algo: str | None) -> dict:
+    """Every setting's default for a run of algo, as config.toml writes it (none for an unknown algo)."""
+    from p2pfl.algorithms import REGISTRY
+    from p2pfl.config import RunConfig
+    from p2pfl.options import declared, defaults_of
+
+    cls = REGISTRY.get(algo)
+    if cls is None:
+        return {}
+    run = {f.name: f.default for f in declared(RunConfig) if not callable(f.default)}
+    return {**run, **defaults_of(cls.Settings, cls.setting_defaults)}
 
 
 def label_keys(runs: list[Run], keys: list[str]) -> list[str]:
@@ -155,7 +170,8 @@ def table(groups: list[Group], metric: str, targets: list[float]) -> list[dict]:
                f"final_client_{metric}_mean": float(np.mean(clients)) if clients else None,
                "rounds": max(run.rows[-1]["round"] for run in group.runs),
                "mib_sent": float(np.mean([run.cumulative("bytes_sent")[run.rows[-1]["round"]] for run in group.runs])) / MIB,
-               "s_per_round": float(np.mean([np.mean([round_seconds(r) for r in run.rows]) for run in group.runs]))}
+               "s_per_round": float(np.mean([np.mean([round_seconds(r) for r in run.rows]) for run in group.runs])),
+               "s_counts": "training" if any(run.training_time_only for run in group.runs) else "whole round"}
         for target in targets:
             reached = [(run, first_reaching(run, key, target, higher)) for run in group.runs]
             reached = [(run, k) for run, k in reached if k is not None]
@@ -186,7 +202,7 @@ def markdown(rows: list[dict], metric: str) -> str:
     unit = "final_* accuracies in %; " if percent else ""
     return "\n".join(lines) + (f"\n\n{unit}rounds_to_X and mib_to_X average the runs that reached X "
                                "(reached_X says how many); mib = MiB sent by all peers; s_per_round = a round's wall time, "
-                               "evaluation included.\n")
+                               "evaluation included (s_counts says training where runs predate round_s).\n")
 
 
 def draw(groups: list[Group], metric: str, band: str, path: Path, title: str, targets: list[float] = ()) -> None:
