@@ -18,6 +18,7 @@ one-off costs left out on both sides).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -25,69 +26,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench.common import run_rounds  # noqa: E402
-
-EPOCHS, BATCH, LR, SAMPLES = 5, 50, 0.1, 200
-
-
-def data(clients: int):
-    """Fashion-MNIST and each client's shard of it (p2pfl's Dirichlet 0.1 draw for seed 0), built once
-    in the driver: Ray's actors receive the client app, shards included, once."""
-    from p2pfl.data import load_dataset, partition
-
-    ds = load_dataset("fashion-mnist")
-    shards = partition(ds.train_y.numpy(), ds.n_classes, clients, "dirichlet", per_peer=SAMPLES, alpha=0.1, seed=0)
-    return ds, [(ds.train_x[torch.as_tensor(s)].clone(), ds.train_y[torch.as_tensor(s)].clone()) for s in shards]
-
-
-def mlp() -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 100), torch.nn.ReLU(), torch.nn.Linear(100, 10))
-
-
-def get_weights(model) -> list[np.ndarray]:
-    return [v.detach().cpu().numpy() for v in model.state_dict().values()]
-
-
-def set_weights(model, weights) -> None:
-    model.load_state_dict({k: torch.from_numpy(np.asarray(w)) for k, w in zip(model.state_dict(), weights)})
+from bench.flower_client import BATCH, EPOCHS, LR, SAMPLES, client_fn, data, get_weights, mlp, set_weights  # noqa: E402
 
 
 def flower_round_times(clients: int, rounds: int) -> tuple[list[float], list[float]]:
     """(each round's whole time, each round's fit time) of a Flower simulation."""
-    from flwr.client import ClientApp, NumPyClient
+    from flwr.client import ClientApp
     from flwr.common import Context, ndarrays_to_parameters
     from flwr.server import ServerApp, ServerAppComponents, ServerConfig
     from flwr.server.strategy import FedAvg
     from flwr.simulation import run_simulation
 
     marks: dict[str, list[float]] = {"configure": [], "aggregated": [], "evaluated": []}
-
-    ds, shards = data(clients)
-
-    class Client(NumPyClient):
-        def __init__(self, index: int):
-            (self.x, self.y), self.model = shards[index], mlp()
-
-        def fit(self, parameters, config):
-            torch.set_num_threads(1)
-            set_weights(self.model, parameters)
-            opt = torch.optim.SGD(self.model.parameters(), lr=LR)
-            loss_fn = torch.nn.CrossEntropyLoss()
-            for _ in range(EPOCHS):
-                order = torch.randperm(len(self.y))
-                for start in range(0, len(order), BATCH):
-                    b = order[start:start + BATCH]
-                    opt.zero_grad()
-                    loss_fn(self.model(self.x[b]), self.y[b]).backward()
-                    opt.step()
-            return get_weights(self.model), len(self.y), {}
-
-    def client_fn(context: Context):
-        return Client(int(context.node_config["partition-id"])).to_client()
-
+    ds, _ = data(clients)
     test_model = mlp()
 
     def evaluate(server_round, parameters, config):
@@ -132,6 +86,8 @@ def p2pfl_round_times(clients: int, rounds: int) -> tuple[list[float], list[floa
 
 
 def main() -> None:
+    root = str(Path(__file__).resolve().parent.parent)  # Ray's workers import bench.flower_client from here
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", default="100,300")
     p.add_argument("--rounds", type=int, default=5)
