@@ -54,8 +54,9 @@ def named_choices() -> dict[str, str]:
 def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
     """The run's flags, then the flags of algo's own settings (shown by --algo X --help)."""
     listing = "; ".join(f"{name}: {cls.summary}" for name, cls in REGISTRY.items())
-    p = _OneLineParser(prog="python -m p2pfl.run", description="Decentralized learning on a graph of peers.",
-                       epilog=f"algorithms: {listing}. python -m p2pfl.run --algo X --help lists X's own settings.",
+    prog = "p2pfl-run" if Path(sys.argv[0]).name == "p2pfl-run" else "python -m p2pfl.run"  # as the user typed it
+    p = _OneLineParser(prog=prog, description="Decentralized learning on a graph of peers.",
+                       epilog=f"algorithms: {listing}. {prog} --algo X --help lists X's own settings.",
                        argument_default=argparse.SUPPRESS, allow_abbrev=False)
     p.add_argument("--config", help=CONFIG_HELP)
     add_flags(p, RunConfig, extra=named_choices())

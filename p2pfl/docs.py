@@ -82,9 +82,22 @@ def rewrite(path: Path) -> None:
     path.write_text(text)
 
 
-if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        for name in sys.argv[1:]:
-            rewrite(Path(name))
-    else:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m p2pfl.docs", description="The tables of settings, derived from "
+                                "their declarations: printed, or rewritten between their markers in the given files.")
+    p.add_argument("files", nargs="*", type=Path, help="Markdown files to rewrite in place (docs/cli.md README.md)")
+    args = p.parse_args(argv)
+    missing = [str(f) for f in args.files if not f.is_file()]
+    if missing:
+        p.error(f"no such file: {missing[0]}")
+    for path in args.files:
+        rewrite(path)
+    if not args.files:
         print(run_table(), tables(), sep="\n\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -162,7 +162,7 @@ def check_finite(ctx, round_index: int) -> None:
     gathered = ctx.transport.gather(bad)
     every = ctx.transport.bcast(sorted(p for part in gathered for p in part) if gathered is not None else None)
     if every:
-        raise DivergenceError(f"round {round_index}: peers {every[:20]}{' ...' if len(every) > 20 else ''} "
+        raise DivergenceError(f"round {round_index + 1}: peers {every[:20]}{' ...' if len(every) > 20 else ''} "
                               f"have NaN/inf weights; lower --lr")
 
 

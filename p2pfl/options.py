@@ -116,7 +116,20 @@ def coerce(f: dataclasses.Field, value: Any, strict: bool = True) -> Any:
     except (TypeError, ValueError):
         wanted = f.metadata.get("wanted") or {"bool": "true or false", "ints": "comma-separated integers", "int": "an integer",
                   "float": "a finite number", "float|auto": "a finite number or auto", "str": "a name"}[kind]
+        if strict and isinstance(value, str) and kind != "str" and _parses(f, value):
+            raise UserError(f"{where} takes {wanted}, not the string {value!r}: in a TOML file write it without quotes")
         raise UserError(f"{where} takes {wanted}, not {value!r}")
+
+
+def _parses(f: dataclasses.Field, text: str) -> bool:
+    """Whether a flag's text would give the field a value (a TOML string that should have been a number)."""
+    if kind_of(f) == "bool":
+        return text.lower() in ("true", "false")
+    try:
+        coerce(f, text, strict=False)
+        return True
+    except UserError:
+        return False
 
 
 def _integer(value: Any) -> int:
@@ -187,5 +200,19 @@ def add_flags(group: argparse._ArgumentGroup, cls: type, overrides: dict[str, An
             group.add_argument(flag_of(f), dest=f.name,
                                action=argparse.BooleanOptionalAction, help=text)
         else:
-            group.add_argument(flag(f.name), dest=f.name, help=text, metavar=f.name.upper().split("_")[-1],
+            group.add_argument(flag(f.name), dest=f.name, help=text, metavar=metavar(f),
                                type=lambda value, f=f: coerce(f, value, strict=False))
+
+
+def metavar(f: dataclasses.Field) -> str:
+    """What a flag's value looks like in --help: N a count, P a probability or fraction, X another number;
+    a name's own word (--data-dir DIR)."""
+    kind, check = kind_of(f), f.metadata.get("check")
+    if kind == "int":
+        return "N"
+    if kind == "ints":
+        return "N[,N...]"
+    if kind in ("float", "float|auto"):
+        word = "P" if check in (probability, fraction) else "X"
+        return word + ("|auto" if kind == "float|auto" else "")
+    return f.name.upper().split("_")[-1]

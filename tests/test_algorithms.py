@@ -79,7 +79,7 @@ def test_divergence_stops_with_round_and_peers(tmp_path, capsys):
     code = main(["--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--rounds", "3", "--lr", "1e30",
                  "--local-epochs", "1", "--out", str(tmp_path / "r"), "--no-progress"])
     err = capsys.readouterr().err
-    assert code == 3 and "round 0" in err and "NaN/inf" in err
+    assert code == 3 and "round 1:" in err and "NaN/inf" in err  # rounds count from 1, as in metrics.jsonl
 
 
 def test_every_preset_is_a_valid_config():

@@ -241,3 +241,33 @@ def test_an_existing_run_folder_is_never_clobbered(tmp_path, capsys):
     assert (run / "metrics.jsonl").read_text() != before
     keys = [line.split(" = ")[0] for line in (run / "config.toml").read_text().splitlines() if " = " in line]
     assert "seed" in keys and "out" not in keys and "overwrite" not in keys
+
+
+def test_help_names_what_a_value_looks_like_and_the_command_as_typed(monkeypatch):
+    from p2pfl.configure import build_parser
+
+    text = build_parser().format_help()
+    assert "--samples-per-peer N" in text and "--clients-per-round" not in text  # dfedavg's flags only
+    assert "--drop-peers P" in text and "--lr X" in text and "--data-dir DIR" in text
+    assert build_parser("fedavg").format_help().count("--clients-per-round N") == 2  # usage and its line
+    monkeypatch.setattr("sys.argv", ["/venv/bin/p2pfl-run"])
+    assert build_parser().format_usage().startswith("usage: p2pfl-run ")
+
+
+def test_a_quoted_number_in_toml_is_named_as_a_string(tmp_path, capsys):
+    for text, said in (('lr = "0.1"', "not the string '0.1': in a TOML file write it without quotes"),
+                       ('static = "true"', "not the string 'true'"), ('lr = "abc"', "--lr takes a finite number, not 'abc'")):
+        (tmp_path / "c.toml").write_text(text + "\n")
+        assert main(["--config", str(tmp_path / "c.toml")]) == 2
+        assert said in capsys.readouterr().err
+
+
+def test_the_docs_tool_has_help_and_refuses_a_missing_file(capsys):
+    from p2pfl.docs import main as docs_main
+
+    with pytest.raises(SystemExit) as done:
+        docs_main(["--help"])
+    assert done.value.code == 0 and "usage: python -m p2pfl.docs" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        docs_main(["no/such.md"])
+    assert done.value.code == 2 and "no such file: no/such.md" in capsys.readouterr().err
