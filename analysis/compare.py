@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -277,6 +278,12 @@ def compare(folders: list[Path], by: list[str] | None = None, targets: list[floa
     return rows
 
 
+def beside_runs(folders: list[Path]) -> Path:
+    """compare.png in the deepest folder that holds every run (a sweep's folder for its runs)."""
+    parents = [Path(os.path.commonpath([str(f.resolve().parent) for f in folders]))]
+    return parents[0] / "compare.png"
+
+
 def run_folders(paths: list[Path]) -> list[Path]:
     """The given folders; a folder that is not a run folder stands for the run folders below it."""
     out = []
@@ -302,16 +309,18 @@ def _main(argv: list[str] | None) -> int:
                                 "setting but the seed")
     p.add_argument("--target", help="comma-separated target accuracies (fractions) for the table; default 0.8")
     p.add_argument("--band", choices=("minmax", "std"), default="minmax", help="band over seeds")
-    p.add_argument("--out", type=Path, default=Path("comparison.png"),
-                   help="figure path; the table goes beside it as .md and .csv")
+    p.add_argument("--out", type=Path, default=None,
+                   help="figure path; the table goes beside it as .md and .csv (default: compare.png in the "
+                        "folder that holds all the runs, as a sweep writes it)")
     p.add_argument("--title", default="")
     args = p.parse_args(argv)
     try:
         targets = [float(t) for t in args.target.split(",")] if args.target else None
     except ValueError:
         p.error(f"--target takes numbers, got {args.target!r}")
-    out = output_file(args.out)
-    rows = compare(run_folders(args.runs), args.by.split(",") if args.by else None, targets, args.band, out,
+    folders = run_folders(args.runs)
+    out = output_file(args.out if args.out is not None else beside_runs(folders))
+    rows = compare(folders, args.by.split(",") if args.by else None, targets, args.band, out,
                    args.title)
     print(out.with_suffix(".md").read_text(), end="")
     print(f"figure: {out}; table: {out.with_suffix('.md')}, {out.with_suffix('.csv')} ({len(rows)} groups)")

@@ -135,3 +135,14 @@ def test_compare_draws_a_line_at_each_target_on_every_panel(tmp_path, monkeypatc
     for ax in drawn[0].axes:
         flat = {round(line.get_ydata()[0], 6) for line in ax.get_lines() if len(set(line.get_ydata())) == 1}
         assert {80.0, 85.0} <= flat
+
+
+def test_compare_writes_beside_the_runs_by_default(tmp_path, monkeypatch):
+    from analysis.compare import main as compare_main
+
+    for s in range(2):
+        fake_run(tmp_path / "sweep" / f"seed{s}", "dfedavg", s, [0.5, 0.7])
+    monkeypatch.chdir(tmp_path / "sweep" / "seed0")  # not where the figure belongs
+    assert compare_main([str(tmp_path / "sweep")]) == 0
+    assert (tmp_path / "sweep" / "compare.png").exists() and (tmp_path / "sweep" / "compare.md").exists()
+    assert not list((tmp_path / "sweep" / "seed0").glob("compar*"))

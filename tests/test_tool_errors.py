@@ -119,3 +119,12 @@ def test_sweep_resumes_an_interrupted_run_and_refuses_another_presets_folder(tmp
     code, _, err = call("sweep", other, "--out", out)
     assert code == 2 and "holds a run of other settings (local_epochs 1 there, 2 in this plan)" in err
     assert listing(out) == before
+
+
+def test_the_launch_tools_run_from_any_folder(tmp_path):
+    import subprocess
+    import sys
+
+    for tool in (["launch.sweep"], ["launch.table"], ["analysis", "compare"]):
+        done = subprocess.run([sys.executable, "-m", *tool, "--help"], cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 0 and "usage:" in done.stdout, (tool, done.stderr[-500:])

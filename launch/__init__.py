@@ -1,0 +1,1 @@
+"""The launch tools: sweeps over presets, experiment tables, figures, cluster scripts (python -m launch.sweep)."""
