@@ -101,7 +101,7 @@ HOSTILE = [
     (["--config", "{tmp}"], "cannot be read"),
     (["--config", "{tmp}/not-utf8.toml"], "is not valid TOML"),
     (["--config", "{tmp}/broken.toml"], "is not valid TOML"),
-    (["--config", "{tmp}/lr-string.toml"], "--lr takes a finite number, not '0.1'"),
+    (["--config", "{tmp}/lr-string.toml"], "--lr takes a finite number, not the string '0.1'"),
     (["--config", "{tmp}/save-edges-no.toml"], "--save-edges takes true or false, not 'no'"),
     (["--config", "{tmp}/peers-float.toml"], "--peers takes an integer, not 4.5"),
     (["--config", "{tmp}/rounds-bool.toml"], "--rounds takes an integer, not True"),

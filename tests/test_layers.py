@@ -64,4 +64,4 @@ def test_the_cli_lists_a_registered_algorithm(lazy_gossip, capsys):
         build_parser("lazy-gossip").parse_args(["--help"])
     out = capsys.readouterr().out
     assert "local SGD, then a lazy step towards the neighbourhood average" in " ".join(out.split())
-    assert "--keep KEEP" in out and "share of its own model a peer keeps" in " ".join(out.split())
+    assert "--keep X" in out and "share of its own model a peer keeps" in " ".join(out.split())
