@@ -113,13 +113,12 @@ def setting_defaults(algo: str | None) -> dict:
     """Every setting's default for a run of algo, as config.toml writes it (none for an unknown algo)."""
     from p2pfl.algorithms import REGISTRY
     from p2pfl.config import RunConfig
-    from p2pfl.options import declared, defaults_of
+    from p2pfl.options import declared, default_of, defaults_of
 
     cls = REGISTRY.get(algo)
     if cls is None:
         return {}
-    run = {f.name: f.default for f in declared(RunConfig) if not callable(f.default)}
-    return {**run, **defaults_of(cls.Settings, cls.setting_defaults)}
+    return {**{f.name: default_of(f) for f in declared(RunConfig)}, **defaults_of(cls.Settings, cls.setting_defaults)}
 
 
 def label_keys(runs: list[Run], keys: list[str]) -> list[str]:
@@ -280,8 +279,7 @@ def compare(folders: list[Path], by: list[str] | None = None, targets: list[floa
 
 def beside_runs(folders: list[Path]) -> Path:
     """compare.png in the deepest folder that holds every run (a sweep's folder for its runs)."""
-    parents = [Path(os.path.commonpath([str(f.resolve().parent) for f in folders]))]
-    return parents[0] / "compare.png"
+    return Path(os.path.commonpath([str(f.resolve().parent) for f in folders])) / "compare.png"
 
 
 def run_folders(paths: list[Path]) -> list[Path]:

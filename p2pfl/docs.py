@@ -6,6 +6,7 @@ each algorithm's.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 from pathlib import Path
@@ -83,8 +84,6 @@ def rewrite(path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m p2pfl.docs", description="The tables of settings, derived from "
                                 "their declarations: printed, or rewritten between their markers in the given files.")
     p.add_argument("files", nargs="*", type=Path, help="Markdown files to rewrite in place (docs/cli.md README.md)")

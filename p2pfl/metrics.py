@@ -5,6 +5,7 @@ figure is computed from the same numbers whatever the layout of peers over ranks
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -144,13 +145,19 @@ def personal_test_sets(ctx) -> list[torch.Tensor]:
     return out
 
 
+@functools.lru_cache(maxsize=4)
+def _fingerprint_multipliers(width: int, device: torch.device) -> torch.Tensor:
+    """Fixed random odd int64 multipliers, one per 32-bit word of a row: drawn once per width and device."""
+    gen = torch.Generator().manual_seed(0x5EED)
+    return (torch.randint(-2**62, 2**62, (width,), generator=gen) * 2 + 1).to(device)
+
+
 def row_fingerprints(flat: torch.Tensor) -> torch.Tensor:
     """(L,) int64: each row's bits weighted by fixed random odd multipliers and summed in exact (wrapping)
     integer arithmetic, so that a row whose weights changed in any bit gets another fingerprint (two
     different rows agree with chance about 2^-64); in row blocks of about 256 MB."""
     bits = flat.contiguous().view(torch.int32)
-    gen = torch.Generator().manual_seed(0x5EED)
-    multipliers = (torch.randint(-2**62, 2**62, (bits.shape[1],), generator=gen) * 2 + 1).to(flat.device)
+    multipliers = _fingerprint_multipliers(bits.shape[1], flat.device)
     block = max(1, 2**25 // max(1, bits.shape[1]))
     return torch.cat([(bits[i:i + block].long() * multipliers).sum(1) for i in range(0, len(bits), block)])
 
@@ -192,7 +199,7 @@ class MetricsLog:
         self.rows: list[dict] = []
         self.last_weights: torch.Tensor | None = None  # every peer's weights at the last evaluation (rank 0)
         self.personal = [index.to(ctx.device) for index in personal_test_sets(ctx)] \
-            if ctx.stack.task.name == "classification" else None  # on the device once
+            if classification else None  # on the device once
         # each local peer's scores as last evaluated, and the fingerprints of the weights they were for:
         # a peer whose weights did not change since (a star's clients not sampled) is not evaluated again
         self.scored: torch.Tensor | None = None
