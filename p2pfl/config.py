@@ -118,7 +118,7 @@ class RunConfig:
     save_edges: bool = option(False, "write each round's edge list to edges.jsonl")
     tensorboard: bool = option(False, "also write TensorBoard event files of the metrics (run folder/tensorboard; "
                                "needs the tensorboard extra)")
-    batched: bool = option(True, "train a rank's peers as one vmap batch (--no-batch: one by one)", switch="batch")
+    batch: bool = option(True, "train a rank's peers as one vmap batch (--no-batch: one by one)")
     comm_timeout: float = option(600.0, "seconds to wait for a peer's message", positive)
     drop_peers: float = option(0.0, "simulated faults: probability that a peer is offline for a round (neither "
                                "trains nor sends)", probability)

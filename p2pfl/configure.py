@@ -124,7 +124,10 @@ def _stored_config(run_dir: str) -> dict[str, Any]:
     folder = Path(run_dir)
     if not (folder / "config.toml").is_file():
         raise UserError(f"--resume {run_dir}: no run folder there (it has no config.toml)")
-    return load_toml(str(folder / "config.toml"))
+    stored = load_toml(str(folder / "config.toml"))
+    if "batched" in stored:  # the name a run folder written before 2026-11-28 has for batch
+        stored["batch"] = stored.pop("batched")
+    return stored
 
 
 def first_difference(a: dict[str, Any], b: dict[str, Any], ignore=()) -> str | None:

@@ -15,14 +15,11 @@ Check = Callable[[Any], "str | None"]  # returns an error sentence or None
 
 
 def option(default: Any, help: str, check: Check | None = None, choices: tuple[str, ...] = (), *,
-           shown: str | None = None, noun: str | None = None, wanted: str | None = None,
-           switch: str | None = None) -> Any:
+           shown: str | None = None, noun: str | None = None, wanted: str | None = None) -> Any:
     """A settings field: its default, its help text and how to check a value. shown: how --help states a
     default that is not a plain value (None: worked out later); noun: names a choice in the error for an
-    unknown one; wanted: what a value that cannot be parsed should look like; switch: a bool's flag
-    name, where it is not the field's (--batch/--no-batch sets batched)."""
-    metadata = {"help": help, "check": check, "choices": choices, "shown": shown, "noun": noun, "wanted": wanted,
-                "switch": switch}
+    unknown one; wanted: what a value that cannot be parsed should look like."""
+    metadata = {"help": help, "check": check, "choices": choices, "shown": shown, "noun": noun, "wanted": wanted}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -184,11 +181,6 @@ def shown_default(f: dataclasses.Field, overrides: dict[str, Any] | None = None)
     return written((overrides or {}).get(f.name, default_of(f)))
 
 
-def flag_of(f: dataclasses.Field) -> str:
-    """A field's flag: --name, or a bool's own switch name (--batch sets batched)."""
-    return flag(f.metadata.get("switch") or f.name)
-
-
 def add_flags(group: argparse._ArgumentGroup, cls: type, overrides: dict[str, Any] | None = None,
               extra: dict[str, str] | None = None) -> None:
     """One flag per declared field, its text parsed into the field's type; extra: sentences added to some
@@ -197,7 +189,7 @@ def add_flags(group: argparse._ArgumentGroup, cls: type, overrides: dict[str, An
         more = f" {extra[f.name]}" if extra and f.name in extra else ""
         text = f"{f.metadata['help']}{more} (default {shown_default(f, overrides)})"
         if kind_of(f) == "bool":  # --x turns it on, --no-x off
-            group.add_argument(flag_of(f), dest=f.name,
+            group.add_argument(flag(f.name), dest=f.name,
                                action=argparse.BooleanOptionalAction, help=text)
         else:
             group.add_argument(flag(f.name), dest=f.name, help=text, metavar=metavar(f),

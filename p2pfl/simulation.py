@@ -170,7 +170,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     model = build_model(cfg.model, data.input_shape, data.n_classes, cfg)
     flat = initial_parameters(model, peers, cfg.seed, cfg.init, device)
     data.to(device)
-    stack = PeerStack(model.to(device), cfg.batched, TASKS[data.task])
+    stack = PeerStack(model.to(device), cfg.batch, TASKS[data.task])
     if device.type == "cuda":  # the ranks that share a GPU share its free memory for their batches
         stack.memory_share /= _ranks_per_gpu(cfg.device)
     ctx = RunContext(cfg=cfg, transport=transport, data=data, shards=[torch.from_numpy(s) for s in shards],

@@ -306,7 +306,7 @@ def train_epochs(stack: PeerStack, flat: torch.Tensor, shards: list[torch.Tensor
                  train_x: torch.Tensor, train_y: torch.Tensor, opt: SGDSettings, lr: float, seed: int,
                  round_index: int, terms: StepTerms | None = None) -> torch.Tensor:
     """opt.epochs epochs of minibatch SGD for every row of flat (L, D), in place; returns each peer's
-    last minibatch loss. Momentum starts from zero each call, as a fresh optimizer per round (the
+    training loss, the mean of its minibatch losses over the call's steps (each taken before its step). Momentum starts from zero each call, as a fresh optimizer per round (the
     DFedAvgM reference code). With stack.batched false, peers train one after another without vmap
     (the per-peer baseline of the benchmark)."""
     size = peer_block(stack, len(peers), opt.batch_size, tuple(train_x.shape[1:]))
@@ -332,7 +332,7 @@ def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, ro
     """The block's steps, an epoch's plan at a time (MinibatchPlan); nothing in a step waits for the
     device: which rows step is known on the CPU, and a row that does not step is masked on the device."""
     velocity = torch.zeros_like(flat[:, : stack.layout.trainable]) if opt.momentum else None
-    last = torch.zeros(len(peers), device=flat.device)
+    loss_sum = torch.zeros(len(peers), device=flat.device)
     budget = torch.tensor([local_steps(len(s), opt) if len(s) else 0 for s in shards])
     plan = MinibatchPlan(shards, peers, opt.batch_size, seed, round_index, budget, flat.device)
     noise_keys = peer_keys(seed, "dropout", round_index, peers, flat.device) if stack.dropouts else None
@@ -355,9 +355,9 @@ def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, ro
                 grad, losses = gradients(stack, flat, x, train_y[index[s]], mask[s], noise,
                                          terms.contrast if terms else None, sizes[s])
                 apply_step(flat, grad, None if stepping == len(peers) else active[s], opt, lr, velocity, terms)
-            last = torch.where(active[s], losses, last)
+            loss_sum += torch.where(active[s], losses, 0.0)
         epoch += 1
-    return last
+    return loss_sum / budget.clamp(min=1).to(flat.device)
 
 
 def sample_batch(shards: list[torch.Tensor], batch: int, seed: int, round_index: int,

@@ -271,3 +271,16 @@ def test_the_docs_tool_has_help_and_refuses_a_missing_file(capsys):
     with pytest.raises(SystemExit) as done:
         docs_main(["no/such.md"])
     assert done.value.code == 2 and "no such file: no/such.md" in capsys.readouterr().err
+
+
+def test_every_toml_key_and_simulate_argument_is_its_flags_name(tmp_path):
+    """--no-batch is batch = false in TOML and batch=False in simulate(), like every other flag; a run
+    folder written when the key was 'batched' still resumes."""
+    from p2pfl.configure import _stored_config, make_config, parse_config
+
+    (tmp_path / "c.toml").write_text("batch = false\n")
+    assert parse_config(["--config", str(tmp_path / "c.toml")]).batch is False
+    assert parse_config(["--no-batch"]).batch is False and make_config({"batch": False}).batch is False
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.toml").write_text('algo = "dfedavg"\nbatched = false\n')
+    assert _stored_config(str(tmp_path / "old")) == {"algo": "dfedavg", "batch": False}

@@ -158,3 +158,14 @@ def test_evaluation_chunks_fit_the_budget_training_uses_and_give_the_same_scores
     monkeypatch.setattr(PeerStack, "activation_bytes", lambda self, shape: big)
     peers, samples = evaluation_chunks(stack, 25, 10_000, (3, 32, 32))
     assert peers * samples * big <= 40 * 2**30 and samples < EVAL_SAMPLES_CPU
+
+
+def test_train_loss_is_the_mean_over_the_calls_steps():
+    """With lr 0, three batches of 20 cover a 60-sample shard each epoch: the mean of the step losses is
+    the shard's loss (the last minibatch's alone is not)."""
+    model, flat, shards, x, y = setup(peers=1)
+    whole = evaluate(PeerStack(model), flat, x[shards[0]], y[shards[0]])["loss"][0]
+    for momentum in (0.0, 0.9):  # the hand-written MLP step and the general one
+        loss = train_epochs(PeerStack(model), flat.clone(), shards, [0], x, y,
+                            SGDSettings(batch_size=20, epochs=2, momentum=momentum), 0.0, 0, 0)
+        assert abs(float(loss[0]) - float(whole)) < 1e-5
