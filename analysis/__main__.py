@@ -2,7 +2,7 @@
 
     python -m analysis compare RUN_DIR... [--by algo] [--out FILE]
     python -m analysis figures RUNS_DIR [--out DIR]
-    python -m analysis topology RUN_DIR|--config FILE [--out DIR]
+    python -m analysis topology RUN_DIR|CONFIG.toml [--out DIR]
 """
 from __future__ import annotations
 

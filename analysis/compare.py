@@ -4,7 +4,7 @@
 
 Runs whose settings are equal but for the seed form a group, drawn as the mean over its runs with a
 min-max (or +-1 std) band: test accuracy against rounds, against bytes sent and against wall time, the
-aggregated model solid and the mean client dashed. A table (Markdown and CSV) gives each group's final
+aggregated model solid and the mean client dotted. A table (Markdown and CSV) gives each group's final
 accuracy and the rounds and bytes it took to reach each target. Only config.toml and metrics.jsonl of
 each folder are read.
 """
@@ -19,11 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from analysis.plots import plt, save
+from p2pfl.report import AGGREGATED, MEAN_CLIENT, target_line, whole_numbers
 from analysis.toolkit import Parser, guarded, output_file, read_run
 from p2pfl.errors import UserError
 
 # Settings that do not change a run's numbers: never a reason to split groups.
-NOT_RESULTS = {"seed", "progress", "device", "comm_timeout", "checkpoint_every", "save_edges", "batched", "resume",
+NOT_RESULTS = {"seed", "progress", "device", "comm_timeout", "checkpoint_every", "save_edges", "batch", "batched", "resume",
                "tensorboard", "client_test_samples"}
 MIB = 2 ** 20
 
@@ -207,7 +208,8 @@ def markdown(rows: list[dict], metric: str) -> str:
 
 def draw(groups: list[Group], metric: str, band: str, path: Path, title: str, targets: list[float] = ()) -> None:
     """Three panels: the metric against rounds, against MiB sent, against wall time; per group the mean
-    over its runs (aggregated solid, mean client dashed) and a band over runs; a grey line at each target."""
+    over its runs (aggregated solid, mean client dotted: p2pfl.report's vocabulary) and a band over runs
+    where a group has several; a grey line at each target."""
     key, scale = f"test_{metric}", 100 if metric == "acc" else 1
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), sharey=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -226,32 +228,49 @@ def draw(groups: list[Group], metric: str, band: str, path: Path, title: str, ta
               group.stack("round_s", rounds, True).mean(0)]
         client_rounds = group.rounds(f"client_{metric}_mean")
         for ax, x in zip(axes, xs):
-            ax.plot(x, mean, "-", color=color, label=f"{group.label} (n={len(group.runs)})")
+            ax.plot(x, mean, AGGREGATED, color=color, label=f"{group.label} (n={len(group.runs)})")
             if len(group.runs) > 1:
                 ax.fill_between(x, low, high, color=color, alpha=0.18)
             if client_rounds == rounds:
-                ax.plot(x, scale * group.stack(f"client_{metric}_mean", rounds).mean(0), "--", color=color, lw=1)
+                ax.plot(x, scale * group.stack(f"client_{metric}_mean", rounds).mean(0), MEAN_CLIENT, color=color,
+                        lw=1.2)
     names = {"acc": "test accuracy (%)", "loss": "test loss"}
     older = any(run.training_time_only for group in groups for run in group.runs)
     clock = "wall time (s, cumulative" + ("; training only for runs without round_s)" if older else ")")
     for ax, xlabel in zip(axes, ["round", "MiB sent (all peers, cumulative)", clock]):
         for target in targets:
-            ax.axhline(scale * target, color="grey", lw=0.8, ls=(0, (1, 2)))
-            ax.annotate(f"{scale * target:g}" + ("%" if metric == "acc" else ""), (1, scale * target),
-                        xycoords=("axes fraction", "data"), xytext=(-2, 2), textcoords="offset points",
-                        ha="right", fontsize=7, color="grey")
+            target_line(ax, scale * target, f"target {scale * target:g}" + ("%" if metric == "acc" else ""))
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
         if metric != "acc":
             ax.set_yscale("log")
+    whole_numbers(axes[0].xaxis)
     axes[0].set_ylabel(names.get(metric, f"test {metric}"))
     axes[0].legend(loc="best", fontsize=8)
-    axes[2].plot([], [], "k-", label="aggregated model")
-    axes[2].plot([], [], "k--", lw=1, label="mean client")
+    axes[2].plot([], [], "k" + AGGREGATED, label="aggregated model")
+    axes[2].plot([], [], "k" + MEAN_CLIENT, lw=1.2, label="mean client")
     axes[2].legend(loc="best", fontsize=8)
-    band_name = "min-max over seeds" if band == "minmax" else "+-1 std over seeds"
-    fig.suptitle(f"{title} (band: {band_name})" if title else f"band: {band_name}")
+    fig.suptitle(f"{title}\n{subtitle(groups, metric, band)}" if title else subtitle(groups, metric, band))
     save(fig, path)
+
+
+def subtitle(groups: list[Group], metric: str, band: str) -> str:
+    """What the figure compares: the metric, the settings that tell the groups apart, what all runs share,
+    and what the band is (none where every group is one run)."""
+    runs = [run for group in groups for run in group.runs]
+    told_apart = sorted({part.split("=")[0] for group in groups for part in group.label.split(", ") if "=" in part})
+    shared = {k: runs[0].config.get(k) for k in ("algo", "dataset", "peers", "model")
+              if k not in told_apart and len({repr(r.config.get(k)) for r in runs}) == 1 and k in runs[0].config}
+    what = f"test {'accuracy' if metric == 'acc' else metric}"
+    what += f" of {len(groups)} groups by {', '.join(told_apart)}" if told_apart else f" of {len(groups)} group(s)"
+    if shared:
+        what += " (" + ", ".join(f"{k} {_short(v)}" for k, v in shared.items()) + ")"
+    sizes = sorted({len(group.runs) for group in groups})
+    if sizes == [1]:
+        return what + "; one run per group, no band"
+    spread = "min-max" if band == "minmax" else "+-1 std"
+    seeds = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+    return what + f"; band: {spread} over {seeds} runs (seeds)"
 
 
 def compare(folders: list[Path], by: list[str] | None = None, targets: list[float] | None = None,

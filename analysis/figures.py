@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.compare import MIB, Run, load_run
-from analysis.plots import plot_final_averaging, plt, save
+from analysis.plots import AGGREGATED, MEAN_CLIENT, plot_final_averaging, plt, save, whole_numbers
 
 BASELINES = ("dfedavg", "dfedavgm", "dpsgd", "dispfl")
 SPLITS = {"alpha0.1": {"partition": "dirichlet", "alpha": 0.1}, "alpha0.5": {"partition": "dirichlet", "alpha": 0.5},
@@ -93,6 +93,9 @@ class Figures:
                 f"seed {c['seed']}")
 
     def save(self, fig, name: str, caption: str) -> None:
+        for ax in fig.axes:  # rounds and kappa count: whole-number ticks
+            if ax.get_xlabel() == "round" or ax.get_xlabel().startswith("neighbours kappa"):
+                whole_numbers(ax.xaxis)
         save(fig, self.out / f"{name}.png", caption)
         self.captions[name] = caption
 
@@ -128,8 +131,8 @@ class Figures:
                 run = runs[f"{split}/{algo}"]
                 rounds = sorted(run.curve("test_acc"))
                 get = lambda key: [100 * run.curve(key)[k] for k in rounds]  # noqa: E731
-                ax.plot(rounds, get("test_acc"), "-", color=COLORS[algo], label=f"{algo} aggregated")
-                ax.plot(rounds, get("client_acc_mean"), ":", color=COLORS[algo], label=f"{algo} mean client")
+                ax.plot(rounds, get("test_acc"), AGGREGATED, color=COLORS[algo], label=f"{algo} aggregated")
+                ax.plot(rounds, get("client_acc_mean"), MEAN_CLIENT, color=COLORS[algo], label=f"{algo} mean client")
                 ax.fill_between(rounds, get("client_acc_min"), get("client_acc_max"), color=COLORS[algo], alpha=0.1)
             ax.set_title(split.replace("alpha", "alpha = "))
             ax.set_xlabel("round")
@@ -150,21 +153,21 @@ class Figures:
         if runs is None:
             return
         fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-        styles = {"alpha0.1": "-", "erdos-renyi": "--", "ring": ":"}
-        for topo, style in styles.items():
+        markers = {"alpha0.1": "o", "erdos-renyi": "s", "ring": "^"}  # all aggregated: solid, told apart by marker
+        for topo, marker in markers.items():
             for algo in algos:
                 curve = runs[f"{topo}/{algo}"].curve("test_acc")
                 label = "regular kappa=5" if topo == "alpha0.1" else topo
-                axes[0].plot(list(curve), [100 * v for v in curve.values()], style, color=COLORS[algo],
-                             label=f"{algo}, {label}")
+                axes[0].plot(list(curve), [100 * v for v in curve.values()], AGGREGATED, marker=marker, ms=4,
+                             markevery=max(1, len(curve) // 8), color=COLORS[algo], label=f"{algo}, {label}")
         axes[0].set(xlabel="round", ylabel="aggregated test accuracy (%)", title="topologies (alpha = 0.1)")
         kappas = sorted((*KAPPAS, 5))
         for algo in algos:
             folder = {k: f"kappa{k}/{algo}" if k != 5 else f"alpha0.1/{algo}" for k in kappas}
             final = [100 * runs[folder[k]].final("test_acc") for k in kappas]
             client = [100 * runs[folder[k]].final("client_acc_mean") for k in kappas]
-            axes[1].plot(kappas, final, "o-", color=COLORS[algo], label=f"{algo} aggregated")
-            axes[1].plot(kappas, client, "o:", color=COLORS[algo], label=f"{algo} mean client")
+            axes[1].plot(kappas, final, "o" + AGGREGATED, color=COLORS[algo], label=f"{algo} aggregated")
+            axes[1].plot(kappas, client, "o" + MEAN_CLIENT, color=COLORS[algo], label=f"{algo} mean client")
         axes[1].set(xlabel="neighbours kappa (regular graph)", ylabel="final test accuracy (%)",
                     title="sparsity (alpha = 0.1)")
         for algo in ("ntk-dfl", *BASELINES):
@@ -208,8 +211,8 @@ class Figures:
             rounds = sorted(run.curve("client_acc_mean"))
             get = lambda key: [100 * run.curve(key)[k] for k in rounds]  # noqa: E731
             ax.fill_between(rounds, get("client_acc_min"), get("client_acc_max"), color=color, alpha=0.15)
-            ax.plot(rounds, get("client_acc_mean"), "-", color=color, label=f"{label}: clients' mean, min-max band")
-            ax.plot(rounds, get("test_acc"), "--", color=color, lw=1, label=f"{label}: aggregated model")
+            ax.plot(rounds, get("client_acc_mean"), MEAN_CLIENT, color=color, label=f"{label}: mean client, min-max band")
+            ax.plot(rounds, get("test_acc"), AGGREGATED, color=color, lw=1, label=f"{label}: aggregated model")
         ax.set(xlabel="round", ylabel="test accuracy (%)", title="per-round averaging ablation (alpha = 0.1)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")

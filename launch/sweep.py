@@ -85,6 +85,13 @@ def check_plan(runs: list[dict]) -> str | None:
     return None
 
 
+def sweep_title(preset: Path, sets: list[str], extra: list[str]) -> str:
+    """The preset and what the command changed in it, as typed (the figure's subtitle says what the runs
+    were)."""
+    changed = [f"--set {item}" for item in sets] + extra
+    return f"sweep of preset {preset.stem}" + (f" with {' '.join(changed)}" if changed else "")
+
+
 def run_all(runs: list[dict], jobs: int = 1) -> list[int]:
     """Runs the plan (completed runs are skipped); exit codes in plan order."""
     with ThreadPoolExecutor(max(1, jobs)) as pool:
@@ -132,7 +139,7 @@ def _main(argv: list[str] | None) -> int:
     if not done:
         print("launch.sweep: every run failed; see the .log files beside the run folders", file=sys.stderr)
         return 1
-    compare(done, targets=targets, out=out / "compare.png", title=preset.stem)
+    compare(done, targets=targets, out=out / "compare.png", title=sweep_title(preset, args.set, extra))
     print((out / "compare.md").read_text(), end="")
     print(f"figure: {out / 'compare.png'}")
     return 0 if len(done) == len(runs) else 1

@@ -1,6 +1,6 @@
 """A paper's result table from one experiment preset: every method on every column (data split).
 
-    python -m launch.table launch/experiments/tct-fmnist-reduced.toml [--jobs 2] [--columns "#C=1"] [--out DIR]
+    python -m launch.table launch/experiments/tct-fmnist-reduced.toml [--jobs 2] [--columns C1] [--out DIR]
 
 The preset (TOML) has a [common] table of p2pfl settings for every run, one table per method (its
 settings; `lrs = [...]` makes a grid whose best final test accuracy is reported, as papers that tune

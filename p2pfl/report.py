@@ -9,7 +9,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from topologies.drawing import whole_numbers  # noqa: E402
+
+# One line vocabulary for every figure the project draws: a style means the same thing everywhere.
+AGGREGATED = "-"  # the aggregated model (a star's server model, a graph's average of all peers)
+MEAN_CLIENT = ":"  # the mean of the peers' own models; a shaded band around it: their min-max
+OWN_MIX = "--"  # the mean client on test samples of its own label mix (personalized accuracy)
+REFERENCE = "-."  # grey, labelled where it stands: a target (horizontal) or a stage's start (vertical)
+
+
+def target_line(ax, y: float, text: str) -> None:
+    ax.axhline(y, color="grey", lw=0.8, ls=REFERENCE)
+    ax.annotate(text, (1, y), xycoords=("axes fraction", "data"), xytext=(-2, 2), textcoords="offset points",
+                ha="right", fontsize=7, color="grey")
 
 
 def finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str, per_round: bool = True,
@@ -20,7 +33,7 @@ def finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str, per_round:
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     if per_round:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        whole_numbers(ax.xaxis)
     ax.grid(alpha=0.3, which="major" if per_round else "both")
     ax.legend(loc="lower right" if per_round else "best")
     save(fig, path, caption)
@@ -39,22 +52,22 @@ PLOT_FILES = {"acc": "accuracy.png", "loss": "loss.png"}
 
 
 def plot_metric(rows: list[dict], task, run_dir: Path, title: str = "") -> Path:
-    """The task's headline metric per round: aggregated model solid, mean client dotted, client min-max
-    shaded; accuracy.png for classification, loss.png (log scale) for regression."""
+    """The task's headline metric per round in the line vocabulary above; accuracy.png for
+    classification, loss.png (log scale) for regression."""
     key = task.headline
     every, rows = rows, [r for r in rows if f"test_{key}" in r]
     scale = 100 if key == "acc" else 1
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if rows:
         x = [r["round"] for r in rows]
-        ax.plot(x, [scale * r[f"test_{key}"] for r in rows], "-", color="tab:blue", label="aggregated model")
-        ax.plot(x, [scale * r[f"client_{key}_mean"] for r in rows], ":", color="tab:orange", label="mean client")
+        ax.plot(x, [scale * r[f"test_{key}"] for r in rows], AGGREGATED, color="tab:blue", label="aggregated model")
+        ax.plot(x, [scale * r[f"client_{key}_mean"] for r in rows], MEAN_CLIENT, color="tab:orange", label="mean client")
         ax.fill_between(x, [scale * r[f"client_{key}_min"] for r in rows],
                         [scale * r[f"client_{key}_max"] for r in rows], color="tab:orange", alpha=0.15,
                         label="client min-max")
         personal = [r for r in rows if "client_personal_acc_mean" in r] if key == "acc" else []
         if personal:
-            ax.plot([r["round"] for r in personal], [scale * r["client_personal_acc_mean"] for r in personal], "--",
+            ax.plot([r["round"] for r in personal], [scale * r["client_personal_acc_mean"] for r in personal], OWN_MIX,
                     color="tab:green", label="mean client, own label mix")
     if not task.higher_is_better:
         ax.set_yscale("log")
@@ -66,48 +79,54 @@ def plot_metric(rows: list[dict], task, run_dir: Path, title: str = "") -> Path:
 
 
 def mark_switches(ax, rows: list[dict], key: str = "stage") -> None:
-    """A dashed line, labelled, where a run moves to its next stage or phase (TCT's convexified stage 2,
+    """A reference line, labelled, where a run moves to its next stage or phase (TCT's convexified stage 2,
     CyclicFL's FL phase)."""
     for before, after in zip(rows, rows[1:]):
         if before.get(key) != after.get(key):
             x = (before["round"] + after["round"]) / 2
-            ax.axvline(x, color="grey", ls="--", lw=1)
+            ax.axvline(x, color="grey", ls=REFERENCE, lw=1)
             ax.annotate(f" {key} {after[key]}", (x, 0.02), xycoords=("data", "axes fraction"), color="grey")
 
 
-def plot_partition(summary: list[dict], path: Path) -> None:
-    """Samples of each class held by each peer (rows: peers)."""
+def plot_partition(summary: list[dict], path: Path, class_names: tuple[str, ...] | None = None) -> None:
+    """Samples of each class held by each peer (rows: peers); columns named where the dataset names its
+    classes."""
     counts = np.array([s["classes"] for s in summary])
-    fig, ax = plt.subplots(figsize=(6, min(10, 2 + 0.03 * len(counts))))
-    im = ax.imshow(counts, aspect="auto", interpolation="nearest", cmap="viridis")
+    named = class_names is not None and len(class_names) == counts.shape[1]
+    fig, ax = plt.subplots(figsize=(6.5, min(10, (3.2 if named else 2.4) + 0.03 * len(counts))))
+    im = ax.imshow(counts, aspect="auto", interpolation="nearest", cmap="viridis",
+                   extent=(-0.5, counts.shape[1] - 0.5, len(counts) - 0.5, -0.5))
+    if named:
+        ax.set_xticks(range(len(class_names)), class_names, rotation=40, ha="right", fontsize=8)
+    else:
+        whole_numbers(ax.xaxis)
+    whole_numbers(ax.yaxis)
     ax.set_xlabel("class")
     ax.set_ylabel("peer")
-    ax.set_title(f"partition: {len(counts)} peers, {int(counts.sum())} samples")
-    fig.colorbar(im, ax=ax, label="samples")
+    ax.set_title(f"partition: {len(counts):,} peers, {int(counts.sum()):,} samples")
+    bar = fig.colorbar(im, ax=ax, label="samples")
+    whole_numbers(bar.ax.yaxis)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
 def plot_final_averaging(result: dict, path: Path, caption: str = "") -> None:
-    """NTK-DFL fig. 5: test accuracy of the average of the first n peers, for each averaging order,
-    over a histogram of the peers' own validation accuracies."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    """NTK-DFL fig. 5, two panels on one accuracy axis: the test accuracy of the average of the first n
+    peers for each averaging order; beside it, how many peers' own models score each accuracy."""
+    fig, (ax, hist) = plt.subplots(1, 2, figsize=(9, 4.5), sharey=True, gridspec_kw={"width_ratios": [3, 1]})
     styles = {"high-to-low": "tab:red", "random": "tab:green", "low-to-high": "tab:blue"}
     for name, curve in result["orders"].items():
-        ax.plot(result["n"], [100 * a for a in curve["test_acc"]], color=styles.get(name), label=name)
+        ax.plot(result["n"], [100 * a for a in curve["test_acc"]], AGGREGATED, color=styles.get(name), label=name)
     sel = result["selected"]
     ax.plot([sel["peers"]], [100 * sel["test_acc"]], "k*", ms=10, label=f"selected (n={sel['peers']})")
-    hist = ax.twiny()  # shares the accuracy axis: each bar is how many peers' own models score that much
-    hist.hist([100 * a for a in result["client_val_acc"]], bins=30, orientation="horizontal", alpha=0.25,
-              color="grey", label="peers' own models (histogram)")
-    hist.set_xlabel("peers in an accuracy bin (histogram of each peer's own validation accuracy, grey)",
-                    color="grey", fontsize=8)
-    hist.tick_params(axis="x", colors="grey", labelsize=8)
-    hist.set_xlim(0, 4 * hist.get_xlim()[1])  # bars in the left quarter, clear of the curves
-    ax.set_zorder(hist.get_zorder() + 1)
-    ax.patch.set_visible(False)
-    finish(fig, ax, path, "peers averaged", "test accuracy (%)", "final model averaging", caption=caption)
+    own = [100 * a for a in result["client_val_acc"]]
+    hist.hist(own, bins=min(30, max(5, len(own) // 3)), orientation="horizontal", color="grey", alpha=0.6)
+    whole_numbers(hist.xaxis)
+    hist.set(xlabel="peers", title="peers' own models\n(validation half)")
+    hist.grid(alpha=0.3)
+    finish(fig, ax, path, "peers averaged (n)", "test accuracy (%)", "final model averaging: the first n peers",
+           caption=caption)
 
 # FedAvg with fine-tuning (Collins et al. 2022): the principal-angle distance and the global gradient norm
 # per round (figs. 1 and 3 left), new clients' fine-tuning error or accuracy against their number of
@@ -120,6 +139,7 @@ def plot_per_round(runs: dict[str, list[dict]], key: str, path: Path, ylabel: st
     for label, rows in runs.items():
         ax.plot([r["round"] for r in rows], [r[key] for r in rows], label=label)
     ax.set_yscale("log")
+    whole_numbers(ax.xaxis)
     finish(fig, ax, path, "round", ylabel, title, per_round=False)
 
 

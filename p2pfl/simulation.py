@@ -189,7 +189,7 @@ def write_run_header(ctx, run_dir: Path, notes: list[str]) -> None:
     (run_dir / "partition.json").write_text(json.dumps(parts))
     if "classes" in parts[0]:
         with naming(run_dir / "partition.png"):
-            plot_partition(parts, run_dir / "partition.png")
+            plot_partition(parts, run_dir / "partition.png", ctx.data.class_names)
     if lookup(cfg.algo).centralized:
         title = (f"star: the server (node {cfg.peers}) and {cfg.peers} clients, {clients_per_round(cfg)} sampled "
                  f"each round")

@@ -146,3 +146,16 @@ def test_compare_writes_beside_the_runs_by_default(tmp_path, monkeypatch):
     assert compare_main([str(tmp_path / "sweep")]) == 0
     assert (tmp_path / "sweep" / "compare.png").exists() and (tmp_path / "sweep" / "compare.md").exists()
     assert not list((tmp_path / "sweep" / "seed0").glob("compar*"))
+
+
+def test_the_tools_usage_examples_name_what_exists():
+    """launch.table's example names a column its preset has; analysis's usage names forms its commands take."""
+    import re
+    import tomllib
+
+    import analysis.__main__ as analysis_main
+    import launch.table
+
+    preset, column = re.search(r"launch\.table (\S+) .*--columns (\S+)\]", launch.table.__doc__).groups()
+    assert column in tomllib.loads((ROOT / preset).read_text())["columns"]
+    assert "--config" not in analysis_main.__doc__

@@ -28,8 +28,8 @@ def draw_graph(graph: nx.Graph, path: Path, title: str = "") -> None:
         fig.suptitle(title)
         _save(fig, path)
         return
-    if kind == "star":  # the hub (a centralized run's server) in the middle
-        hub = max(graph.nodes, key=graph.degree)
+    hub = max(graph.nodes, key=graph.degree) if kind == "star" else None
+    if hub is not None:  # the hub (a centralized run's server) in the middle
         layout = nx.shell_layout(graph, [[hub], [v for v in graph.nodes if v != hub]])
     elif kind in ("ring", "regular", "full") or n > DRAWN_UP_TO:
         layout = nx.circular_layout(graph)
@@ -38,9 +38,16 @@ def draw_graph(graph: nx.Graph, path: Path, title: str = "") -> None:
     fig, ax = plt.subplots(figsize=(6, 6))
     size = max(8, 300 // max(1, n // 10))
     nx.draw_networkx_edges(graph, layout, ax=ax, alpha=0.35, width=0.6)
-    nx.draw_networkx_nodes(graph, layout, ax=ax, node_size=size, node_color="tab:blue")
+    peers = [v for v in graph.nodes if v != hub]
+    nx.draw_networkx_nodes(graph, layout, nodelist=peers, ax=ax, node_size=size, node_color="tab:blue",
+                           label="client" if hub is not None else None)
     if n <= 40:
-        nx.draw_networkx_labels(graph, layout, ax=ax, font_size=7, font_color="white")
+        nx.draw_networkx_labels(graph, layout, {v: str(v) for v in peers}, ax=ax, font_size=7, font_color="white")
+    if hub is not None:
+        nx.draw_networkx_nodes(graph, layout, nodelist=[hub], ax=ax, node_size=1200, node_color="tab:red",
+                               node_shape="s", label="server")
+        nx.draw_networkx_labels(graph, layout, {hub: "server"}, ax=ax, font_size=8, font_color="white")
+        ax.legend(loc="upper left", fontsize=8, markerscale=0.5)
     ax.set_title(title)
     ax.axis("off")
     _save(fig, path)
@@ -55,8 +62,10 @@ def adjacency_panel(ax, graph: nx.Graph, title: str) -> None:
 
 def degree_panel(ax, graphs: list[nx.Graph]) -> None:
     degrees = [d for g in graphs for _, d in g.degree]
-    ax.hist(degrees, bins=np.arange(min(degrees), max(degrees) + 2) - 0.5, color="tab:blue", alpha=0.8)
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    low, high = min(degrees), max(degrees)
+    ax.hist(degrees, bins=np.arange(low, high + 2) - 0.5, rwidth=0.85, color="tab:blue", alpha=0.8)
+    ax.set_xlim(low - 1, high + 1)  # a regular graph's one degree stands as one bar among whole numbers
+    whole_numbers(ax.xaxis, ax.yaxis)
     ax.set(xlabel="degree (neighbours)", ylabel="peers" + (f" x {len(graphs)} rounds" if len(graphs) > 1 else ""),
            title=f"degrees: mean {np.mean(degrees):.2f}, min {min(degrees)}, max {max(degrees)}")
 
@@ -76,6 +85,7 @@ def draw_statistics(graphs: list[nx.Graph], gaps: list[float], path: Path, title
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     degree_panel(left, graphs)
     right.hist(gaps, bins=min(30, max(5, len(gaps) // 2)), color="tab:green", alpha=0.8)
+    whole_numbers(right.yaxis)
     right.set(xlabel="spectral gap 1 - |lambda_2| of the round's mixing matrix", ylabel="rounds",
               title=f"spectral gap over {len(gaps)} rounds: mean {np.mean(gaps):.3f}, min {min(gaps):.3f}")
     fig.suptitle(title)
@@ -96,6 +106,7 @@ def draw_neighbourhood(graphs: list[nx.Graph], peer: int, path: Path, title: str
     left.axvline(peer, color="tab:red", lw=0.8)
     left.set(xlabel="peer", ylabel="round", title=f"neighbours of peer {peer} (red line: the peer)")
     right.plot(range(1, len(graphs) + 1), met.sum(1), "o-", ms=3)
+    whole_numbers(left.yaxis, right.xaxis, right.yaxis)
     right.set(xlabel="round", ylabel="distinct peers met", title="peers met so far")
     right.grid(alpha=0.3)
     fig.suptitle(title)
@@ -116,6 +127,12 @@ def draw_views(graph_of: Callable[[int], nx.Graph], rounds: int, gap_of: Callabl
     draw_statistics(graphs, [gap_of(g) for g in graphs], paths[2], title)
     draw_neighbourhood(graphs, peer, paths[3], title)
     return paths
+
+
+def whole_numbers(*axes) -> None:
+    """Integer ticks on axes that count something (rounds, peers, degrees, classes, runs)."""
+    for axis in axes:
+        axis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, min_n_ticks=1))
 
 
 def _save(fig, path: Path) -> None:

@@ -28,6 +28,11 @@ NORMALISATION = {  # per-channel mean and std of the training images (the refere
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
+CLASS_NAMES = {  # the datasets' own names for their classes, in label order
+    "fashion-mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                      "Ankle boot"),
+    "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"),
+}
 IDX_FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
              "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}
 
@@ -50,6 +55,12 @@ class Dataset:
     # each training sample's position in the set as loaded, once samples were dropped (None: none were):
     # what a partition file's indices, written against the whole set, are mapped through
     train_origin: np.ndarray | None = None
+
+    @property
+    def class_names(self) -> tuple[str, ...] | None:
+        """The dataset's names for its classes, where it has them (else figures show the labels)."""
+        names = CLASS_NAMES.get(self.name)
+        return names if names is not None and len(names) == self.n_classes else None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
