@@ -9,13 +9,21 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
+def anchors(page: Path) -> set[str]:
+    """The anchors a Markdown page's headings get (lower case, punctuation dropped, spaces as hyphens)."""
+    return {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+            for title in re.findall(r"^#+ (.+)$", page.read_text(), re.M)}
+
+
 def test_every_relative_link_resolves():
     broken = []
     for page in PAGES:
         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
-            if "://" in target or target.startswith("#"):
+            if "://" in target:
                 continue
-            if not (page.parent / target.split("#")[0]).exists():
+            path, _, anchor = target.partition("#")
+            linked = page.parent / path if path else page
+            if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in anchors(linked)):
                 broken.append(f"{page.relative_to(ROOT)} -> {target}")
     assert broken == []
 
