@@ -9,7 +9,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install run test bench bench-flower gpu-smoke gpu-check figures figures-quick data clean
+.PHONY: install run test test-fast bench bench-flower gpu-smoke gpu-check figures figures-quick data clean
 
 install: $(VENV)/.installed data $(PRECOMPILED)
 
@@ -46,7 +46,13 @@ run: install
 # on one worker.
 test: install
 	$(VENV)/bin/lint-imports
-	P2PFL_NO_DOWNLOAD=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist worksteal tests
+	P2PFL_NO_DOWNLOAD=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist worksteal --durations=25 tests
+
+# What a contributor runs while working: every test but those that start mpirun or a fresh interpreter
+# and those slow by design (markers in setup.cfg; a launch without its marker fails its test).
+test-fast: install
+	P2PFL_NO_DOWNLOAD=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist worksteal --durations=10 \
+		-m "not mpi and not subprocess and not slow" tests
 
 # Each on the CPU and, where CUDA is present, on the GPU beside it; TCT's stage 1 at paper scale on the GPU only.
 bench: install

@@ -193,8 +193,8 @@ class Figures:
         sel = result["selected"]
         caption = (
             "Fig. 5: test accuracy (half of the test set) of the average of the first n peers, ordered by their "
-            "accuracy on the other half (high-to-low, the paper's selection), at random, or low-to-high; grey: "
-            f"histogram of the peers' own validation accuracies. Selected: {sel['peers']} peers, "
+            "accuracy on the other half (high-to-low, the paper's selection), at random, or low-to-high; right: "
+            f"how many peers' own models reach each validation accuracy. Selected: {sel['peers']} peers, "
             f"{100 * sel['test_acc']:.2f}%. Run: alpha0.1/ntk-dfl ({self.scale(run['alpha0.1/ntk-dfl'])}).")
         plot_final_averaging(result, self.out / "fig5_final_averaging.png", caption)
         self.captions["fig5_final_averaging"] = caption

@@ -72,6 +72,44 @@ def cpu_unless_marked_cuda(request, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
 
 
+LAUNCH_MARKS = {"mpi": "starts mpirun", "subprocess": "starts a fresh interpreter or a script"}
+
+
+def _launch_kind(args) -> str | None:
+    """'mpi' for an mpirun command line, 'subprocess' for another interpreter or script; None for the
+    helper programs libraries start on their own (a compiler probe, ldconfig)."""
+    argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+    program = Path(argv[0]).name if argv else ""
+    if "mpirun" in program or any(Path(a).name == "mpirun.sh" for a in argv):
+        return "mpi"
+    if argv and (argv[0] == sys.executable or program.startswith("python") or program in ("bash", "sh")
+                 or program.endswith(".sh") or program.startswith("p2pfl")):
+        return "subprocess"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def launches_are_marked(request, monkeypatch):
+    """A test that starts mpirun, or a fresh interpreter or script, carries the marker (mpi, subprocess)
+    that `make test-fast` leaves out: the fast tier never starts one, and the markers stay true as tests
+    change (a launch without its marker fails the test, naming the marker)."""
+    kinds = set()
+    real = subprocess.Popen.__init__
+
+    def record(self, args, *rest, **kwargs):
+        kind = _launch_kind(args)
+        if kind:
+            kinds.add(kind)
+        real(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", record)
+    yield
+    marks = {m.name for m in request.node.iter_markers()}
+    missing = sorted(k for k in kinds if k not in marks and not (k == "subprocess" and "mpi" in marks))
+    if missing:
+        pytest.fail(f"this test {LAUNCH_MARKS[missing[0]]}: mark it @pytest.mark.{missing[0]}", pytrace=False)
+
+
 def run_cli(*args: str, ranks: int = 0, timeout: float = 600) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "p2pfl.run", *args]
     if ranks:

@@ -42,6 +42,7 @@ def test_compare_groups_seeds_and_tabulates_targets(tmp_path):
         assert [r["group"] for r in csv.DictReader(fh)] == ["algo=ntk-dfl", "algo=dfedavg"]
 
 
+@pytest.mark.subprocess
 def test_compare_cli_by_setting_and_bad_input(tmp_path):
     for s in range(2):
         fake_run(tmp_path / "runs" / f"x{s}", "dfedavg", s, [0.2, 0.4], lr=0.5 if s else 0.1)
@@ -57,6 +58,7 @@ def test_compare_cli_by_setting_and_bad_input(tmp_path):
     assert unknown.returncode != 0 and "--by colour" in unknown.stderr
 
 
+@pytest.mark.subprocess
 def test_sweep_runs_a_grid_over_seeds_then_skips_what_is_done(tmp_path):
     preset = tmp_path / "tiny.toml"
     preset.write_text('dataset = "synthetic"\npeers = 6\nkappa = 2\nrounds = 2\nlocal-epochs = 1\n')
@@ -78,6 +80,7 @@ def test_sweep_runs_a_grid_over_seeds_then_skips_what_is_done(tmp_path):
     assert typo.returncode == 2 and "--kapa" in typo.stderr and not (tmp_path / "typo").exists()
 
 
+@pytest.mark.subprocess
 def test_figures_pipeline_draws_every_figure(tmp_path):
     """launch.figures at a toy scale: every run, then every figure of the NTK-DFL paper's set."""
     experiment = tmp_path / "toy.toml"
@@ -101,6 +104,7 @@ def test_figures_pipeline_draws_every_figure(tmp_path):
     assert "alpha0.1/ntk-dfl" in captions  # each caption names its runs
 
 
+@pytest.mark.subprocess
 def test_topology_views_from_a_preset(tmp_path):
     result = subprocess.run([sys.executable, "-m", "analysis", "topology", "launch/presets/ntk-dfl-fmnist300.toml",
                              "--rounds", "8", "--peer", "3", "--out", str(tmp_path)], capture_output=True, text=True,

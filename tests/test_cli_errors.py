@@ -217,6 +217,7 @@ def test_cut_gzip_stream(tiny_mnist, tmp_path, capsys):
     assert "truncated or corrupt" in capsys.readouterr().err
 
 
+@pytest.mark.subprocess
 def test_subprocess_prints_no_traceback():
     result = run_cli("--topology", "regular", "--kappa", "3", "--peers", "5")
     assert result.returncode == 2
@@ -284,3 +285,23 @@ def test_every_toml_key_and_simulate_argument_is_its_flags_name(tmp_path):
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "config.toml").write_text('algo = "dfedavg"\nbatched = false\n')
     assert _stored_config(str(tmp_path / "old")) == {"algo": "dfedavg", "batch": False}
+
+
+def test_the_refusal_quoted_in_the_docs_is_the_one_printed(capsys):
+    from tests.conftest import ROOT
+
+    assert main(["--peers", "abc"]) == 2
+    said = capsys.readouterr().err.strip()
+    assert f"    {said}\n" in (ROOT / "docs" / "cli.md").read_text()
+
+
+def test_the_tiers_tell_a_launch_from_a_librarys_helper_program():
+    import sys
+
+    from tests.conftest import _launch_kind
+
+    assert _launch_kind(["/x/bin/mpirun", "-n", "3", sys.executable, "-m", "p2pfl.run"]) == "mpi"
+    assert _launch_kind(["bash", "launch/mpirun.sh", "3"]) == "mpi"
+    assert _launch_kind([sys.executable, "-m", "analysis"]) == "subprocess"
+    assert _launch_kind(["p2pfl-run", "--peers", "4"]) == "subprocess"
+    assert _launch_kind(["gcc", "-v"]) is None and _launch_kind("ldconfig -p") is None

@@ -36,6 +36,7 @@ def test_runs_and_learns(tmp_path, algo):
 
 
 @pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.mpi
 def test_one_process_equals_three_ranks(tmp_path, algo):
     testing.check_layout_invariance(tiny(algo), tmp_path, ranks=3)
 

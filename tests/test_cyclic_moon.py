@@ -105,6 +105,7 @@ def test_cyclic_then_runs_from_the_cli(stripes, tmp_path, then):
     assert (out / "accuracy.png").exists()
 
 
+@pytest.mark.mpi
 def test_cyclic_moon_and_moon_under_mpi_equal_one_process(stripes, tmp_path):
     runs = {"cyclic": ["--algo", "cyclic", "--then", "moon", "--rounds", "4", "--cyclic-rounds", "2",
                        "--cyclic-steps", "3"],

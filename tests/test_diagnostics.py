@@ -46,6 +46,7 @@ def test_edge_bytes_counts_both_directions_and_silent_edges():
     ("dispfl", ["--local-epochs", "1"]),
     ("dfedavg", ["--local-epochs", "1", "--drop-peers", "0.3", "--topology", "erdos-renyi", "--kappa", "4"]),
 ])
+@pytest.mark.mpi
 def test_diagnostics_in_every_row_and_the_same_on_any_layout(tmp_path, algo, extra):
     """Every round carries the diagnostics (evaluated or not), and 1 process equals 3 ranks in them."""
     args = ["--dataset", "synthetic", "--peers", "10", "--kappa", "3", "--rounds", "3", "--eval-every", "2",

@@ -89,6 +89,7 @@ def test_dispfl_messages_weigh_about_half_of_dfedavgs(stripes, tmp_path):
         assert "client_personal_acc_mean" in sparse and "client_personal_acc_mean" in dense
 
 
+@pytest.mark.mpi
 def test_dispfl_under_mpi_equals_one_process(stripes, tmp_path):
     common = ["--algo", "dispfl", "--peers", "7", "--kappa", "2", "--rounds", "3", "--local-epochs", "1",
               "--dataset", "mnist", "--data-dir", str(stripes), "--partition", "classes", "--samples-per-peer", "30", "--test-samples", "100",

@@ -68,6 +68,7 @@ def test_no_faults_changes_nothing(tmp_path):
     ("dispfl", 3, ["--kappa", "3", "--lr", "0.05"]),
     ("datashare", 2, ["--clients-per-round", "0"]),
 ])
+@pytest.mark.mpi
 def test_faulty_runs_learn_and_equal_across_rank_counts(tmp_path, algo, ranks, extra):
     args = ["--dataset", "synthetic", "--peers", "12", "--rounds", "5", "--local-epochs", "2", "--no-progress",
             "--algo", algo, "--drop-peers", "0.2", "--drop-links", "0.1", "--seed", "4", *extra]
@@ -81,6 +82,7 @@ def test_faulty_runs_learn_and_equal_across_rank_counts(tmp_path, algo, ranks, e
     assert "drop_peers = 0.2" in config and "drop_links = 0.1" in config
 
 
+@pytest.mark.mpi
 def test_fedavg_ft_under_faults_learns_and_equals_across_rank_counts(tmp_path):
     args = ["--algo", "fedavg-ft", "--dataset", "linear-rep", "--peers", "12", "--rounds", "60", "--ft-trials", "2",
             "--drop-peers", "0.2", "--drop-links", "0.1", "--no-progress"]
@@ -88,6 +90,7 @@ def test_fedavg_ft_under_faults_learns_and_equals_across_rank_counts(tmp_path):
     assert rows[-1]["rep_dist"] < rows[0]["rep_dist"] and rows[-1]["test_loss"] < 0.95 * rows[0]["test_loss"]
 
 
+@pytest.mark.mpi
 def test_tct_under_faults_learns_and_equals_across_rank_counts(tmp_path):
     """Stage 1 and stage 2 average what arrived; the one-time convexification is exchanged reliably."""
     from tests.conftest import write_stripes
@@ -111,6 +114,7 @@ def test_fault_flags_are_checked(capsys):
     assert "--slow-factor must be at least 1" in capsys.readouterr().err
 
 
+@pytest.mark.subprocess
 def test_resume_under_faults_equals_the_uninterrupted_run(tmp_path):
     """Faults are keyed by round, so a resumed faulty run draws the same ones."""
     from tests.test_resume import BASE, SLOW, _interrupt_and_resume

@@ -58,6 +58,7 @@ def test_linear_track_fedavg_learns_the_representation_and_d_gd_does_not(tmp_pat
         assert finals[2]["fine_tuning"][n]["mean"] < finals[1]["fine_tuning"][n]["mean"]
 
 
+@pytest.mark.mpi
 def test_linear_track_under_mpi_equals_one_process(tmp_path):
     args = ["--algo", "fedavg-ft", "--dataset", "linear-rep", "--peers", "6", "--samples-per-peer", "30",
             "--rounds", "20", "--eval-every", "5", "--ft-gradients", "samples", "--ft-trials", "2",

@@ -70,6 +70,7 @@ def test_simulate_never_exits_the_interpreter():
         p2pfl.simulate(algo="dfedavg", lr=1e30, **TINY)
 
 
+@pytest.mark.mpi
 def test_an_algorithm_by_class_by_reference_and_under_mpirun(on_path, tmp_path):
     from lazy_gossip import LazyGossip
 
@@ -87,6 +88,7 @@ def test_an_algorithm_by_class_by_reference_and_under_mpirun(on_path, tmp_path):
 
 
 @pytest.mark.skipif(mpirun() is None, reason="needs mpirun")
+@pytest.mark.mpi
 def test_simulate_by_class_under_mpirun_gives_every_rank_the_result(tmp_path):
     script = tmp_path / "script.py"
     script.write_text("import json, p2pfl\nfrom p2pfl.testing import MACHINE_FACTS\nfrom lazy_gossip import LazyGossip\n"
@@ -152,6 +154,7 @@ def test_a_bad_dataset_reference_is_one_line(tmp_path, monkeypatch):
     sys.modules.pop("mydata", None)
 
 
+@pytest.mark.subprocess
 def test_an_installed_package_registers_by_entry_point(tmp_path):
     """A distribution on the path whose metadata names its algorithm in the p2pfl.algorithms group."""
     site = tmp_path / "site"
@@ -171,6 +174,7 @@ def test_an_installed_package_registers_by_entry_point(tmp_path):
 @pytest.mark.parametrize("example, args", [
     ("sweep_keep.py", ["--rounds", "2"]),
 ])
+@pytest.mark.subprocess
 def test_the_examples_run(example, args, tmp_path):
     run = subprocess.run([sys.executable, str(EXAMPLES / example), *args, "--out", str(tmp_path / "out")],
                          capture_output=True, text=True, env=ENV, timeout=600, cwd=tmp_path)
@@ -205,6 +209,7 @@ def test_tensorboard_without_its_package_is_one_line(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").exists() and "P2PFL_DATA" not in os.environ,
                     reason="Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed")
+@pytest.mark.subprocess
 def test_the_readme_python_quickstart_runs_in_a_fresh_interpreter(tmp_path):
     readme = (ROOT / "README.md").read_text()
     code = readme.split("## Python quickstart", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]

@@ -3,11 +3,14 @@ import resource
 import subprocess
 import sys
 
+import pytest
+
 from p2pfl.metrics import peak_rss_kib
 
 CHILD = "from p2pfl.metrics import peak_rss_kib; print(peak_rss_kib())"
 
 
+@pytest.mark.subprocess
 def test_a_child_does_not_report_its_parents_peak_memory():
     big = bytearray(1536 * 2**20)  # 1.5 GiB held by this process while it starts the child
     big[::4096] = b"\1" * len(big[::4096])

@@ -50,6 +50,7 @@ def test_model_trains_two_rounds(data_root, tmp_path, model, dataset, extra, alg
     assert f"model {model}:" in (out / "config.toml").read_text()
 
 
+@pytest.mark.mpi
 def test_simple_cnn_dfedavg_under_mpi_equals_single_process(data_root, tmp_path):
     args = ["--algo", "dfedavg", "--model", "simple-cnn", "--dataset", "mnist", "--data-dir", str(data_root),
             "--peers", "5", "--kappa", "2", "--rounds", "2", "--samples-per-peer", "10", "--batch-size", "4",
@@ -62,6 +63,7 @@ def test_simple_cnn_dfedavg_under_mpi_equals_single_process(data_root, tmp_path)
 
 
 @pytest.mark.skipif(not FMNIST.exists(), reason="Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed")
+@pytest.mark.subprocess
 def test_ntk_dfl_with_a_cnn_on_fashion_mnist_within_the_memory_cap(tmp_path):
     cap_gb = 2.0
     result = run_cli("--algo", "ntk-dfl", "--model", "simple-cnn", "--dataset", "fashion-mnist", "--peers", "4",
@@ -96,6 +98,7 @@ def test_dense_jacobians_a_group_of_neighbourhoods_at_a_time_give_the_same_numbe
     assert_same_results(tmp_path / "default", tmp_path / "singles", "one neighbourhood a group")
 
 
+@pytest.mark.mpi
 def test_dense_jacobian_groups_under_mpi_equal_one_process(tmp_path):
     """A cap that fits a few neighbourhoods: several 'jacobians' exchanges a round (other groups on 3 ranks,
     which hold a third copy), the same numbers. (The cap also sets jacrev's chunk of samples; below a

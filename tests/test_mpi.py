@@ -16,12 +16,14 @@ def test_mpirun_is_installed():
     assert mpirun() is not None, "make install puts mpirun (Open MPI wheel) into the virtualenv"
 
 
+@pytest.mark.mpi
 def test_mpi_bad_input_exits_2_with_one_line():
     result = run_cli("--peers", "7", "--kappa", "3", ranks=2)
     assert result.returncode == 2
     assert result.stderr.count("p2pfl: error:") == 1
 
 
+@pytest.mark.mpi
 def test_mpi_timeout_names_missing_peer():
     result = subprocess.run([mpirun(), "-n", "2", "--oversubscribe", sys.executable, "tests/mpi_timeout_script.py"],
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -38,6 +40,7 @@ def test_mpi_timeout_names_missing_peer():
     ("cyclic", 10, 4, 3, ["--cyclic-rounds", "1", "--then", "scaffold"]),
     ("dpsgd", 7, 8, 2, ["--topology", "ring", "--aggregate", "sample-weighted", "--partition", "iid"]),
 ])
+@pytest.mark.mpi
 def test_every_metric_is_the_same_on_any_layout(tmp_path, algo, peers, seed, ranks, extra):
     """Peer counts that do not divide evenly over the ranks, other seeds, topologies and algorithms:
     every metrics.jsonl field but timings and memory, and final.json, equal one process's."""
@@ -54,6 +57,7 @@ def test_every_metric_is_the_same_on_any_layout(tmp_path, algo, peers, seed, ran
         assert single_final.read_text() == multi_final.read_text()
 
 
+@pytest.mark.subprocess
 def test_numpys_blas_runs_on_one_thread_even_when_numpy_was_imported_first():
     """Its results depend on its thread count; a script (or a test process) that imports numpy or torch
     before p2pfl would otherwise get other numbers than the CLI."""

@@ -33,6 +33,7 @@ def test_an_out_no_file_system_takes_is_one_line(tmp_path, out, needle):
     assert result.returncode == 2 and needle in _one_line(result)
 
 
+@pytest.mark.subprocess
 def test_a_write_that_fails_mid_run_is_one_line_and_what_was_written_stays_readable(tmp_path):
     """A file-size limit (as a full disk does) hits the run's checkpoint: it stops naming the file, exit 5,
     and metrics.jsonl holds whole lines."""
@@ -74,6 +75,7 @@ def test_numpy_2_pickles_at_protocol_5_are_read(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.subprocess
 def test_a_pickle_bomb_is_refused_not_built(tmp_path):
     nested = [1] * 10
     for _ in range(11):  # 10^12 entries from 283 bytes: every level shares the one below
@@ -168,12 +170,14 @@ def test_a_partition_file_names_the_same_images_under_fedavg_ft(tmp_path):
     (["--device", "cuda", "--dataset", "synthetic", "--peers", "6", "--kappa", "2"], "no CUDA device"),
     (["--dataset", "mnist", "--data-dir", "/nonexistent"], "is not a folder"),
 ])
+@pytest.mark.mpi
 def test_launch_mpirun_ends_a_refused_run_with_our_line_alone(args, needle):
     result = subprocess.run(["bash", str(ROOT / "launch" / "mpirun.sh"), "2", *args], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2 and needle in _one_line(result)
 
 
+@pytest.mark.mpi
 def test_launch_mpirun_refuses_an_existing_out_and_a_bad_partition_file_in_one_line(tmp_path):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("x")

@@ -91,12 +91,14 @@ def _interrupt_and_resume(tmp_path, args, resume_ranks=0):
     assert not (tmp_path / "cut" / "checkpoint").exists()  # a finished run keeps none
 
 
+@pytest.mark.mpi
 def test_ctrl_c_on_one_process_then_resume_on_three_ranks(tmp_path):
     _interrupt_and_resume(tmp_path, [*BASE, *SLOW, "--algo", "dfedavg", "--kappa", "3", "--save-edges"], resume_ranks=3)
     full = (tmp_path / "full" / "edges.jsonl").read_text()
     assert full == (tmp_path / "cut" / "edges.jsonl").read_text()
 
 
+@pytest.mark.mpi
 def test_a_stalled_rank_stops_the_job_with_one_line_and_exit_4(tmp_path):
     """Rank 2 is stopped (SIGSTOP) mid-run: the others give up after --comm-timeout with one line naming
     the round, the phase, the missing peers and their rank; the checkpoint resumes on one process."""
@@ -124,6 +126,7 @@ def test_a_stalled_rank_stops_the_job_with_one_line_and_exit_4(tmp_path):
     _same_run(tmp_path / "full", tmp_path / "cut")
 
 
+@pytest.mark.mpi
 def test_a_killed_rank_is_named_under_ulfm_and_the_run_resumes(tmp_path):
     """Rank 1 is killed mid-run under mpirun --with-ft ulfm: MPI reports the failure at once, one line
     names the rank's peers, exit 4; the checkpoint resumes on two ranks."""
@@ -151,6 +154,7 @@ def test_resume_refuses_changes_and_folders_without_a_checkpoint(tmp_path):
     assert nothing.returncode == 2 and "no config.toml" in nothing.stderr
 
 
+@pytest.mark.subprocess
 def test_checkpoints_load_without_unpickling_objects(tmp_path):
     """What a checkpoint holds loads with weights_only=True: tensors, numbers, strings, lists, dicts."""
     from p2pfl import checkpoint
@@ -168,6 +172,7 @@ def test_checkpoints_load_without_unpickling_objects(tmp_path):
         assert set(state["peer_state"]) == {"c_local"} and set(state["server"]) == {"c_global"}
 
 
+@pytest.mark.mpi
 def test_tct_interrupted_in_stage_2_resumes_from_the_end_of_stage_1(tmp_path):
     """TCT checkpoints stage 1 only: a stop in stage 2 resumes at the switch, convexifies again, and
     ends with the uninterrupted run's numbers and linear model."""

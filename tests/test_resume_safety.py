@@ -160,7 +160,8 @@ SLOW = ["--dataset", "synthetic", "--peers", "12", "--kappa", "3", "--rounds", "
         "--algo", "dfedavg", "--no-progress", "--checkpoint-every", "0"]  # long rounds, no checkpoint of its own
 
 
-@pytest.mark.parametrize("ranks", [0, 3], ids=["one process", "mpirun -n 3"])
+@pytest.mark.parametrize("ranks", [pytest.param(0, marks=pytest.mark.subprocess, id="one process"),
+                                   pytest.param(3, marks=pytest.mark.mpi, id="mpirun -n 3")])
 def test_sigterm_saves_the_last_completed_round_and_the_resume_equals_the_whole_run(tmp_path, ranks):
     """SIGTERM to every process (as SLURM sends it to a job's tasks) after round 2, with no checkpoint
     written by then: the run saves round 2 from memory, exits 143, and resumes to the whole run's numbers."""
@@ -186,6 +187,7 @@ def test_sigterm_saves_the_last_completed_round_and_the_resume_equals_the_whole_
     testing.assert_same_results(tmp_path / "whole", run, "stopped by SIGTERM and resumed")
 
 
+@pytest.mark.mpi
 def test_sigusr1_to_mpirun_reaches_the_ranks_and_saves(tmp_path):
     """mpirun answers SIGTERM by killing its ranks at once, but forwards SIGUSR1: launch/mpirun.sh turns a
     SIGTERM into it."""
@@ -200,6 +202,7 @@ def test_sigusr1_to_mpirun_reaches_the_ranks_and_saves(tmp_path):
     assert json.loads((run / "checkpoint" / "latest.json").read_text())["round"] >= 2
 
 
+@pytest.mark.subprocess
 def test_ctrl_c_while_starting_is_one_line(tmp_path):
     proc = _start(["--dataset", "synthetic"], tmp_path / "r")
     time.sleep(0.3)  # torch is loading

@@ -114,6 +114,7 @@ np.save(sys.argv[2], np.concatenate(out))
 """
 
 
+@pytest.mark.subprocess
 def test_a_fresh_compile_and_a_cached_load_give_the_same_bits(tmp_path):
     """The first run after installing compiles the loop, later runs load it from the cache: the same
     numbers either way (they differed while the loop called its helpers as separate functions)."""

@@ -161,6 +161,7 @@ def test_payloads_round_trip_through_their_tensors():
     assert len(again.jacobian) == 2 and again.jacobian[1].dtype == torch.uint8
 
 
+@pytest.mark.subprocess
 def test_algorithm_help_lists_its_own_settings_only():
     result = run_cli("--algo", "fedprox", "--help")
     assert result.returncode == 0

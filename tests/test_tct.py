@@ -130,6 +130,7 @@ def test_tct_refuses_rounds_that_disagree_with_its_stages(digits, tmp_path):
     assert result.returncode == 2 and "--rounds 7 disagrees" in result.stderr
 
 
+@pytest.mark.mpi
 def test_tct_under_mpi_equals_one_process(digits, tmp_path):
     single = run_here(*TCT_ARGS, "--data-dir", str(digits), "--out", str(tmp_path / "one"))
     assert single.returncode == 0, single.stderr[-2000:]

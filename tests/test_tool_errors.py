@@ -95,6 +95,7 @@ def test_compare_without_a_suffix_writes_and_names_the_png(place):
     assert f"figure: {place / 'cmp.png'}" in out and (place / "cmp.png").exists()
 
 
+@pytest.mark.subprocess
 def test_sweep_resumes_an_interrupted_run_and_refuses_another_presets_folder(tmp_path):
     from launch.sweep import plan
 
@@ -121,6 +122,7 @@ def test_sweep_resumes_an_interrupted_run_and_refuses_another_presets_folder(tmp
     assert listing(out) == before
 
 
+@pytest.mark.subprocess
 def test_the_launch_tools_run_from_any_folder(tmp_path):
     import subprocess
     import sys
