@@ -88,6 +88,37 @@ def _launch_kind(args) -> str | None:
     return None
 
 
+def pytest_configure(config):
+    """One tally file of the suite's launches, shared with xdist's workers through the environment."""
+    if "P2PFL_LAUNCH_TALLY" not in os.environ and not hasattr(config, "workerinput"):
+        import tempfile
+
+        handle, path = tempfile.mkstemp(prefix="p2pfl-launches-")
+        os.close(handle)
+        os.environ["P2PFL_LAUNCH_TALLY"] = path
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """How many mpirun launches and fresh interpreters (an mpirun's ranks included) the run started."""
+    path = os.environ.get("P2PFL_LAUNCH_TALLY")
+    if hasattr(config, "workerinput") or not path or not Path(path).exists():
+        return
+    lines = Path(path).read_text().split()
+    ranks = sum(int(line.split(":")[1]) for line in lines if line.startswith("mpi:"))
+    terminalreporter.write_line(f"launches: {sum(line.startswith('mpi:') for line in lines)} mpirun, "
+                                f"{lines.count('subprocess') + ranks} fresh interpreters (mpirun's ranks included)")
+    Path(path).unlink()
+
+
+def _ranks(args) -> int:
+    """The ranks of an mpirun command line (-n N, or launch/mpirun.sh N)."""
+    argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+    for i, arg in enumerate(argv[:-1]):
+        if (arg in ("-n", "-np") or Path(arg).name == "mpirun.sh") and argv[i + 1].isdigit():
+            return int(argv[i + 1])
+    return 1
+
+
 @pytest.fixture(autouse=True)
 def launches_are_marked(request, monkeypatch):
     """A test that starts mpirun, or a fresh interpreter or script, carries the marker (mpi, subprocess)
@@ -100,6 +131,9 @@ def launches_are_marked(request, monkeypatch):
         kind = _launch_kind(args)
         if kind:
             kinds.add(kind)
+            if os.environ.get("P2PFL_LAUNCH_TALLY"):
+                with open(os.environ["P2PFL_LAUNCH_TALLY"], "a") as tally:
+                    tally.write(f"mpi:{_ranks(args)}\n" if kind == "mpi" else "subprocess\n")
         real(self, args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", record)

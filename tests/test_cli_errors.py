@@ -298,10 +298,11 @@ def test_the_refusal_quoted_in_the_docs_is_the_one_printed(capsys):
 def test_the_tiers_tell_a_launch_from_a_librarys_helper_program():
     import sys
 
-    from tests.conftest import _launch_kind
+    from tests.conftest import _launch_kind, _ranks
 
     assert _launch_kind(["/x/bin/mpirun", "-n", "3", sys.executable, "-m", "p2pfl.run"]) == "mpi"
     assert _launch_kind(["bash", "launch/mpirun.sh", "3"]) == "mpi"
     assert _launch_kind([sys.executable, "-m", "analysis"]) == "subprocess"
     assert _launch_kind(["p2pfl-run", "--peers", "4"]) == "subprocess"
     assert _launch_kind(["gcc", "-v"]) is None and _launch_kind("ldconfig -p") is None
+    assert _ranks(["/x/bin/mpirun", "-n", "3", "python"]) == 3 and _ranks(["bash", "launch/mpirun.sh", "4", "--peers", "8"]) == 4
