@@ -18,14 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.plots import plt, save
-from p2pfl.report import AGGREGATED, MEAN_CLIENT, target_line, whole_numbers
+from analysis.plots import AGGREGATED, MEAN_CLIENT, plt, save, target_line, whole_numbers
 from analysis.toolkit import Parser, guarded, output_file, read_run
 from p2pfl.errors import UserError
 
 # Settings that do not change a run's numbers: never a reason to split groups.
-NOT_RESULTS = {"seed", "progress", "device", "comm_timeout", "checkpoint_every", "save_edges", "batch", "batched", "resume",
-               "tensorboard", "client_test_samples"}
+NOT_RESULTS = {"seed", "progress", "device", "comm_timeout", "checkpoint_every", "save_edges", "batch", "batched",
+               "resume", "tensorboard", "client_test_samples"}
 MIB = 2 ** 20
 
 
@@ -67,6 +66,7 @@ def round_seconds(row: dict) -> float:
 class Group:
     label: str
     runs: list[Run] = field(default_factory=list)
+    settings: list[str] = field(default_factory=list)  # those that tell the groups apart (the label's)
 
     def rounds(self, key: str) -> list[int]:
         """Rounds at which every run of the group has the metric."""
@@ -106,6 +106,7 @@ def group_runs(runs: list[Run], by: list[str] | None) -> list[Group]:
     varying = keys if by else label_keys(runs, keys)
     for group in groups.values():
         config = group.runs[0].config
+        group.settings = list(varying)
         group.label = ", ".join(f"{k}={_short(config.get(k))}" for k in varying) or str(config.get("algo", "runs"))
     return list(groups.values())
 
@@ -258,7 +259,7 @@ def subtitle(groups: list[Group], metric: str, band: str) -> str:
     """What the figure compares: the metric, the settings that tell the groups apart, what all runs share,
     and what the band is (none where every group is one run)."""
     runs = [run for group in groups for run in group.runs]
-    told_apart = sorted({part.split("=")[0] for group in groups for part in group.label.split(", ") if "=" in part})
+    told_apart = groups[0].settings
     shared = {k: runs[0].config.get(k) for k in ("algo", "dataset", "peers", "model")
               if k not in told_apart and len({repr(r.config.get(k)) for r in runs}) == 1 and k in runs[0].config}
     what = f"test {'accuracy' if metric == 'acc' else metric}"

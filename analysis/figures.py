@@ -211,7 +211,8 @@ class Figures:
             rounds = sorted(run.curve("client_acc_mean"))
             get = lambda key: [100 * run.curve(key)[k] for k in rounds]  # noqa: E731
             ax.fill_between(rounds, get("client_acc_min"), get("client_acc_max"), color=color, alpha=0.15)
-            ax.plot(rounds, get("client_acc_mean"), MEAN_CLIENT, color=color, label=f"{label}: mean client, min-max band")
+            ax.plot(rounds, get("client_acc_mean"), MEAN_CLIENT, color=color,
+                    label=f"{label}: mean client, min-max band")
             ax.plot(rounds, get("test_acc"), AGGREGATED, color=color, lw=1, label=f"{label}: aggregated model")
         ax.set(xlabel="round", ylabel="test accuracy (%)", title="per-round averaging ablation (alpha = 0.1)")
         ax.grid(alpha=0.3)

@@ -6,7 +6,7 @@ from pathlib import Path
 from p2pfl.report import AGGREGATED, MEAN_CLIENT, finish, plot_final_averaging, plt, save, target_line, whole_numbers
 
 __all__ = ["AGGREGATED", "MEAN_CLIENT", "finish", "plot_comparison", "plot_final_averaging", "plt", "save",
-           "whole_numbers"]
+           "target_line", "whole_numbers"]
 
 
 def plot_comparison(runs: dict[str, list[dict]], path: Path, key: str = "test_acc", target: float | None = None,

@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 from p2pfl.testing import mpirun, run_under_mpirun  # noqa: E402
 
 MODELS = {"mlp": (30, 300), "simple-cnn": (10, 60), "cnn-fmnist": (10, 60), "lenet5": (10, 60), "resnet8": (10, 40)}
-RUN = ["--algo", "dfedavg", "--rounds", "1", "--lr", "0.01", "--local-epochs", "1", "--samples-per-peer", "200", "--kappa", "4",
-       "--test-samples", "1000", "--client-test-samples", "1000", "--no-progress", "--no-tensorboard"]
+RUN = ["--algo", "dfedavg", "--rounds", "1", "--lr", "0.01", "--local-epochs", "1", "--samples-per-peer", "200",
+       "--kappa", "4", "--test-samples", "1000", "--client-test-samples", "1000", "--no-progress", "--no-tensorboard"]
 
 
 def peak(args: list[str], ranks: int = 0) -> tuple[float, float, int]:

@@ -20,6 +20,7 @@ REFERENCE = "-."  # grey, labelled where it stands: a target (horizontal) or a s
 
 
 def target_line(ax, y: float, text: str) -> None:
+    """A horizontal reference at y, its text at the right end."""
     ax.axhline(y, color="grey", lw=0.8, ls=REFERENCE)
     ax.annotate(text, (1, y), xycoords=("axes fraction", "data"), xytext=(-2, 2), textcoords="offset points",
                 ha="right", fontsize=7, color="grey")
@@ -60,15 +61,17 @@ def plot_metric(rows: list[dict], task, run_dir: Path, title: str = "") -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if rows:
         x = [r["round"] for r in rows]
-        ax.plot(x, [scale * r[f"test_{key}"] for r in rows], AGGREGATED, color="tab:blue", label="aggregated model")
-        ax.plot(x, [scale * r[f"client_{key}_mean"] for r in rows], MEAN_CLIENT, color="tab:orange", label="mean client")
+        ax.plot(x, [scale * r[f"test_{key}"] for r in rows], AGGREGATED, color="tab:blue",
+                label="aggregated model")
+        ax.plot(x, [scale * r[f"client_{key}_mean"] for r in rows], MEAN_CLIENT, color="tab:orange",
+                label="mean client")
         ax.fill_between(x, [scale * r[f"client_{key}_min"] for r in rows],
                         [scale * r[f"client_{key}_max"] for r in rows], color="tab:orange", alpha=0.15,
                         label="client min-max")
         personal = [r for r in rows if "client_personal_acc_mean" in r] if key == "acc" else []
         if personal:
-            ax.plot([r["round"] for r in personal], [scale * r["client_personal_acc_mean"] for r in personal], OWN_MIX,
-                    color="tab:green", label="mean client, own label mix")
+            ax.plot([r["round"] for r in personal], [scale * r["client_personal_acc_mean"] for r in personal],
+                    OWN_MIX, color="tab:green", label="mean client, own label mix")
     if not task.higher_is_better:
         ax.set_yscale("log")
     for switch in ("stage", "phase"):
