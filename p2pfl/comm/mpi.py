@@ -223,10 +223,6 @@ class MpiTransport(Transport):
         with self._failures(what):
             return self._bcast_object(obj, what)
 
-    def allreduce_sum(self, value):
-        parts = self.gather(value)
-        return self.bcast(sum(parts) if parts is not None else None)
-
     def agree(self, flag, rank0_flag):
         flags = self.gather(bool(flag))
         return self.bcast((any(flags), bool(rank0_flag)) if flags is not None else None)
@@ -234,6 +230,3 @@ class MpiTransport(Transport):
     def barrier(self) -> None:
         self.gather(None)
         self.bcast(None)
-
-    def abort(self, code: int) -> None:
-        self.comm.Abort(code)

@@ -212,15 +212,9 @@ class Transport:
     def bcast(self, obj):
         return obj
 
-    def allreduce_sum(self, value: float) -> float:
-        return value
-
     def agree(self, flag: bool, rank0_flag: bool) -> tuple[bool, bool]:
         """(flag on any rank, rank 0's rank0_flag) on every rank: one decision for all ranks."""
         return flag, rank0_flag
 
     def barrier(self) -> None:
-        pass
-
-    def abort(self, code: int) -> None:
         pass

@@ -71,10 +71,6 @@ class Dataset:
         """Classes the training set may hold: all but those held out for new clients (the last ones)."""
         return self.n_classes - (len(self.held_out["classes"]) if self.held_out else 0)
 
-    @property
-    def is_image(self) -> bool:
-        return len(self.input_shape) == 3
-
     def to(self, device: torch.device) -> None:
         """Every tensor of the dataset onto the run's device, once: training and test sets, the ground
         truth of a generated task and the held-out classes, so that no step copies samples."""
