@@ -125,7 +125,7 @@ def _stored_config(run_dir: str) -> dict[str, Any]:
     if not (folder / "config.toml").is_file():
         raise UserError(f"--resume {run_dir}: no run folder there (it has no config.toml)")
     stored = load_toml(str(folder / "config.toml"))
-    if "batched" in stored:  # the name a run folder written before 2026-11-28 has for batch
+    if "batched" in stored:  # batch's name in run folders written before its rename (2026-11-27)
         stored["batch"] = stored.pop("batched")
     return stored
 

@@ -38,7 +38,7 @@ def run_table() -> str:
     extra = named_choices()
     lines = ["| flag | default | meaning |", "|---|---|---|", f"| `--config` | none | {CONFIG_HELP} |"]
     for f in declared(RunConfig):
-        name = f"`{flag(f.name)}`, `--no-{flag(f.name)[2:]}`" if kind_of(f) == "bool" else f"`{flag(f.name)}`"
+        name = f"`{flag(f.name)}`, `{flag('no_' + f.name)}`" if kind_of(f) == "bool" else f"`{flag(f.name)}`"
         meaning = f"{f.metadata['help']} {extra[f.name]}" if f.name in extra else f.metadata["help"]
         lines.append(f"| {name} | {_value(shown_default(f))} | {_value(meaning)} |")
     return "\n".join(lines)

@@ -306,9 +306,10 @@ def train_epochs(stack: PeerStack, flat: torch.Tensor, shards: list[torch.Tensor
                  train_x: torch.Tensor, train_y: torch.Tensor, opt: SGDSettings, lr: float, seed: int,
                  round_index: int, terms: StepTerms | None = None) -> torch.Tensor:
     """opt.epochs epochs of minibatch SGD for every row of flat (L, D), in place; returns each peer's
-    training loss, the mean of its minibatch losses over the call's steps (each taken before its step). Momentum starts from zero each call, as a fresh optimizer per round (the
-    DFedAvgM reference code). With stack.batched false, peers train one after another without vmap
-    (the per-peer baseline of the benchmark)."""
+    training loss, the mean of its minibatch losses over the call's steps (each taken before its step).
+    Momentum starts from zero each call, as a fresh optimizer per round (the DFedAvgM reference code).
+    With stack.batched false, peers train one after another without vmap (the per-peer baseline of the
+    benchmark)."""
     size = peer_block(stack, len(peers), opt.batch_size, tuple(train_x.shape[1:]))
     blocks = [slice(i, i + size) for i in range(0, len(peers), size)]
 

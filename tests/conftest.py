@@ -75,10 +75,15 @@ def cpu_unless_marked_cuda(request, monkeypatch):
 LAUNCH_MARKS = {"mpi": "starts mpirun", "subprocess": "starts a fresh interpreter or a script"}
 
 
+def _argv(args) -> list[str]:
+    """A command line as Popen takes it (a list, or a string for a shell) as a list of words."""
+    return [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+
+
 def _launch_kind(args) -> str | None:
     """'mpi' for an mpirun command line, 'subprocess' for another interpreter or script; None for the
     helper programs libraries start on their own (a compiler probe, ldconfig)."""
-    argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+    argv = _argv(args)
     program = Path(argv[0]).name if argv else ""
     if "mpirun" in program or any(Path(a).name == "mpirun.sh" for a in argv):
         return "mpi"
@@ -86,6 +91,15 @@ def _launch_kind(args) -> str | None:
                  or program.endswith(".sh") or program.startswith("p2pfl")):
         return "subprocess"
     return None
+
+
+def _ranks(args) -> int:
+    """The ranks of an mpirun command line (-n N, or launch/mpirun.sh N)."""
+    argv = _argv(args)
+    for i, arg in enumerate(argv[:-1]):
+        if (arg in ("-n", "-np") or Path(arg).name == "mpirun.sh") and argv[i + 1].isdigit():
+            return int(argv[i + 1])
+    return 1
 
 
 def pytest_configure(config):
@@ -110,15 +124,6 @@ def pytest_terminal_summary(terminalreporter, config):
     Path(path).unlink()
 
 
-def _ranks(args) -> int:
-    """The ranks of an mpirun command line (-n N, or launch/mpirun.sh N)."""
-    argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
-    for i, arg in enumerate(argv[:-1]):
-        if (arg in ("-n", "-np") or Path(arg).name == "mpirun.sh") and argv[i + 1].isdigit():
-            return int(argv[i + 1])
-    return 1
-
-
 @pytest.fixture(autouse=True)
 def launches_are_marked(request, monkeypatch):
     """A test that starts mpirun, or a fresh interpreter or script, carries the marker (mpi, subprocess)
@@ -128,12 +133,13 @@ def launches_are_marked(request, monkeypatch):
     real = subprocess.Popen.__init__
 
     def record(self, args, *rest, **kwargs):
-        kind = _launch_kind(args)
+        argv = _argv(args)
+        kind = _launch_kind(argv)
         if kind:
             kinds.add(kind)
             if os.environ.get("P2PFL_LAUNCH_TALLY"):
                 with open(os.environ["P2PFL_LAUNCH_TALLY"], "a") as tally:
-                    tally.write(f"mpi:{_ranks(args)}\n" if kind == "mpi" else "subprocess\n")
+                    tally.write(f"mpi:{_ranks(argv)}\n" if kind == "mpi" else "subprocess\n")
         real(self, args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", record)
