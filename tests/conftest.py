@@ -1,3 +1,4 @@
+import dataclasses
 import gzip
 import os
 import struct
@@ -54,6 +55,7 @@ def write_stripes(root: Path, classes: int, n_train: int, n_test: int) -> Path:
     return root
 
 
+from p2pfl import testing  # noqa: E402
 from p2pfl.testing import mpirun  # noqa: E402,F401 - the one lookup of Open MPI's launcher
 
 
@@ -93,34 +95,56 @@ def _launch_kind(args) -> str | None:
     return None
 
 
-def _ranks(args) -> int:
-    """The ranks of an mpirun command line (-n N, or launch/mpirun.sh N)."""
-    argv = _argv(args)
-    for i, arg in enumerate(argv[:-1]):
-        if (arg in ("-n", "-np") or Path(arg).name == "mpirun.sh") and argv[i + 1].isdigit():
-            return int(argv[i + 1])
-    return 1
+# Every Python interpreter the suite starts counts itself (mpirun's ranks, the runs the launch tools start,
+# scripts): a sitecustomize on PYTHONPATH appends a line naming the test that was running (pytest's
+# PYTEST_CURRENT_TEST, inherited) to the tally. xdist's workers, the suite itself, do not count.
+_COUNTER = """import os
+if os.environ.get("P2PFL_LAUNCH_TALLY"):
+    try:
+        with open("/proc/self/cmdline", "rb") as own:
+            worker = b"exec(eval(sys.stdin.readline()))" in own.read()
+    except OSError:
+        worker = False
+    if not worker:
+        with open(os.environ["P2PFL_LAUNCH_TALLY"], "a") as tally:
+            tally.write("interpreter " + os.environ.get("PYTEST_CURRENT_TEST", "-").split(" ")[0] + "\\n")
+"""
 
 
 def pytest_configure(config):
-    """One tally file of the suite's launches, shared with xdist's workers through the environment."""
+    """One tally file of the suite's launches, shared with xdist's workers and every process they start
+    through the environment."""
     if "P2PFL_LAUNCH_TALLY" not in os.environ and not hasattr(config, "workerinput"):
         import tempfile
 
         handle, path = tempfile.mkstemp(prefix="p2pfl-launches-")
         os.close(handle)
         os.environ["P2PFL_LAUNCH_TALLY"] = path
+        counter = Path(tempfile.mkdtemp(prefix="p2pfl-counter-"))
+        (counter / "sitecustomize.py").write_text(_COUNTER)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(counter), os.environ.get("PYTHONPATH")]))
+
+
+def _tally_mpirun(test: str) -> None:
+    """One line in the suite's tally for an mpirun launch (its ranks count themselves)."""
+    if os.environ.get("P2PFL_LAUNCH_TALLY"):
+        with open(os.environ["P2PFL_LAUNCH_TALLY"], "a") as tally:
+            tally.write(f"mpirun {test}\n")
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    """How many mpirun launches and fresh interpreters (an mpirun's ranks included) the run started."""
+    """How many mpirun launches and fresh interpreters the run started, and the tests that started most."""
+    from collections import Counter
+
     path = os.environ.get("P2PFL_LAUNCH_TALLY")
     if hasattr(config, "workerinput") or not path or not Path(path).exists():
         return
-    lines = Path(path).read_text().split()
-    ranks = sum(int(line.split(":")[1]) for line in lines if line.startswith("mpi:"))
-    terminalreporter.write_line(f"launches: {sum(line.startswith('mpi:') for line in lines)} mpirun, "
-                                f"{lines.count('subprocess') + ranks} fresh interpreters (mpirun's ranks included)")
+    launches = [line.split(" ", 1) for line in Path(path).read_text().splitlines() if " " in line]
+    interpreters = Counter(test for kind, test in launches if kind == "interpreter")
+    most = ", ".join(f"{test.split('::', 1)[-1]} {n}" for test, n in interpreters.most_common(3))
+    terminalreporter.write_line(f"launches: {sum(kind == 'mpirun' for kind, _ in launches)} mpirun, "
+                                f"{sum(interpreters.values())} fresh interpreters (mpirun's ranks and the tools' runs "
+                                f"included; most: {most or 'none'})")
     Path(path).unlink()
 
 
@@ -137,9 +161,8 @@ def launches_are_marked(request, monkeypatch):
         kind = _launch_kind(argv)
         if kind:
             kinds.add(kind)
-            if os.environ.get("P2PFL_LAUNCH_TALLY"):
-                with open(os.environ["P2PFL_LAUNCH_TALLY"], "a") as tally:
-                    tally.write(f"mpi:{_ranks(argv)}\n" if kind == "mpi" else "subprocess\n")
+        if kind == "mpi":
+            _tally_mpirun(request.node.nodeid)
         real(self, args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", record)
@@ -151,30 +174,103 @@ def launches_are_marked(request, monkeypatch):
 
 
 def run_cli(*args: str, ranks: int = 0, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The CLI in a fresh interpreter, or on `ranks` MPI ranks."""
     cmd = [sys.executable, "-m", "p2pfl.run", *args]
-    if ranks:
-        cmd = [mpirun(), "-n", str(ranks), "--oversubscribe", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return subprocess.run(testing.mpirun_command(ranks, *cmd) if ranks else cmd, capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
 
 
 def run_here(*args: str) -> subprocess.CompletedProcess:
-    """The CLI run in this test process, as run_cli without ranks returns it: the one-process side of a
-    comparison with mpirun, without an interpreter and torch starting (about 2.5 s a run). Results do
-    not depend on what ran before in the process (every draw is keyed); torch's thread count is restored."""
-    import contextlib
-    import io
+    """The CLI in this test process, as run_cli without ranks returns it: the one-process side of a
+    comparison with mpirun."""
+    return testing.run_in_process(list(args))
 
-    import torch
 
-    from p2pfl.run import main
+# Runs on several MPI ranks, shared by the whole session: a test declares its case (ranks and CLI
+# arguments) with @ranked_cases, and the first test that needs one starts one mpirun per rank count for
+# every selected test's case (each rank loads torch once, not once a case). The test then gets its case
+# through the `ranked_run` fixture and compares it with one process.
+_RANKED = "_p2pfl_ranked_cases"
 
-    out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(list(args))
-    finally:
-        torch.set_num_threads(threads)
-    return subprocess.CompletedProcess(["p2pfl.run", *args], code, out.getvalue(), err.getvalue())
+
+def ranked_cases(cases: dict) -> callable:
+    """Marks a test mpi and names its multi-rank run: {its parameter id ("" when not parametrized):
+    (ranks, arguments)}, where the arguments may be a function of a folder for the case's own data."""
+    def mark(test):
+        setattr(test, _RANKED, cases)
+        return pytest.mark.mpi(test)
+    return mark
+
+
+@dataclasses.dataclass
+class RankedRun:
+    args: list[str]  # without --out
+    ranks: int
+    out: Path  # the run folder the ranks wrote
+    result: subprocess.CompletedProcess  # its exit status, rank 0's stdout and stderr
+
+    def same_as_one_process(self, workdir: Path) -> Path:
+        """The same arguments run in this process into workdir/one: every metric, final.json and model.pt
+        equal (p2pfl.testing.check_same_as_one_process); returns the one-process run's folder."""
+        testing.check_same_as_one_process(self.args, workdir, self.out, self.result, self.ranks)
+        return workdir / "one"
+
+
+def _case_of(item):
+    cases = getattr(getattr(item, "function", None), _RANKED, None)
+    if cases is not None:
+        return cases[item.callspec.id if hasattr(item, "callspec") else ""]
+
+
+@pytest.fixture(scope="session")
+def _ranked_runs(request, tmp_path_factory) -> dict[str, RankedRun]:
+    """Every selected test's case, run once per session: xdist's workers share the result through their
+    common temporary folder, the first worker to need it running it under a lock."""
+    import fcntl
+    import json
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    shared = tmp_path_factory.getbasetemp().parent if worker else tmp_path_factory.getbasetemp()
+    folder, done = shared / "ranked", shared / "ranked.json"
+    with open(shared / "ranked.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            done.write_text(json.dumps(_run_ranked_cases(request.session.items, folder, request.node.nodeid)))
+    return {test: RankedRun(case["args"], case["ranks"], Path(case["out"]),
+                            subprocess.CompletedProcess(case["args"], case["code"], case["stdout"], case["stderr"]))
+            for test, case in json.loads(done.read_text()).items()}
+
+
+def _run_ranked_cases(items, folder: Path, test: str) -> dict:
+    """One mpirun per rank count (on the CPU, as every test but cuda ones) for the cases of `items`."""
+    by_ranks: dict[int, dict[str, list[str]]] = {}
+    cases = {}
+    for item in items:
+        case = _case_of(item)
+        if case is None:
+            continue
+        ranks, args = case
+        name = f"case{len(cases)}"
+        data = folder / name / "data"
+        data.mkdir(parents=True)
+        args = [str(a) for a in (args(data) if callable(args) else args)]
+        out = folder / name / "ranks"
+        by_ranks.setdefault(ranks, {})[name] = [*args, "--out", str(out)]
+        cases[item.nodeid] = {"name": name, "args": args, "ranks": ranks, "out": str(out)}
+    ended = {}
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("CUDA_VISIBLE_DEVICES", "")
+        for ranks, batch in sorted(by_ranks.items()):
+            _tally_mpirun(test)
+            for name, result in testing.run_many_under_mpirun(batch, ranks, folder / f"ranks{ranks}").items():
+                ended[name] = {"code": result.returncode, "stdout": result.stdout, "stderr": result.stderr}
+    return {test: {**case, **ended[case["name"]]} for test, case in cases.items()}
+
+
+@pytest.fixture
+def ranked_run(request, _ranked_runs) -> RankedRun:
+    """This test's run on several ranks (its @ranked_cases entry), made by the session's shared mpirun."""
+    return _ranked_runs[request.node.nodeid]
 
 
 def _images(rng, n, shape, labels):

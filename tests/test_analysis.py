@@ -8,6 +8,7 @@ import matplotlib.image as mpimg
 import pytest
 
 from analysis.compare import compare
+from p2pfl import testing
 from tests.conftest import ROOT
 
 
@@ -80,17 +81,25 @@ def test_sweep_runs_a_grid_over_seeds_then_skips_what_is_done(tmp_path):
     assert typo.returncode == 2 and "--kapa" in typo.stderr and not (tmp_path / "typo").exists()
 
 
-@pytest.mark.subprocess
-def test_figures_pipeline_draws_every_figure(tmp_path):
-    """launch.figures at a toy scale: every run, then every figure of the NTK-DFL paper's set."""
+@pytest.mark.slow
+def test_figures_pipeline_draws_every_figure(tmp_path, monkeypatch, capsys):
+    """launch.figures at a toy scale: every run, then every figure of the NTK-DFL paper's set. The runs in
+    this process, one after the other (how the launch tools start runs, in their own interpreters, is
+    test_sweep_runs_a_grid_over_seeds_then_skips_what_is_done's)."""
+    import launch.figures
+
+    def in_process(runs, jobs):
+        return [testing.run_in_process([*r["argv"][r["argv"].index("p2pfl.run") + 1:], "--overwrite"]).returncode
+                for r in runs]
+
+    monkeypatch.setattr(launch.figures, "run_all", in_process)
     experiment = tmp_path / "toy.toml"
     experiment.write_text('[common]\ndataset = "fashion-mnist"\npeers = 10\nsamples-per-peer = 20\nrounds = 2\n'
                           'kappa = 4\nalpha = 0.1\ntest-samples = 300\nlocal-epochs = 1\n'
                           '[compression]\npeers = 4\nsamples-per-peer = 8\nkappa = 2\n')
     out = tmp_path / "figs"
-    result = subprocess.run([sys.executable, "-m", "launch.figures", str(experiment), "--jobs", "2", "--out", str(out)],
-                            capture_output=True, text=True, cwd=ROOT, timeout=1200)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    code = launch.figures.main([str(experiment), "--jobs", "2", "--out", str(out)])
+    assert code == 0, capsys.readouterr().out[-3000:]
     expected = {"fig2_convergence": 3, "fig3_aggregated_vs_clients": 3, "fig4_topology_sparsity": 3,
                 "fig5_final_averaging": 1, "fig6_per_round_averaging": 1, "fig7_variance": 1,
                 "fig13_batching_subsampling": 1, "fig15_compression_bytes": 2}

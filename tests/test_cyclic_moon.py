@@ -10,7 +10,7 @@ from p2pfl.configure import make_config
 from p2pfl.errors import UserError
 from p2pfl.seeding import numpy_rng
 from p2pfl.training import Contrast, train_epochs
-from tests.conftest import run_cli, run_here, write_stripes
+from tests.conftest import ranked_cases, run_here, write_stripes
 from tests.helpers import make_context, metric_lines
 
 STAR = {"dataset": "synthetic", "peers": 6, "clients_per_round": 3, "local_epochs": 1}
@@ -105,18 +105,15 @@ def test_cyclic_then_runs_from_the_cli(stripes, tmp_path, then):
     assert (out / "accuracy.png").exists()
 
 
-@pytest.mark.mpi
-def test_cyclic_moon_and_moon_under_mpi_equal_one_process(stripes, tmp_path):
-    runs = {"cyclic": ["--algo", "cyclic", "--then", "moon", "--rounds", "4", "--cyclic-rounds", "2",
-                       "--cyclic-steps", "3"],
-            "moon": ["--algo", "moon", "--rounds", "2"]}
-    for name, args in runs.items():
-        common = [*args, "--peers", "7", "--clients-per-round", "3", "--local-epochs", "1", "--dataset", "mnist",
-                  "--data-dir", str(stripes), "--model", "cnn-fmnist", "--test-samples", "100", "--no-progress"]
-        one = run_here(*common, "--out", str(tmp_path / f"{name}1"))
-        three = run_cli(*common, "--out", str(tmp_path / f"{name}3"), ranks=3)
-        assert one.returncode == 0 and three.returncode == 0, (one.stderr + three.stderr)[-2000:]
-        assert metric_lines(tmp_path / f"{name}1") == metric_lines(tmp_path / f"{name}3")
-        a = torch.load(tmp_path / f"{name}1" / "model.pt", weights_only=True)
-        b = torch.load(tmp_path / f"{name}3" / "model.pt", weights_only=True)
-        assert all(torch.equal(a[k], b[k]) for k in a)
+UNDER_MPI = {"cyclic": ["--algo", "cyclic", "--then", "moon", "--rounds", "4", "--cyclic-rounds", "2",
+                        "--cyclic-steps", "3"],
+             "moon": ["--algo", "moon", "--rounds", "2"]}
+
+
+@ranked_cases({name: (3, lambda data, args=args: [
+    *args, "--peers", "7", "--clients-per-round", "3", "--local-epochs", "1", "--dataset", "mnist",
+    "--data-dir", write_stripes(data, 10, 600, 200), "--model", "cnn-fmnist", "--test-samples", "100",
+    "--no-progress"]) for name, args in UNDER_MPI.items()})
+@pytest.mark.parametrize("name", sorted(UNDER_MPI))
+def test_cyclic_moon_and_moon_under_mpi_equal_one_process(tmp_path, name, ranked_run):
+    ranked_run.same_as_one_process(tmp_path)

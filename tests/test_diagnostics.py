@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from p2pfl.diagnostics import consensus_distance, edge_bytes, mixing_matrix, spectral_gap
-from tests.conftest import run_cli, run_here
+from tests.conftest import ranked_cases, run_here
 from tests.helpers import metric_lines
 
 DIAGNOSTICS = ("consensus_distance", "spectral_gap", "edge_bytes_min", "edge_bytes_mean", "edge_bytes_max")
@@ -41,22 +41,20 @@ def test_edge_bytes_counts_both_directions_and_silent_edges():
                                                            "edge_bytes_max": 30}
 
 
-@pytest.mark.parametrize("algo,extra", [
-    ("ntk-dfl", ["--ntk-taus", "50,100,200", "--lr", "0.1", "--ntk-batches", "2"]),
-    ("dispfl", ["--local-epochs", "1"]),
-    ("dfedavg", ["--local-epochs", "1", "--drop-peers", "0.3", "--topology", "erdos-renyi", "--kappa", "4"]),
-])
-@pytest.mark.mpi
-def test_diagnostics_in_every_row_and_the_same_on_any_layout(tmp_path, algo, extra):
+DIAGNOSED = {
+    "ntk-dfl": ["--ntk-taus", "50,100,200", "--lr", "0.1", "--ntk-batches", "2"],
+    "dispfl": ["--local-epochs", "1"],
+    "dfedavg": ["--local-epochs", "1", "--drop-peers", "0.3", "--topology", "erdos-renyi", "--kappa", "4"],
+}
+
+
+@ranked_cases({algo: (3, ["--dataset", "synthetic", "--peers", "10", "--kappa", "3", "--rounds", "3", "--eval-every", "2",
+                          "--seed", "4", "--samples-per-peer", "40", "--algo", algo, "--no-progress", *extra])
+               for algo, extra in DIAGNOSED.items()})
+@pytest.mark.parametrize("algo", sorted(DIAGNOSED))
+def test_diagnostics_in_every_row_and_the_same_on_any_layout(tmp_path, algo, ranked_run):
     """Every round carries the diagnostics (evaluated or not), and 1 process equals 3 ranks in them."""
-    args = ["--dataset", "synthetic", "--peers", "10", "--kappa", "3", "--rounds", "3", "--eval-every", "2",
-            "--seed", "4", "--samples-per-peer", "40", "--algo", algo, "--no-progress", *extra]
-    single = run_here(*args, "--out", str(tmp_path / "single"))
-    assert single.returncode == 0, single.stderr
-    multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=3)
-    assert multi.returncode == 0, multi.stderr
-    rows = metric_lines(tmp_path / "single")
-    assert rows == metric_lines(tmp_path / "multi")
+    rows = metric_lines(ranked_run.same_as_one_process(tmp_path))
     assert [("test_acc" in r) for r in rows] == [False, True, True]
     for row in rows:
         assert all(key in row for key in DIAGNOSTICS), row.keys()

@@ -10,8 +10,8 @@ import torch
 from p2pfl.algorithms.graph.dispfl import erk_densities
 from p2pfl.metrics import personal_test_sets
 from p2pfl.bitpack import pack_mask, unpack_mask
-from tests.conftest import run_cli, run_here, write_stripes
-from tests.helpers import make_context, metric_lines
+from tests.conftest import ranked_cases, run_here, write_stripes
+from tests.helpers import make_context
 
 DECENTRAL = {"dataset": "synthetic", "peers": 8, "kappa": 3, "local_epochs": 1, "algo": "dispfl"}
 
@@ -89,15 +89,10 @@ def test_dispfl_messages_weigh_about_half_of_dfedavgs(stripes, tmp_path):
         assert "client_personal_acc_mean" in sparse and "client_personal_acc_mean" in dense
 
 
-@pytest.mark.mpi
-def test_dispfl_under_mpi_equals_one_process(stripes, tmp_path):
-    common = ["--algo", "dispfl", "--peers", "7", "--kappa", "2", "--rounds", "3", "--local-epochs", "1",
-              "--dataset", "mnist", "--data-dir", str(stripes), "--partition", "classes", "--samples-per-peer", "30", "--test-samples", "100",
-              "--no-progress"]
-    one = run_here(*common, "--out", str(tmp_path / "one"))
-    three = run_cli(*common, "--out", str(tmp_path / "three"), ranks=3)
-    assert one.returncode == 0 and three.returncode == 0, (one.stderr + three.stderr)[-2000:]
-    assert metric_lines(tmp_path / "one") == metric_lines(tmp_path / "three")
-    a = torch.load(tmp_path / "one" / "model.pt", weights_only=True)
-    b = torch.load(tmp_path / "three" / "model.pt", weights_only=True)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+@ranked_cases({"": (3, lambda data: [
+    "--algo", "dispfl", "--peers", "7", "--kappa", "2", "--rounds", "3", "--local-epochs", "1", "--dataset", "mnist",
+    "--data-dir", write_stripes(data, 10, 600, 200), "--partition", "classes", "--samples-per-peer", "30",
+    "--test-samples", "100", "--no-progress"])})
+def test_dispfl_under_mpi_equals_one_process(tmp_path, ranked_run):
+    """Its masks and personal models too: every metric, final.json and model.pt equal."""
+    ranked_run.same_as_one_process(tmp_path)

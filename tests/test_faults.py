@@ -7,19 +7,14 @@ import torch
 
 from p2pfl.faults import Faults
 from p2pfl.run import main
-from tests.conftest import run_cli, run_here
+from tests.conftest import ranked_cases, write_stripes
 from tests.helpers import make_context, metric_lines
 
 
-def rows_on_one_and_more_ranks(tmp_path, args, ranks):
-    """The run's metrics rows, checked equal (every field but timings and memory) on 1 and `ranks` ranks."""
-    single = run_here(*args, "--out", str(tmp_path / "single"))
-    assert single.returncode == 0, single.stderr
-    multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=ranks)
-    assert multi.returncode == 0, multi.stderr
-    rows = metric_lines(tmp_path / "single")
-    assert rows == metric_lines(tmp_path / "multi")
-    return rows
+def rows_on_one_and_more_ranks(tmp_path, ranked_run):
+    """The run's metrics rows, checked equal (every field but timings and memory, final.json and model.pt)
+    on 1 and the case's ranks."""
+    return metric_lines(ranked_run.same_as_one_process(tmp_path))
 
 
 def test_fault_draws_have_their_rates_and_depend_only_on_their_keys():
@@ -56,53 +51,57 @@ def test_no_faults_changes_nothing(tmp_path):
     assert metric_lines(tmp_path / "a") == metric_lines(tmp_path / "b")
 
 
-@pytest.mark.parametrize("algo,ranks,extra", [
-    ("dfedavg", 3, ["--kappa", "3", "--slow-peers", "0.2"]),
-    ("ntk-dfl", 3, ["--kappa", "3", "--ntk-taus", "50,100", "--lr", "0.1"]),
-    ("fedavg", 2, ["--clients-per-round", "6", "--slow-peers", "0.2"]),
-    ("dpsgd", 4, ["--kappa", "3", "--rounds", "12"]),
-    ("moon", 3, ["--clients-per-round", "0"]),
-    ("ntk-fl", 2, ["--clients-per-round", "8", "--ntk-taus", "50,100", "--lr", "0.1"]),
-    ("cyclic", 3, ["--cyclic-rounds", "2", "--then", "scaffold", "--clients-per-round", "0"]),
-    ("central", 2, ["--clients-per-round", "0", "--slow-peers", "0.2"]),
-    ("dispfl", 3, ["--kappa", "3", "--lr", "0.05"]),
-    ("datashare", 2, ["--clients-per-round", "0"]),
-])
-@pytest.mark.mpi
-def test_faulty_runs_learn_and_equal_across_rank_counts(tmp_path, algo, ranks, extra):
-    args = ["--dataset", "synthetic", "--peers", "12", "--rounds", "5", "--local-epochs", "2", "--no-progress",
-            "--algo", algo, "--drop-peers", "0.2", "--drop-links", "0.1", "--seed", "4", *extra]
-    rows = rows_on_one_and_more_ranks(tmp_path, args, ranks)
+FAULTY = {
+    "dfedavg": (3, ["--kappa", "3", "--slow-peers", "0.2"]),
+    "ntk-dfl": (3, ["--kappa", "3", "--ntk-taus", "50,100", "--lr", "0.1"]),
+    "fedavg": (2, ["--clients-per-round", "6", "--slow-peers", "0.2"]),
+    "dpsgd": (4, ["--kappa", "3", "--rounds", "12"]),
+    "moon": (3, ["--clients-per-round", "0"]),
+    "ntk-fl": (2, ["--clients-per-round", "8", "--ntk-taus", "50,100", "--lr", "0.1"]),
+    "cyclic": (3, ["--cyclic-rounds", "2", "--then", "scaffold", "--clients-per-round", "0"]),
+    "central": (2, ["--clients-per-round", "0", "--slow-peers", "0.2"]),
+    "dispfl": (3, ["--kappa", "3", "--lr", "0.05"]),
+    "datashare": (2, ["--clients-per-round", "0"]),
+}
+
+
+def _faulty(algo: str) -> list[str]:
+    return ["--dataset", "synthetic", "--peers", "12", "--rounds", "5", "--local-epochs", "2", "--no-progress",
+            "--algo", algo, "--drop-peers", "0.2", "--drop-links", "0.1", "--seed", "4", *FAULTY[algo][1]]
+
+
+@ranked_cases({algo: (ranks, _faulty(algo)) for algo, (ranks, _) in FAULTY.items()})
+@pytest.mark.parametrize("algo", sorted(FAULTY))
+def test_faulty_runs_learn_and_equal_across_rank_counts(tmp_path, algo, ranked_run):
+    rows = rows_on_one_and_more_ranks(tmp_path, ranked_run)
     assert rows[-1]["test_acc"] > max(0.3, rows[0]["test_acc"])  # it learns (10 classes: chance is 0.1)
     assert sum(len(r["offline"]) for r in rows) > 0 and sum(r["messages_lost"] for r in rows) > 0
     assert all(1.0 <= r["sim_time"] <= 2.0 for r in rows)
-    if "--slow-peers" in extra:
+    if "--slow-peers" in FAULTY[algo][1]:
         assert sum(len(r["stragglers"]) for r in rows) > 0
-    config = (tmp_path / "single" / "config.toml").read_text()
+    config = (tmp_path / "one" / "config.toml").read_text()
     assert "drop_peers = 0.2" in config and "drop_links = 0.1" in config
 
 
-@pytest.mark.mpi
-def test_fedavg_ft_under_faults_learns_and_equals_across_rank_counts(tmp_path):
-    args = ["--algo", "fedavg-ft", "--dataset", "linear-rep", "--peers", "12", "--rounds", "60", "--ft-trials", "2",
-            "--drop-peers", "0.2", "--drop-links", "0.1", "--no-progress"]
-    rows = rows_on_one_and_more_ranks(tmp_path, args, 3)
+@ranked_cases({"": (3, ["--algo", "fedavg-ft", "--dataset", "linear-rep", "--peers", "12", "--rounds", "60",
+                        "--ft-trials", "2", "--drop-peers", "0.2", "--drop-links", "0.1", "--no-progress"])})
+def test_fedavg_ft_under_faults_learns_and_equals_across_rank_counts(tmp_path, ranked_run):
+    rows = rows_on_one_and_more_ranks(tmp_path, ranked_run)
     assert rows[-1]["rep_dist"] < rows[0]["rep_dist"] and rows[-1]["test_loss"] < 0.95 * rows[0]["test_loss"]
 
 
-@pytest.mark.mpi
-def test_tct_under_faults_learns_and_equals_across_rank_counts(tmp_path):
-    """Stage 1 and stage 2 average what arrived; the one-time convexification is exchanged reliably."""
-    from tests.conftest import write_stripes
+def _tct_on_stripes(data):
+    return ["--algo", "tct", "--dataset", "mnist", "--data-dir", write_stripes(data, 4, 120, 40), "--model",
+            "simple-cnn", "--peers", "4", "--partition", "classes", "--classes-style", "niid-bench",
+            "--classes-per-peer", "1", "--tct-stage1-rounds", "2", "--tct-stage2-rounds", "3", "--tct-features", "2000",
+            "--tct-local-steps", "20", "--tct-lr", "1e-5", "--local-epochs", "1", "--batch-size", "16", "--no-progress",
+            "--seed", "3", "--drop-peers", "0.1", "--drop-links", "0.2"]
 
-    (tmp_path / "digits").mkdir()
-    digits = write_stripes(tmp_path / "digits", 4, 120, 40)
-    args = ["--algo", "tct", "--dataset", "mnist", "--data-dir", str(digits), "--model", "simple-cnn", "--peers", "4",
-            "--partition", "classes", "--classes-style", "niid-bench", "--classes-per-peer", "1",
-            "--tct-stage1-rounds", "2", "--tct-stage2-rounds", "3", "--tct-features", "2000", "--tct-local-steps", "20",
-            "--tct-lr", "1e-5", "--local-epochs", "1", "--batch-size", "16", "--no-progress", "--seed", "3",
-            "--drop-peers", "0.1", "--drop-links", "0.2"]
-    rows = rows_on_one_and_more_ranks(tmp_path, args, 3)
+
+@ranked_cases({"": (3, _tct_on_stripes)})
+def test_tct_under_faults_learns_and_equals_across_rank_counts(tmp_path, ranked_run):
+    """Stage 1 and stage 2 average what arrived; the one-time convexification is exchanged reliably."""
+    rows = rows_on_one_and_more_ranks(tmp_path, ranked_run)
     assert [r["stage"] for r in rows] == [1, 1, 2, 2, 2]
     assert rows[-1]["test_acc"] > 0.5 and sum(r["messages_lost"] for r in rows) > 0
 

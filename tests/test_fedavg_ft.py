@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from p2pfl.algorithms.star.fedavg_ft import linear_gd, principal_angle_distance
-from tests.conftest import run_cli, run_here, write_stripes
-from tests.helpers import metric_lines
+from tests.conftest import ranked_cases, run_here, write_stripes
 
 
 def test_principal_angle_distance():
@@ -58,17 +57,12 @@ def test_linear_track_fedavg_learns_the_representation_and_d_gd_does_not(tmp_pat
         assert finals[2]["fine_tuning"][n]["mean"] < finals[1]["fine_tuning"][n]["mean"]
 
 
-@pytest.mark.mpi
-def test_linear_track_under_mpi_equals_one_process(tmp_path):
-    args = ["--algo", "fedavg-ft", "--dataset", "linear-rep", "--peers", "6", "--samples-per-peer", "30",
-            "--rounds", "20", "--eval-every", "5", "--ft-gradients", "samples", "--ft-trials", "2",
-            "--ft-new-samples", "10", "--no-progress"]
-    single = run_here(*args, "--out", str(tmp_path / "one"))
-    assert single.returncode == 0, single.stderr[-2000:]
-    multi = run_cli(*args, "--out", str(tmp_path / "three"), ranks=3)
-    assert multi.returncode == 0, multi.stderr[-2000:]
-    assert metric_lines(tmp_path / "one") == metric_lines(tmp_path / "three")
-    assert (tmp_path / "one" / "final.json").read_text() == (tmp_path / "three" / "final.json").read_text()
+@ranked_cases({"": (3, ["--algo", "fedavg-ft", "--dataset", "linear-rep", "--peers", "6", "--samples-per-peer", "30",
+                        "--rounds", "20", "--eval-every", "5", "--ft-gradients", "samples", "--ft-trials", "2",
+                        "--ft-new-samples", "10", "--no-progress"])})
+def test_linear_track_under_mpi_equals_one_process(tmp_path, ranked_run):
+    one = ranked_run.same_as_one_process(tmp_path)
+    assert (one / "final.json").read_text() == (ranked_run.out / "final.json").read_text()
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """Every figure a run or a tool draws, read back as a figure: counts get whole-number ticks, titles say
 what is compared, one line style means one thing, the star's server is drawn as the hub, classes carry
 their names. Figures are caught as they are saved (matplotlib's Figure.savefig)."""
-import json
 import math
 
 import matplotlib.figure

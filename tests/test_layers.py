@@ -35,17 +35,21 @@ def test_an_algorithm_outside_the_package_runs_by_name_with_its_own_settings(laz
     package = Path(__file__).resolve().parents[1] / "p2pfl"
     before = subprocess.run(["git", "status", "--porcelain", str(package)], capture_output=True, text=True).stdout
     assert REGISTRY["lazy-gossip"] is lazy_gossip.LazyGossip
-    code, err = run_in_process([*TINY, "--algo", "lazy-gossip", "--keep", "0.25", "--out", str(tmp_path / "a")])
+    done = run_in_process([*TINY, "--algo", "lazy-gossip", "--keep", "0.25", "--out", str(tmp_path / "a")])
+    code, err = done.returncode, done.stderr
     assert code == 0, err
     rows = results(tmp_path / "a")["metrics"]
     assert len(rows) == 3 and rows[-1]["test_acc"] > rows[0]["test_acc"] - 0.05
     assert "keep = 0.25" in (tmp_path / "a" / "config.toml").read_text()
-    code, err = run_in_process([*TINY, "--algo", "lazy-gossip", "--keep", "0", "--out", str(tmp_path / "b")])
+    done = run_in_process([*TINY, "--algo", "lazy-gossip", "--keep", "0", "--out", str(tmp_path / "b")])
+    code, err = done.returncode, done.stderr
     assert code == 0, err
     assert results(tmp_path / "b") != results(tmp_path / "a")  # the setting reaches the round
-    code, err = run_in_process([*TINY, "--algo", "lazy-gossip", "--keep", "1", "--out", str(tmp_path / "c")])
+    done = run_in_process([*TINY, "--algo", "lazy-gossip", "--keep", "1", "--out", str(tmp_path / "c")])
+    code, err = done.returncode, done.stderr
     assert code == 2 and "--keep must be in [0, 1), got 1.0" in err
-    code, err = run_in_process([*TINY, "--algo", "dfedavg", "--keep", "0.5", "--out", str(tmp_path / "d")])
+    done = run_in_process([*TINY, "--algo", "dfedavg", "--keep", "0.5", "--out", str(tmp_path / "d")])
+    code, err = done.returncode, done.stderr
     assert code == 2 and "--keep does not apply to --algo dfedavg (it is a setting of lazy-gossip)" in err
     after = subprocess.run(["git", "status", "--porcelain", str(package)], capture_output=True, text=True).stdout
     assert after == before  # nothing in the package was touched

@@ -13,14 +13,15 @@ import torch
 
 import p2pfl
 from p2pfl.algorithms import REGISTRY
-from p2pfl.testing import MACHINE_FACTS, check_layout_invariance, check_learns, check_resume, mpirun, results, run_in_process
+from p2pfl import testing
+from p2pfl.testing import MACHINE_FACTS, check_layout_invariance, check_learns, check_resume, results, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 TINY = dict(dataset="synthetic", peers=6, kappa=2, rounds=3, samples_per_peer=40, seed=4, progress=False)
 TINY_ARGS = ["--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--rounds", "3", "--samples-per-peer", "40",
              "--seed", "4", "--no-progress"]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLES), str(ROOT)]),
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(EXAMPLES), str(ROOT), os.environ.get("PYTHONPATH")])),
        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
@@ -39,7 +40,8 @@ def test_simulate_returns_the_cli_numbers_and_writes_nothing_without_out(tmp_pat
     result = p2pfl.simulate(algo="dfedavg", **TINY)
     assert list(tmp_path.iterdir()) == []  # out=None: not even runs/
     assert result.run_dir is None and len(result.rows) == 3 and result.config.peers == 6
-    code, err = run_in_process([*TINY_ARGS, "--algo", "dfedavg", "--out", str(tmp_path / "cli")])
+    done = run_in_process([*TINY_ARGS, "--algo", "dfedavg", "--out", str(tmp_path / "cli")])
+    code, err = done.returncode, done.stderr
     assert code == 0, err
     cli = results(tmp_path / "cli")
     assert [{k: v for k, v in r.items() if k not in MACHINE_FACTS} for r in result.rows] == cli["metrics"]
@@ -76,7 +78,8 @@ def test_an_algorithm_by_class_by_reference_and_under_mpirun(on_path, tmp_path):
 
     by_class = p2pfl.simulate(algo=LazyGossip, keep=0.3, out=tmp_path / "class", **TINY)
     args = [*TINY_ARGS, "--algo", "lazy_gossip:LazyGossip", "--keep", "0.3"]
-    code, err = run_in_process([*args, "--out", str(tmp_path / "reference")])
+    done = run_in_process([*args, "--out", str(tmp_path / "reference")])
+    code, err = done.returncode, done.stderr
     assert code == 0, err
     assert results(tmp_path / "class") == results(tmp_path / "reference")
     assert 'algo = "lazy_gossip:LazyGossip"' in (tmp_path / "reference" / "config.toml").read_text()
@@ -87,23 +90,24 @@ def test_an_algorithm_by_class_by_reference_and_under_mpirun(on_path, tmp_path):
     check_resume(args, tmp_path / "resume")
 
 
-@pytest.mark.skipif(mpirun() is None, reason="needs mpirun")
 @pytest.mark.mpi
-def test_simulate_by_class_under_mpirun_gives_every_rank_the_result(tmp_path):
+def test_simulate_by_class_under_mpirun_gives_every_rank_the_result(on_path, tmp_path):
+    """A script calling simulate() on 2 ranks: each rank gets the rows, the rows of one process."""
+    from lazy_gossip import LazyGossip
+
     script = tmp_path / "script.py"
     script.write_text("import json, p2pfl\nfrom p2pfl.testing import MACHINE_FACTS\nfrom lazy_gossip import LazyGossip\n"
                       f"r = p2pfl.simulate(algo=LazyGossip, keep=0.3, **{TINY!r})\n"
                       "print('ROWS', json.dumps([{k: v for k, v in x.items() if k not in MACHINE_FACTS} "
                       "for x in r.rows]))\n")
-    outputs = []
-    for ranks in (1, 2):
-        run = subprocess.run([mpirun(), "-n", str(ranks), "--oversubscribe", sys.executable, str(script)],
-                             capture_output=True, text=True, env=ENV, timeout=300)
-        assert run.returncode == 0, run.stderr[-2000:]
-        lines = [line for line in run.stdout.splitlines() if line.startswith("ROWS")]
-        assert len(lines) == ranks  # every rank got it
-        outputs.append(set(lines))
-    assert outputs[0] == outputs[1] and len(outputs[1]) == 1
+    run = subprocess.run(testing.mpirun_command(2, sys.executable, str(script)), capture_output=True, text=True,
+                         env=ENV, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [line for line in run.stdout.splitlines() if line.startswith("ROWS")]
+    assert len(lines) == 2 and lines[0] == lines[1]  # every rank got it
+    here = [{k: v for k, v in row.items() if k not in MACHINE_FACTS}
+            for row in p2pfl.simulate(algo=LazyGossip, keep=0.3, **TINY).rows]
+    assert json.loads(lines[0].split(" ", 1)[1]) == here
 
 
 def test_a_model_of_ones_own_by_reference(on_path, tmp_path):
@@ -111,7 +115,8 @@ def test_a_model_of_ones_own_by_reference(on_path, tmp_path):
     rows = check_learns(args, tmp_path)
     assert "model tiny_net:make_net: 2,410 parameters" in (tmp_path / "learns" / "config.toml").read_text()
     assert rows
-    code, err = run_in_process([*TINY_ARGS, "--model", "tiny_net:nothing", "--out", str(tmp_path / "bad")])
+    done = run_in_process([*TINY_ARGS, "--model", "tiny_net:nothing", "--out", str(tmp_path / "bad")])
+    code, err = done.returncode, done.stderr
     assert code == 2 and "--model tiny_net:nothing: tiny_net has no nothing" in err
 
 
@@ -149,7 +154,8 @@ def test_a_bad_dataset_reference_is_one_line(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     for reference, message in [("mydata:not_data", "must return (train_x, train_y, test_x, test_y[, owners])"),
                                ("nowhere:load", "cannot import nowhere")]:
-        code, err = run_in_process([*TINY_ARGS, "--dataset", reference, "--out", str(tmp_path / "x")])
+        done = run_in_process([*TINY_ARGS, "--dataset", reference, "--out", str(tmp_path / "x")])
+        code, err = done.returncode, done.stderr
         assert code == 2 and message in err, err
     sys.modules.pop("mydata", None)
 
@@ -164,7 +170,7 @@ def test_an_installed_package_registers_by_entry_point(tmp_path):
         "[p2pfl.algorithms]\nep-gossip = ep_gossip:EntryGossip\n")
     (site / "ep_gossip.py").write_text((EXAMPLES / "lazy_gossip.py").read_text().replace(
         'name = "lazy-gossip"', 'name = "ep-gossip"').replace("class LazyGossip(", "class EntryGossip("))
-    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    env = {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), str(ROOT), os.environ.get("PYTHONPATH")]))}
     run = subprocess.run([sys.executable, "-m", "p2pfl.run", *TINY_ARGS, "--algo", "ep-gossip", "--keep", "0.2",
                           "--out", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -186,7 +192,9 @@ def test_tensorboard_holds_the_metrics_rows(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    code, err = run_in_process([*TINY_ARGS, "--algo", "dfedavg", "--tensorboard", "--out", str(tmp_path / "run")])
+    done = run_in_process([*TINY_ARGS, "--algo", "dfedavg", "--tensorboard", "--out", str(tmp_path / "run")])
+
+    code, err = done.returncode, done.stderr
     assert code == 0, err
     rows = results(tmp_path / "run")["metrics"]
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
@@ -203,7 +211,8 @@ def test_tensorboard_without_its_package_is_one_line(tmp_path, monkeypatch):
     from p2pfl import tracking
 
     monkeypatch.setattr(tracking.importlib.util, "find_spec", lambda name: None)
-    code, err = run_in_process([*TINY_ARGS, "--tensorboard", "--out", str(tmp_path / "run")])
+    done = run_in_process([*TINY_ARGS, "--tensorboard", "--out", str(tmp_path / "run")])
+    code, err = done.returncode, done.stderr
     assert code == 2 and "--tensorboard needs the tensorboard package" in err and not (tmp_path / "run").exists()
 
 
@@ -214,7 +223,7 @@ def test_the_readme_python_quickstart_runs_in_a_fresh_interpreter(tmp_path):
     readme = (ROOT / "README.md").read_text()
     code = readme.split("## Python quickstart", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=600,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     assert run.returncode == 0, run.stderr[-2000:]
     lines = [line.split() for line in run.stdout.splitlines()]
     assert [int(line[0]) for line in lines] == [1, 2, 3] and all(0 < float(line[1]) <= 1 for line in lines)

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli, run_here, write_cifar, write_femnist
-from tests.helpers import metric_lines
+from tests.conftest import ranked_cases, run_cli, run_here, write_cifar, write_femnist
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 SMALL = ["--peers", "3", "--kappa", "2", "--rounds", "2", "--samples-per-peer", "8", "--batch-size", "4",
@@ -20,13 +19,19 @@ CASES = [("mlp", "mnist", []), ("simple-cnn", "mnist", []), ("cnn-fmnist", "mnis
 
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
-    from tests.conftest import write_idx
-    import numpy as np
-
     root = tmp_path_factory.mktemp("data")
     write_cifar(root, "cifar10", "binary")
     write_cifar(root, "cifar100", "python")
     write_femnist(root)
+    return write_noise_mnist(root)
+
+
+def write_noise_mnist(root: Path) -> Path:
+    """MNIST's IDX files of 60 training and 20 test images of noise, labels cycling through 10 classes."""
+    import numpy as np
+
+    from tests.conftest import write_idx
+
     rng = np.random.default_rng(0)
     for split, n in (("train", 60), ("t10k", 20)):
         write_idx(root / f"{split}-images-idx3-ubyte", rng.integers(0, 255, (n, 28, 28)).astype(np.uint8))
@@ -50,16 +55,12 @@ def test_model_trains_two_rounds(data_root, tmp_path, model, dataset, extra, alg
     assert f"model {model}:" in (out / "config.toml").read_text()
 
 
-@pytest.mark.mpi
-def test_simple_cnn_dfedavg_under_mpi_equals_single_process(data_root, tmp_path):
-    args = ["--algo", "dfedavg", "--model", "simple-cnn", "--dataset", "mnist", "--data-dir", str(data_root),
-            "--peers", "5", "--kappa", "2", "--rounds", "2", "--samples-per-peer", "10", "--batch-size", "4",
-            "--local-epochs", "1", "--partition", "dirichlet", "--alpha", "0.5", "--lr", "0.01", "--no-progress"]
-    single = run_here(*args, "--out", str(tmp_path / "single"))
-    assert single.returncode == 0, single.stderr
-    multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=3)
-    assert multi.returncode == 0, multi.stderr
-    assert metric_lines(tmp_path / "single") == metric_lines(tmp_path / "multi")
+@ranked_cases({"": (3, lambda data: [
+    "--algo", "dfedavg", "--model", "simple-cnn", "--dataset", "mnist", "--data-dir", write_noise_mnist(data),
+    "--peers", "5", "--kappa", "2", "--rounds", "2", "--samples-per-peer", "10", "--batch-size", "4",
+    "--local-epochs", "1", "--partition", "dirichlet", "--alpha", "0.5", "--lr", "0.01", "--no-progress"])})
+def test_simple_cnn_dfedavg_under_mpi_equals_single_process(tmp_path, ranked_run):
+    ranked_run.same_as_one_process(tmp_path)
 
 
 @pytest.mark.skipif(not FMNIST.exists(), reason="Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed")
@@ -98,20 +99,14 @@ def test_dense_jacobians_a_group_of_neighbourhoods_at_a_time_give_the_same_numbe
     assert_same_results(tmp_path / "default", tmp_path / "singles", "one neighbourhood a group")
 
 
-@pytest.mark.mpi
-def test_dense_jacobian_groups_under_mpi_equal_one_process(tmp_path):
+@ranked_cases({"": (3, [*DENSE_NTK, "--ntk-memory-gb", "0.23", "--peers", "14"])})
+def test_dense_jacobian_groups_under_mpi_equal_one_process(tmp_path, ranked_run):
     """A cap that fits a few neighbourhoods: several 'jacobians' exchanges a round (other groups on 3 ranks,
     which hold a third copy), the same numbers. (The cap also sets jacrev's chunk of samples; below a
     peer's 20 samples, a chunk's rounding depends on the thread count, hence on the layout.)"""
-    args = [*DENSE_NTK, "--ntk-memory-gb", "0.23", "--peers", "14"]
-    one = run_here(*args, "--out", str(tmp_path / "one"))
-    assert one.returncode == 0, one.stderr
-    note = (tmp_path / "one" / "config.toml").read_text()
+    note = (ranked_run.same_as_one_process(tmp_path) / "config.toml").read_text()
     exchanges = int(re.search(r"\((\d+) Jacobian exchanges in round 1\)", note).group(1))
     assert exchanges >= 2
-    three = run_cli(*args, "--out", str(tmp_path / "three"), ranks=3)
-    assert three.returncode == 0, three.stderr
-    assert metric_lines(tmp_path / "one") == metric_lines(tmp_path / "three")
 
 
 def test_dense_ntk_dfl_is_refused_only_when_one_neighbourhood_cannot_fit(tmp_path):

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, mpirun, run_cli, run_here
+from p2pfl import testing
+from tests.conftest import ROOT, mpirun, ranked_cases, run_cli
 from tests.helpers import metric_lines
 
 COMMON = ["--dataset", "synthetic", "--peers", "12", "--kappa", "3", "--rounds", "3", "--no-progress"]
@@ -25,36 +26,36 @@ def test_mpi_bad_input_exits_2_with_one_line():
 
 @pytest.mark.mpi
 def test_mpi_timeout_names_missing_peer():
-    result = subprocess.run([mpirun(), "-n", "2", "--oversubscribe", sys.executable, "tests/mpi_timeout_script.py"],
+    result = subprocess.run(testing.mpirun_command(2, sys.executable, "tests/mpi_timeout_script.py"),
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert "TIMEOUT" in result.stdout, result.stdout + result.stderr
     assert "peers [1] on ranks [1]" in result.stdout and "round 4, average" in result.stdout
 
 
-@pytest.mark.parametrize("algo,peers,seed,ranks,extra", [
-    ("fedavg", 13, 5, 4, ["--clients-per-round", "7"]),
-    ("moon", 9, 1, 2, ["--clients-per-round", "0"]),
-    ("dispfl", 10, 9, 3, ["--kappa", "3"]),
-    ("dfedavgm", 15, 9, 4, ["--kappa", "4", "--mixing", "metropolis", "--topology", "erdos-renyi"]),
-    ("fednova", 11, 2, 3, ["--clients-per-round", "0", "--momentum", "0.5"]),
-    ("cyclic", 10, 4, 3, ["--cyclic-rounds", "1", "--then", "scaffold"]),
-    ("dpsgd", 7, 8, 2, ["--topology", "ring", "--aggregate", "sample-weighted", "--partition", "iid"]),
-])
-@pytest.mark.mpi
-def test_every_metric_is_the_same_on_any_layout(tmp_path, algo, peers, seed, ranks, extra):
+LAYOUTS = {  # algorithm: (peers, seed, ranks, what else)
+    "fedavg": (13, 5, 4, ["--clients-per-round", "7"]),
+    "moon": (9, 1, 2, ["--clients-per-round", "0"]),
+    "dispfl": (10, 9, 3, ["--kappa", "3"]),
+    "dfedavgm": (15, 9, 4, ["--kappa", "4", "--mixing", "metropolis", "--topology", "erdos-renyi"]),
+    "fednova": (11, 2, 3, ["--clients-per-round", "0", "--momentum", "0.5"]),
+    "cyclic": (10, 4, 3, ["--cyclic-rounds", "1", "--then", "scaffold"]),
+    "dpsgd": (7, 8, 2, ["--topology", "ring", "--aggregate", "sample-weighted", "--partition", "iid"]),
+}
+
+
+def _layout(algo: str) -> list[str]:
+    peers, seed, _, extra = LAYOUTS[algo]
+    return ["--dataset", "synthetic", "--peers", str(peers), "--seed", str(seed), "--rounds", "2", "--local-epochs",
+            "1", "--samples-per-peer", "60", "--algo", algo, "--no-progress", *extra]
+
+
+@ranked_cases({algo: (LAYOUTS[algo][2], _layout(algo)) for algo in LAYOUTS})
+@pytest.mark.parametrize("algo", sorted(LAYOUTS))
+def test_every_metric_is_the_same_on_any_layout(tmp_path, algo, ranked_run):
     """Peer counts that do not divide evenly over the ranks, other seeds, topologies and algorithms:
-    every metrics.jsonl field but timings and memory, and final.json, equal one process's."""
-    args = ["--dataset", "synthetic", "--peers", str(peers), "--seed", str(seed), "--rounds", "2",
-            "--local-epochs", "1", "--samples-per-peer", "60", "--algo", algo, "--no-progress", *extra]
-    single = run_here(*args, "--out", str(tmp_path / "single"))
-    assert single.returncode == 0, single.stderr
-    multi = run_cli(*args, "--out", str(tmp_path / "multi"), ranks=ranks)
-    assert multi.returncode == 0, multi.stderr
-    assert metric_lines(tmp_path / "single") == metric_lines(tmp_path / "multi")
-    single_final, multi_final = (tmp_path / run / "final.json" for run in ("single", "multi"))
-    assert single_final.exists() == multi_final.exists()
-    if single_final.exists():
-        assert single_final.read_text() == multi_final.read_text()
+    every metrics.jsonl field but timings and memory, final.json and model.pt equal one process's."""
+    ranked_run.same_as_one_process(tmp_path)
+    assert ranked_run.ranks == LAYOUTS[algo][2] and len(metric_lines(ranked_run.out)) == 2
 
 
 @pytest.mark.subprocess

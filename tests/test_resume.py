@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from tests.conftest import ROOT, mpirun, run_cli, run_here
+from p2pfl import testing
+from tests.conftest import ROOT, run_cli, run_here
 from tests.helpers import metric_lines
 
 BASE = ["--dataset", "synthetic", "--peers", "12", "--rounds", "6", "--no-progress", "--checkpoint-every", "1"]
@@ -21,7 +22,7 @@ SLOW = ["--local-epochs", "40"]  # rounds long enough to be interrupted mid-run
 def _start(args, out, ranks=0, mpi_options=()):
     cmd = [sys.executable, "-m", "p2pfl.run", *args, "--out", str(out)]
     if ranks:
-        cmd = [mpirun(), "-n", str(ranks), "--oversubscribe", *mpi_options, *cmd]
+        cmd = testing.mpirun_command(ranks, *mpi_options, *cmd)
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -121,7 +122,7 @@ def test_a_stalled_rank_stops_the_job_with_one_line_and_exit_4(tmp_path):
     peers = [int(p) for p in named.group(1).split(",")]
     assert len(set(peers)) == len(peers) and set(peers) <= {8, 9, 10, 11}  # rank 2's, each once
     assert "Traceback" not in err
-    full = run_here(*args, "--out", str(tmp_path / "full"))
+    assert run_here(*args, "--out", str(tmp_path / "full")).returncode == 0
     assert run_here("--resume", str(tmp_path / "cut"), "--no-progress").returncode == 0
     _same_run(tmp_path / "full", tmp_path / "cut")
 
@@ -129,7 +130,8 @@ def test_a_stalled_rank_stops_the_job_with_one_line_and_exit_4(tmp_path):
 @pytest.mark.mpi
 def test_a_killed_rank_is_named_under_ulfm_and_the_run_resumes(tmp_path):
     """Rank 1 is killed mid-run under mpirun --with-ft ulfm: MPI reports the failure at once, one line
-    names the rank's peers, exit 4; the checkpoint resumes on two ranks."""
+    names the rank's peers, exit 4; the checkpoint resumes on one process (the resumed run equals the whole
+    one on any layout: test_ctrl_c_on_one_process_then_resume_on_three_ranks)."""
     args = [*BASE, *SLOW, "--algo", "dfedavg", "--kappa", "3"]
     proc = _start(args, tmp_path / "cut", ranks=3, mpi_options=("--with-ft", "ulfm"))
     _wait_for_rows(proc, tmp_path / "cut", 2)
@@ -138,8 +140,8 @@ def test_a_killed_rank_is_named_under_ulfm_and_the_run_resumes(tmp_path):
     assert proc.returncode == 4, err
     ours = [line for line in err.splitlines() if line.startswith("p2pfl:")]
     assert len(ours) == 1 and "rank failed" in ours[0] and "on ranks [1]" in ours[0], err
-    full = run_here(*args, "--out", str(tmp_path / "full"))
-    assert run_cli("--resume", str(tmp_path / "cut"), "--no-progress", ranks=2).returncode == 0
+    assert run_here(*args, "--out", str(tmp_path / "full")).returncode == 0
+    assert run_here("--resume", str(tmp_path / "cut"), "--no-progress").returncode == 0
     _same_run(tmp_path / "full", tmp_path / "cut")
 
 
@@ -172,7 +174,7 @@ def test_checkpoints_load_without_unpickling_objects(tmp_path):
         assert set(state["peer_state"]) == {"c_local"} and set(state["server"]) == {"c_global"}
 
 
-@pytest.mark.mpi
+@pytest.mark.subprocess
 def test_tct_interrupted_in_stage_2_resumes_from_the_end_of_stage_1(tmp_path):
     """TCT checkpoints stage 1 only: a stop in stage 2 resumes at the switch, convexifies again, and
     ends with the uninterrupted run's numbers and linear model."""
@@ -187,7 +189,7 @@ def test_tct_interrupted_in_stage_2_resumes_from_the_end_of_stage_1(tmp_path):
             "--checkpoint-every", "1"]
     _full_and_ctrl_c(tmp_path, args, 3)
     assert json.loads((tmp_path / "cut" / "checkpoint" / "latest.json").read_text())["round"] == 2
-    assert run_cli("--resume", str(tmp_path / "cut"), "--no-progress", ranks=2).returncode == 0
+    assert run_here("--resume", str(tmp_path / "cut"), "--no-progress").returncode == 0
     _same_run(tmp_path / "full", tmp_path / "cut")
     linear = [torch.load(tmp_path / run / "tct_linear.pt", weights_only=True) for run in ("full", "cut")]
     assert all(torch.equal(linear[0][k], linear[1][k]) for k in linear[0])

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -24,17 +23,20 @@ def _stopped(tmp_path, name, rounds_done):
     """A run stopped by a Ctrl-C-style request after `rounds_done` rounds, one round at a time (each stop
     writes a checkpoint: after 2 rounds both slots hold one)."""
     out = tmp_path / name
-    code, err = testing.run_in_process([*ARGS, "--out", str(out)], stop_after_first_round=True)
+    done = testing.run_in_process([*ARGS, "--out", str(out)], stop_after_first_round=True)
+    code, err = done.returncode, done.stderr
     assert code == 130, err
     for _ in range(rounds_done - 1):
-        code, err = testing.run_in_process(["--resume", str(out), "--no-progress"], stop_after_first_round=True)
+        done = testing.run_in_process(["--resume", str(out), "--no-progress"], stop_after_first_round=True)
+        code, err = done.returncode, done.stderr
         assert code == 130, err
     return out
 
 
 @pytest.fixture
 def whole(tmp_path):
-    code, err = testing.run_in_process([*ARGS, "--out", str(tmp_path / "whole")])
+    done = testing.run_in_process([*ARGS, "--out", str(tmp_path / "whole")])
+    code, err = done.returncode, done.stderr
     assert code == 0, err
     return tmp_path / "whole"
 
@@ -81,7 +83,8 @@ def test_a_damaged_newest_slot_falls_back_to_the_previous_one(tmp_path, whole, h
     run = _stopped(tmp_path, "cut", 2)
     latest = json.loads((run / "checkpoint" / "latest.json").read_text())
     _damage(run / "checkpoint" / f"slot{latest['slot']}-rank0-of1.pt", how, tmp_path)
-    code, err = testing.run_in_process(["--resume", str(run), "--no-progress"])
+    done = testing.run_in_process(["--resume", str(run), "--no-progress"])
+    code, err = done.returncode, done.stderr
     assert code == 0, err
     assert "the newest checkpoint is damaged" in err and "after round 1" in err and "Traceback" not in err
     testing.assert_same_results(whole, run, f"resumed past a slot of {how}")
@@ -92,7 +95,8 @@ def test_a_damaged_newest_slot_falls_back_to_the_previous_one(tmp_path, whole, h
 def test_a_damaged_latest_json_falls_back_to_the_newest_readable_slot(tmp_path, whole, how):
     run = _stopped(tmp_path, "cut", 2)
     _damage(run / "checkpoint" / "latest.json", how, tmp_path)
-    code, err = testing.run_in_process(["--resume", str(run), "--no-progress"])
+    done = testing.run_in_process(["--resume", str(run), "--no-progress"])
+    code, err = done.returncode, done.stderr
     assert code == 0, err
     assert "latest.json" in err and "after round 2" in err
     testing.assert_same_results(whole, run, f"resumed past a latest.json of {how}")
@@ -105,7 +109,8 @@ def test_when_no_slot_can_be_read_the_resume_says_so_and_changes_nothing(tmp_pat
         _damage(run / "checkpoint" / f"slot{slot}-rank0-of1.pt", how, tmp_path)
     before = _fingerprint(run)
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
-    code, err = testing.run_in_process(["--resume", str(run), "--no-progress"])
+    done = testing.run_in_process(["--resume", str(run), "--no-progress"])
+    code, err = done.returncode, done.stderr
     assert code == 2 and "no checkpoint can be read" in _one_line(err)
     assert _fingerprint(run) == before  # metrics.jsonl, config.toml and the rest as they were
     assert not (tmp_path / "ran").exists()
@@ -116,14 +121,16 @@ def test_a_config_toml_edited_since_is_one_line_and_changes_nothing(tmp_path):
     config = run / "config.toml"
     config.write_text(config.read_text().replace("peers = 8", "peers = 6"))
     before = _fingerprint(run)
-    code, err = testing.run_in_process(["--resume", str(run), "--no-progress"])
+    done = testing.run_in_process(["--resume", str(run), "--no-progress"])
+    code, err = done.returncode, done.stderr
     assert code == 2 and "does not fit the run's config.toml" in _one_line(err)
     assert _fingerprint(run) == before
 
 
 def test_the_starting_command_plus_resume_is_accepted(tmp_path, whole):
     run = _stopped(tmp_path, "cut", 1)
-    code, err = testing.run_in_process([*ARGS, "--out", str(run), "--resume", str(run)])
+    done = testing.run_in_process([*ARGS, "--out", str(run), "--resume", str(run)])
+    code, err = done.returncode, done.stderr
     assert code == 0, err
     testing.assert_same_results(whole, run, "the same command plus --resume")
 
@@ -131,12 +138,15 @@ def test_the_starting_command_plus_resume_is_accepted(tmp_path, whole):
 def test_a_real_change_names_the_flag_and_both_values(tmp_path):
     run = _stopped(tmp_path, "cut", 1)
     before = _fingerprint(run)
-    code, err = testing.run_in_process([*ARGS, "--lr", "0.05", "--resume", str(run)])
+    done = testing.run_in_process([*ARGS, "--lr", "0.05", "--resume", str(run)])
+    code, err = done.returncode, done.stderr
     assert code == 2 and "--lr is 0.1 there, 0.05 here" in _one_line(err)
-    code, err = testing.run_in_process(["--resume", str(run), "--rounds", "9"])
+    done = testing.run_in_process(["--resume", str(run), "--rounds", "9"])
+    code, err = done.returncode, done.stderr
     line = _one_line(err)
     assert code == 2 and "--rounds is 4 there, 9 here" in line and "start a new run" in line
-    code, err = testing.run_in_process(["--resume", str(run), "--out", str(tmp_path / "elsewhere")])
+    done = testing.run_in_process(["--resume", str(run), "--out", str(tmp_path / "elsewhere")])
+    code, err = done.returncode, done.stderr
     assert code == 2 and "names another" in _one_line(err)
     assert _fingerprint(run) == before
 
@@ -146,12 +156,14 @@ def test_a_toml_resume_key_follows_the_same_rules(tmp_path, whole):
     before = _fingerprint(run)
     changed = tmp_path / "changed.toml"
     changed.write_text(f'resume = "{run}"\nlr = 0.5\n')
-    code, err = testing.run_in_process(["--config", str(changed)])
+    done = testing.run_in_process(["--config", str(changed)])
+    code, err = done.returncode, done.stderr
     assert code == 2 and "--lr is 0.1 there, 0.5 here" in _one_line(err)
     assert _fingerprint(run) == before
     same = tmp_path / "same.toml"
     same.write_text(f'resume = "{run}"\nlr = 0.1\nprogress = false\n')
-    code, err = testing.run_in_process(["--config", str(same)])
+    done = testing.run_in_process(["--config", str(same)])
+    code, err = done.returncode, done.stderr
     assert code == 0, err
     testing.assert_same_results(whole, run, "resumed through a TOML resume key")
 
@@ -179,10 +191,10 @@ def test_sigterm_saves_the_last_completed_round_and_the_resume_equals_the_whole_
     assert "checkpoint after round 2; continue with" in err and "Traceback" not in err
     assert json.loads((run / "checkpoint" / "latest.json").read_text())["round"] == 2
     again = [*SLOW, "--out", str(run), "--resume", str(run)]  # the same command plus --resume
-    resumed = testing.run_under_mpirun(again, 3) if ranks else \
-        subprocess.run([sys.executable, "-m", "p2pfl.run", *again], cwd=ROOT, capture_output=True, text=True)
+    resumed = testing.run_in_process(again)  # on one process whatever stopped (any layout resumes it)
     assert resumed.returncode == 0, resumed.stderr
-    code, err = testing.run_in_process([*SLOW, "--out", str(tmp_path / "whole")])
+    done = testing.run_in_process([*SLOW, "--out", str(tmp_path / "whole")])
+    code, err = done.returncode, done.stderr
     assert code == 0, err
     testing.assert_same_results(tmp_path / "whole", run, "stopped by SIGTERM and resumed")
 

@@ -7,10 +7,9 @@ import pytest
 import torch
 
 from p2pfl.algorithms.star.tct import StandardFeatures, centred_one_hot, client_round, local_steps_n_space, local_steps_p_space
-from p2pfl.models import ParamLayout, build_model, initial_parameters
+from p2pfl.models import build_model, initial_parameters
 from p2pfl.ntk.entk import entk_features, one_logit_network, subsample_index
-from tests.conftest import run_cli, run_here, write_stripes
-from tests.helpers import metric_lines
+from tests.conftest import ranked_cases, run_here, write_stripes
 
 OPTIONS = SimpleNamespace(hidden=[16], norm="batch", rep_dim=5)
 
@@ -130,16 +129,11 @@ def test_tct_refuses_rounds_that_disagree_with_its_stages(digits, tmp_path):
     assert result.returncode == 2 and "--rounds 7 disagrees" in result.stderr
 
 
-@pytest.mark.mpi
-def test_tct_under_mpi_equals_one_process(digits, tmp_path):
-    single = run_here(*TCT_ARGS, "--data-dir", str(digits), "--out", str(tmp_path / "one"))
-    assert single.returncode == 0, single.stderr[-2000:]
-    multi = run_cli(*TCT_ARGS, "--data-dir", str(digits), "--out", str(tmp_path / "three"), ranks=3)
-    assert multi.returncode == 0, multi.stderr[-2000:]
-    assert metric_lines(tmp_path / "one") == metric_lines(tmp_path / "three")
-    one = torch.load(tmp_path / "one" / "tct_linear.pt", weights_only=True)
-    three = torch.load(tmp_path / "three" / "tct_linear.pt", weights_only=True)
-    assert torch.equal(one["weight"], three["weight"])
+@ranked_cases({"": (3, lambda data: [*TCT_ARGS, "--data-dir", write_stripes(data, 4, 120, 40)])})
+def test_tct_under_mpi_equals_one_process(tmp_path, ranked_run):
+    one = ranked_run.same_as_one_process(tmp_path)
+    one, three = (torch.load(run / "tct_linear.pt", weights_only=True) for run in (one, ranked_run.out))
+    assert torch.equal(one["weight"], three["weight"]) and torch.equal(one["bias"], three["bias"])
 
 
 def test_tct_lr_auto_is_half_the_stability_limit_of_the_stiffest_client(digits):

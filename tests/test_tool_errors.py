@@ -104,14 +104,16 @@ def test_sweep_resumes_an_interrupted_run_and_refuses_another_presets_folder(tmp
     out = tmp_path / "sweep"
     (run,) = plan(preset, [0], {}, out)
     argv = run["argv"][run["argv"].index("p2pfl.run") + 1:]
-    code, err = testing.run_in_process(argv, stop_after_first_round=True)  # stopped after round 1, checkpointed
+    done = testing.run_in_process(argv, stop_after_first_round=True)  # stopped after round 1, checkpointed
+    code, err = done.returncode, done.stderr
     assert code == 130, err
     first_row = (out / "base" / "seed0" / "metrics.jsonl").read_text().splitlines()[0]  # its times: this run's
     code, _, err = call("sweep", preset, "--out", out, "--target", "0.1")
     assert code == 0, err
     assert (out / "base" / "seed0" / "metrics.jsonl").read_text().splitlines()[0] == first_row  # resumed, not rerun
     whole = tmp_path / "whole"
-    code, err = testing.run_in_process([*argv[:argv.index("--out")], "--out", str(whole)])
+    done = testing.run_in_process([*argv[:argv.index("--out")], "--out", str(whole)])
+    code, err = done.returncode, done.stderr
     assert code == 0, err
     testing.assert_same_results(whole, out / "base" / "seed0", "a sweep's resumed run")
     other = tmp_path / "q.toml"

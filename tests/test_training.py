@@ -137,7 +137,7 @@ def test_evaluation_chunks_fit_the_budget_training_uses_and_give_the_same_scores
     """Evaluation is sized from the per-sample activation estimate and the rank's batch budget, as
     training is: a model that holds a lot per sample (resnet18 at 32x32 on a GPU) is evaluated in small
     chunks instead of the CPU's 10 peers x 2,000 samples per pass, and the scores do not depend on the chunks."""
-    from p2pfl.training import EVAL_PEERS_CPU, EVAL_SAMPLES, EVAL_SAMPLES_CPU, evaluation_chunks
+    from p2pfl.training import EVAL_PEERS_CPU, EVAL_SAMPLES_CPU, evaluation_chunks
 
     model, flat, shards, x, y = setup(peers=6)
     stack = PeerStack(model)
