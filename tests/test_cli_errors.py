@@ -74,6 +74,7 @@ HOSTILE = [
     ([*SYN, "--algo", "ntk-dfl", "--ntk-subsample", "1000"], "every Jacobian batch needs at least one sample"),
     ([*SYN, "--algo", "ntk-dfl", "--test-samples", "1"], "validation and test halves and needs at least 2"),
     ([*SYN, "--algo", "ntk-dfl", "--ntk-taus", "0"], "--ntk-taus needs positive integers"),
+    ([*SYN, "--algo", "ntk-fl", "--ntk-taus", "100,1000000000"], "--ntk-taus takes at most 100,000 steps"),
     ([*SYN, "--algo", "ntk-dfl", "--ntk-topk", "1.5"], "--ntk-topk must be in (0, 1]"),
     ([*SYN, "--algo", "ntk-dfl", "--ntk-quant-bits", "9"], "--ntk-quant-bits must be between"),
     ([*SYN, "--algo", "ntk-dfl", "--ntk-ode", "rk45"], "--ntk-ode must be one of"),
@@ -298,11 +299,10 @@ def test_the_refusal_quoted_in_the_docs_is_the_one_printed(capsys):
 def test_the_tiers_tell_a_launch_from_a_librarys_helper_program():
     import sys
 
-    from tests.conftest import _launch_kind, _ranks
+    from tests.conftest import _launch_kind
 
     assert _launch_kind(["/x/bin/mpirun", "-n", "3", sys.executable, "-m", "p2pfl.run"]) == "mpi"
     assert _launch_kind(["bash", "launch/mpirun.sh", "3"]) == "mpi"
     assert _launch_kind([sys.executable, "-m", "analysis"]) == "subprocess"
     assert _launch_kind(["p2pfl-run", "--peers", "4"]) == "subprocess"
     assert _launch_kind(["gcc", "-v"]) is None and _launch_kind("ldconfig -p") is None
-    assert _ranks(["/x/bin/mpirun", "-n", "3", "python"]) == 3 and _ranks(["bash", "launch/mpirun.sh", "4", "--peers", "8"]) == 4

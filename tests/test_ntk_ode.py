@@ -186,3 +186,42 @@ def test_a_small_neighbourhood_beside_a_large_one_evolves_as_on_the_cpu(small):
     assert torch.allclose(together[1].residual_sums, cpu.residual_sums, rtol=1e-4, atol=1e-3)
     alone = evolve_ce_batched([problems[0][0]], [problems[0][1]], [problems[0][2]], eta, taus)[0]
     assert torch.allclose(together[0].residual_sums, alone.residual_sums, atol=1e-5)
+
+
+@pytest.mark.parametrize("ode", ["split", "adaptive"])
+def test_a_kernel_too_stiff_to_integrate_evolves_to_nan_at_once(ode):
+    """Past MAX_STIFFNESS the step count would grow without limit (with lr x lambda_max): the evolution
+    is NaN instead, alone and in a batch beside a kernel that evolves. ('adaptive' goes on until its bound
+    on steps, 256 a unit: far past MAX_STIFFNESS.)"""
+    from p2pfl.ntk.evolution import MAX_STIFFNESS, evolve
+
+    times = 2 if ode == "split" else 50
+    stiff, calm = _random_problem(150, 0, times * MAX_STIFFNESS * 150), _random_problem(120, 1, 4.0 * 120)
+    evo = evolve("ce", *stiff, 1.0, [50, 100], ode)
+    assert evo.residual_sums.shape == (2, 150, 10) and torch.isnan(evo.residual_sums).all()
+    both = evolve_ce_batched(*map(list, zip(stiff, calm)), 1.0, [50, 100])
+    assert torch.isnan(both[0].outputs).all() and torch.isfinite(both[1].outputs).all()
+
+
+@pytest.mark.parametrize("algo,extra", [
+    ("ntk-dfl", ["--kappa", "2"]),
+    ("ntk-dfl", ["--kappa", "2", "--ntk-ode", "adaptive", "--samples-per-peer", "40"]),
+    ("ntk-fl", ["--clients-per-round", "0"]),
+    ("cp-ntk-fl", ["--ntk-projection", "32"]),
+])
+def test_a_learning_rate_far_too_large_ends_the_run_in_one_line(tmp_path, algo, extra):
+    """The issue's case (lr 1000 on 4 peers of 20 samples ran for more than 15 minutes in the integrator):
+    exit 3, one line, the rows before it kept. A hang fails the test after 2 minutes (faulthandler)."""
+    import faulthandler
+
+    from tests.conftest import run_here
+
+    faulthandler.dump_traceback_later(120, exit=True)
+    try:
+        result = run_here("--algo", algo, "--dataset", "synthetic", "--peers", "4", "--rounds", "2",
+                          "--samples-per-peer", "20", "--lr", "1000", "--ntk-taus", "100", "--no-progress", *extra,
+                          "--out", str(tmp_path / "run"))
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert result.stderr.strip().count("\n") == 0 and "have NaN/inf weights; lower --lr" in result.stderr

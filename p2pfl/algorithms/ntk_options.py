@@ -15,6 +15,14 @@ from p2pfl.ntk.compression import project_dataset
 from p2pfl.ntk.step import NTKSettings
 
 GB = 1024**3
+MAX_TAU = 100_000  # the evolution's work grows with the largest t (the papers' go to 2,000)
+
+
+def step_counts(v) -> str | None:
+    """Positive, and bounded: an evolution integrates every unit up to the largest."""
+    return positive_ints(v) or (None if max(int(x) for x in v) <= MAX_TAU else
+                                f"takes at most {MAX_TAU:,} steps (the evolution's work grows with the largest), "
+                                f"got {max(int(x) for x in v):,}")
 
 
 @dataclass
@@ -38,7 +46,7 @@ class JacobianMessage(Payload):
 @dataclass(frozen=True)
 class NTKOptions:
     ntk_taus: tuple[int, ...] = option((100, 200, 300, 400, 500, 600, 700, 800),
-                                       "candidate evolution steps t, comma-separated", positive_ints)
+                                       "candidate evolution steps t, comma-separated", step_counts)
     ntk_loss: str = option("ce", "kernel evolution: ce (ODE, as the reference code) or mse (the reference code's closed "
                            "form: rate eta/(N C), right sums, t selected by squared error)",
                            choices=("ce", "mse"))

@@ -30,7 +30,8 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from p2pfl.ntk.evolution import FULL_SPLIT, SPLIT_RANK, SPLIT_SLOW, SPLIT_WARMUP, Evolution, step_plan
+from p2pfl.errors import DivergenceError
+from p2pfl.ntk.evolution import FULL_SPLIT, SPLIT_RANK, SPLIT_SLOW, SPLIT_WARMUP, Evolution, diverged, step_plan
 
 SUBSPACE_ITERATIONS = 6  # as evolution.top_subspace
 
@@ -43,16 +44,21 @@ def evolve_ce_batched(kernels: list[torch.Tensor], f0s: list[torch.Tensor], targ
     rates = [float(eta) / n for n in sizes]
     H = _padded([H.float() for H in kernels], square=True)
     H.mul_(torch.tensor([-r for r in rates], device=H.device)[:, None, None])  # -(eta/N) H: the slope's kernel
+    f, Y = _padded([f.float() for f in f0s]), _padded([y.float() for y in targets])
+    finite = torch.isfinite(H).all(2).all(1) & torch.isfinite(f).all(2).all(1)
+    H.mul_(finite[:, None, None])  # a diverged model's kernel: zeros here (its evolution is NaN below)
     V = top_subspace(H, sizes)
     M = V.transpose(1, 2) @ H @ V
     ritz = torch.linalg.eigvalsh(-(M + M.transpose(1, 2)) / 2).cpu()  # of (eta/N) H, ascending
     plans = []
-    for n, values in zip(sizes, ritz.tolist()):
+    for n, values, ok in zip(sizes, ritz.tolist(), finite.tolist()):
         split = not euler and n > FULL_SPLIT and values[0] <= SPLIT_SLOW
-        plans.append((*step_plan(values[-1], euler), split))
-    f, Y = _padded([f.float() for f in f0s]), _padded([y.float() for y in targets])
-    results: list[Evolution | None] = [None] * len(kernels)
-    for plan in sorted(set(plans)):
+        try:
+            plans.append((*step_plan(values[-1], euler), split) if ok else None)
+        except DivergenceError:  # too stiff to integrate: NaN, as evolution.evolve gives
+            plans.append(None)
+    results = [diverged(f0, eta, taus) if plan is None else None for f0, plan in zip(f0s, plans)]
+    for plan in sorted(set(plans) - {None}):
         rows = [i for i, p in enumerate(plans) if p == plan]
         index = torch.tensor(rows, device=H.device)
         slope = _Slope(H.index_select(0, index), Y.index_select(0, index),

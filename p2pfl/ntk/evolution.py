@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from p2pfl.errors import DivergenceError
 from p2pfl.ntk import split_loop
 
 
@@ -54,6 +55,8 @@ def evolve_ce(H: torch.Tensor, f0: torch.Tensor, Y: torch.Tensor, eta: float, ta
 
     # the loops run on transposed (C, N) arrays; H is symmetric, so H @ g is (g^T @ H)^T
     f_start, Yn = np.ascontiguousarray(f0.detach().cpu().numpy().T), np.ascontiguousarray(Yn.T)
+    if not (np.isfinite(Hn).all() and np.isfinite(f_start).all()):
+        raise DivergenceError("the kernel or the outputs hold NaN/inf")  # a diverged model's
     split = _split_sums(Hn, Yn, rate, f_start, taus, euler=False) if method == "split" else None
     if split is not None:
         sums, outputs = split
@@ -141,12 +144,28 @@ def _split_kernel(H: np.ndarray, rate: float):
     return Vt, M, VMt, H2
 
 
+MAX_STIFFNESS = 640.0  # steps of 1/64 unit, 128 times a flow's usual work; the papers' trained kernels are at 4 to 8
+
+
+def check_stiffness(stiffness: float) -> None:
+    """The integrators' work grows with the stiffest rate (eta/N) lambda_max: bounded by refusing to go on
+    past MAX_STIFFNESS, where lr is far above the kernel's stable range (gradient descent on the same
+    kernel diverges past a rate of 4) and the run would spend hours in one round."""
+    if not stiffness <= MAX_STIFFNESS:  # NaN too
+        raise DivergenceError(f"the kernel evolution is too stiff to integrate: its stiffest rate eta lambda_max / N "
+                              f"is {stiffness:.4g}, above {MAX_STIFFNESS:g} (gradient descent diverges past 4); "
+                              "lower --lr")
+
+
 def step_plan(stiffness: float, euler: bool = False) -> tuple[int, float]:
     """(substeps per unit in the warm-up, step length after it) for a kernel whose stiffest rate is
     stiffness = (eta/N) lambda_max. The softmax's Jacobian has eigenvalues up to 1/2, so a step h sees at
     most h stiffness / 2: SSPRK(4,3) (stability interval 5.15) steps of 2 units while stiffness <=
     SPLIT_STIFF, of 1.5 up to 4/3 SPLIT_STIFF, of 1/k beyond; without SPLIT_WIDE (or for Euler), RK3
-    (interval 2.51) steps of 1/k. The warm-up's RK3 steps are SPLIT_SUBSTEPS times as short."""
+    (interval 2.51) steps of 1/k. The warm-up's RK3 steps are SPLIT_SUBSTEPS times as short. Past
+    MAX_STIFFNESS, none (DivergenceError); Euler's unit steps do not depend on it."""
+    if not euler:
+        check_stiffness(stiffness)
     warm_steps = SPLIT_SUBSTEPS * max(1, math.ceil(stiffness / SPLIT_STIFF))
     if not SPLIT_WIDE or euler:
         return warm_steps, 1.0 / max(1, math.ceil(stiffness / SPLIT_STIFF))
@@ -172,6 +191,7 @@ def _split_sums(H, Y, rate, f, taus, euler: bool):
     Vt, M, VMt, H2 = _split_kernel(H, rate)
     ritz = np.linalg.eigvalsh(M)
     if not euler and len(H2) and rate * float(ritz[0]) > SPLIT_SLOW:
+        check_stiffness(rate * float(ritz[-1]))  # the fallback's steps shrink with it as well
         return None  # the rest of the spectrum is not slow: the split does not pay, the caller falls back
     warm_steps, h = step_plan(rate * float(ritz[-1]), euler)
     wide = SPLIT_WIDE and not euler
@@ -195,7 +215,9 @@ def _adaptive_whole_steps(rhs, f0: np.ndarray, t_max: int) -> np.ndarray:
     out = np.empty((t_max + 1,) + f0.shape, dtype=f0.dtype)
     out[0] = f0
     t, f, k1, h, filled = 0.0, f0, rhs(f0), 1.0, 1
-    while filled <= t_max:
+    for _ in range(_adaptive_step_bound(t_max)):
+        if filled > t_max:
+            return out
         h = min(h, t_max - t) if t < t_max else h
         k2 = rhs(f + 0.5 * h * k1)
         k3 = rhs(f + 0.75 * h * k2)
@@ -212,7 +234,16 @@ def _adaptive_whole_steps(rhs, f0: np.ndarray, t_max: int) -> np.ndarray:
                 filled += 1
             t, f, k1 = t + h, f_new, k4
         h *= min(5.0, max(0.2, 0.9 * (ratio + 1e-12) ** (-1 / 3)))
-    return out
+    if filled > t_max:
+        return out
+    raise DivergenceError(f"the kernel evolution took {_adaptive_step_bound(t_max):,} steps for {t_max} units and "
+                          "is not done: the kernel is too stiff for this lr; lower --lr")
+
+
+def _adaptive_step_bound(t_max: int) -> int:
+    """Twice the tries that MAX_STIFFNESS's stable steps (about 1/128 unit for this solver) would take, plus
+    the transient's."""
+    return 256 * t_max + 10_000
 
 
 def tight_ce_sums(H: torch.Tensor, f0: torch.Tensor, Y: torch.Tensor, eta: float, taus: list[int],
@@ -262,7 +293,21 @@ def evolve_mse(H: torch.Tensor, f0: torch.Tensor, Y: torch.Tensor, eta: float, t
 
 
 def evolve(kind: str, H, f0, Y, eta, taus, ode: str = "split") -> Evolution:
-    return evolve_mse(H, f0, Y, eta, taus) if kind == "mse" else evolve_ce(H, f0, Y, eta, taus, ode)
+    """The evolution; where it is too stiff to integrate (check_stiffness), NaN: the peer's new weights are
+    NaN, and the round's end stops every rank together with exit 3 (metrics.check_finite), as a diverged
+    run, instead of one rank stopping while the others wait for its messages."""
+    if kind == "mse":
+        return evolve_mse(H, f0, Y, eta, taus)
+    try:
+        return evolve_ce(H, f0, Y, eta, taus, ode)
+    except DivergenceError:
+        return diverged(f0, eta, taus)
+
+
+def diverged(f0: torch.Tensor, eta: float, taus: list[int]) -> Evolution:
+    """An evolution of NaN, in f0's shape, for every candidate."""
+    nan = torch.full((len(taus), *f0.shape), float("nan"), dtype=f0.dtype, device=f0.device)
+    return Evolution(list(taus), nan, nan.clone(), float(eta) / len(f0))
 
 
 def linearized_loss(kind: str, evolution: Evolution, Y: torch.Tensor) -> torch.Tensor:
