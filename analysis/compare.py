@@ -279,6 +279,10 @@ def compare(folders: list[Path], by: list[str] | None = None, targets: list[floa
     """Draws out (PNG) and writes out.md and out.csv; returns the table rows."""
     runs = [load_run(f) for f in folders]
     metric = headline(runs)
+    kinds = {headline([run]): run for run in runs}
+    if len(kinds) > 1:
+        raise UserError(f"{kinds['acc'].folder} is a classification run (test_acc) and {kinds['loss'].folder} is not "
+                        "(test_loss only): their curves do not share an axis; compare runs of one task")
     lacking = [str(run.folder) for run in runs if not run.curve(f"test_{metric}")]
     if lacking:
         raise UserError(f"{lacking[0]} has no test_{metric} in any round; compare runs of one task")
@@ -334,8 +338,10 @@ def _main(argv: list[str] | None) -> int:
     args = p.parse_args(argv)
     try:
         targets = [float(t) for t in args.target.split(",")] if args.target else None
+        if targets and not all(math.isfinite(t) for t in targets):
+            raise ValueError
     except ValueError:
-        p.error(f"--target takes numbers, got {args.target!r}")
+        p.error(f"--target takes finite numbers, got {args.target!r}")
     folders = run_folders(args.runs)
     out = output_file(args.out if args.out is not None else beside_runs(folders))
     rows = compare(folders, args.by.split(",") if args.by else None, targets, args.band, out,

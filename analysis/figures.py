@@ -8,7 +8,6 @@ caption naming the runs it came from, and OUT/captions.md lists them all (defaul
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -16,6 +15,8 @@ import numpy as np
 
 from analysis.compare import MIB, Run, load_run
 from analysis.plots import AGGREGATED, MEAN_CLIENT, plot_final_averaging, plt, save, whole_numbers
+from analysis.toolkit import Parser, guarded
+from p2pfl.errors import UserError
 
 BASELINES = ("dfedavg", "dfedavgm", "dpsgd", "dispfl")
 SPLITS = {"alpha0.1": {"partition": "dirichlet", "alpha": 0.1}, "alpha0.5": {"partition": "dirichlet", "alpha": 0.5},
@@ -327,11 +328,22 @@ class Figures:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis figures", description=__doc__.split("\n\n")[0])
+    return guarded("analysis figures", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    """Every figure whose runs are there; a folder with none of them is refused in one line (exit 2)."""
+    p = Parser(prog="python -m analysis figures", description=__doc__.split("\n\n")[0])
     p.add_argument("runs_dir", type=Path, help="folder holding the figure runs (launch.figures' output)")
     p.add_argument("--out", type=Path, help="where the PNGs go (default RUNS_DIR/figures)")
     args = p.parse_args(argv)
-    figures = Figures(args.runs_dir, args.out or args.runs_dir / "figures")
+    runs_dir, out = args.runs_dir, args.out
+    if not runs_dir.is_dir():
+        raise UserError(f"{runs_dir} is not a folder of figure runs (python -m launch.figures makes one)")
+    if not any((runs_dir / name / "metrics.jsonl").is_file() for name in figure_runs()):
+        raise UserError(f"{runs_dir} holds none of the figures' runs (such as {next(iter(figure_runs()))}/); "
+                        "python -m launch.figures makes them")
+    figures = Figures(runs_dir, out or runs_dir / "figures")
     drawn = figures.draw_all()
     for name in drawn:
         print(f"drew {figures.out / name}.png")

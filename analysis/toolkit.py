@@ -72,6 +72,13 @@ def read_toml(path: Path, what: str) -> dict:
         raise UserError(f"{what} {path} cannot be read ({exc.strerror or exc.__class__.__name__})")
 
 
+MEASURES = ("test_", "bytes_sent", "round_s", "train_loss")  # what the tools read as numbers (test_*: scores)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def read_rows(path: Path) -> list[dict]:
     """metrics.jsonl's rows, each checked to be a round's row: a JSON object with an integer round."""
     path = Path(path)
@@ -91,6 +98,9 @@ def read_rows(path: Path) -> list[dict]:
             raise UserError(f"{path} line {number} is not JSON")
         if not isinstance(row, dict) or not isinstance(row.get("round"), int):
             raise UserError(f"{path} line {number} is not a round's row (an object with an integer round)")
+        wrong = next((k for k in row if k.startswith(MEASURES) and not _number(row[k])), None)
+        if wrong:
+            raise UserError(f"{path} line {number}: {wrong} is {row[wrong]!r}, not a number")
         rows.append(row)
     return rows
 

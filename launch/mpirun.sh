@@ -3,8 +3,9 @@
 #   launch/mpirun.sh 4 --algo dfedavg --peers 30     # 4 ranks on this machine (oversubscribed)
 # A refused run ends with p2pfl's one line and its exit status (2): mpirun runs without its banner for a
 # rank's non-zero status, and p2pfl hands the status back through $P2PFL_STATUS_FILE.
-# A SIGTERM to this script (a scheduler's stop) reaches the ranks as SIGUSR1, which mpirun forwards: they
-# save the last completed round and exit 143. (mpirun itself answers SIGTERM by killing the ranks at once.)
+# A SIGTERM or Ctrl-C to this script (a scheduler's stop, or the terminal's) reaches the ranks as SIGUSR1,
+# which mpirun forwards: they save the last completed round and exit 143 (mpirun itself answers SIGTERM
+# and SIGINT by killing the ranks at once).
 set -euo pipefail
 ranks=${1:?usage: launch/mpirun.sh RANKS [p2pfl flags...]}
 shift
@@ -13,7 +14,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 P2PFL_STATUS_FILE=$(mktemp)
 export P2PFL_STATUS_FILE
 trap 'rm -f "$P2PFL_STATUS_FILE"' EXIT
-"$here/.venv/bin/mpirun" --runtime-options error-nonzero-status=false -n "$ranks" --oversubscribe \
+# mpirun in a session of its own: a Ctrl-C at the terminal (SIGINT to the foreground process group) reaches
+# this script alone, which forwards it below; mpirun would end the job at once, saving nothing, without a word.
+setsid "$here/.venv/bin/mpirun" --runtime-options error-nonzero-status=false -n "$ranks" --oversubscribe \
     "$here/.venv/bin/python" -m p2pfl.run "$@" &
 job=$!
 trap 'kill -USR1 "$job" 2>/dev/null' TERM INT

@@ -100,7 +100,7 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     pre.add_argument("--resume")
     known, _ = pre.parse_known_args(argv)
     values = load_toml(known.config) if getattr(known, "config", None) else {}
-    resume = getattr(known, "resume", None) or values.get("resume")
+    resume = _run_folder(known.resume if hasattr(known, "resume") else values.get("resume"))
     stored = _stored_config(resume) if resume is not None else {}
     algo = getattr(known, "algo", values.get("algo", stored.get("algo", "dfedavg")))
     for token in argv:
@@ -169,16 +169,29 @@ def _resume_values(run_dir: str, stored: dict[str, Any], given: dict[str, Any]) 
 def config_from_values(values: dict[str, Any], writes: bool = True) -> RunConfig:
     """make_config for a caller that is not the command line (p2pfl.simulate): a resume takes the run's
     own config.toml, and what is given besides must agree with it."""
-    resume = values.get("resume")
+    resume = _run_folder(values.get("resume"))
     if resume is not None:
-        values = _resume_values(str(resume), _stored_config(str(resume)), values)
+        values = _resume_values(resume, _stored_config(resume), values)
     return make_config(values, writes)
+
+
+def _run_folder(resume: Any) -> str | None:
+    """--resume's folder (a `resume` key's, a keyword's), or None for no resume."""
+    if resume is None:
+        return None
+    if isinstance(resume, Path):
+        resume = str(resume)
+    if not isinstance(resume, str) or not resume:
+        raise UserError(f"--resume takes a run folder, not {resume!r}")
+    return resume
 
 
 def make_config(values: dict[str, Any], writes: bool = True) -> RunConfig:
     """A checked RunConfig from raw values (TOML or parsed flags); the algorithm's settings built in.
     writes=False: the run will write no folder (simulate's out=None), so none is checked."""
     algo = values.get("algo", "dfedavg")
+    if not isinstance(algo, str):
+        raise UserError(f"--algo takes an algorithm's name, not {algo!r}")
     cls = lookup(algo)
     mine = set(setting_names(algo))
     for name in values:
@@ -188,7 +201,9 @@ def make_config(values: dict[str, Any], writes: bool = True) -> RunConfig:
     unknown = sorted(set(values) - set(FIELDS) - mine)
     if unknown:
         raise UserError(f"unknown setting(s): {', '.join(unknown)}")
-    base = {k: coerce(FIELDS[k], v) if v is not None else None for k, v in values.items() if k in FIELDS}
+    # None is "the default" only where the default is None (--lr: the algorithm's); elsewhere a wrong value
+    base = {k: coerce(FIELDS[k], v) if v is not None or FIELDS[k].default is not None else None
+            for k, v in values.items() if k in FIELDS}
     for name, value in base.items():
         if value is not None:
             check(FIELDS[name], value)

@@ -7,36 +7,25 @@ exit status.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
-
-def _quiet_early_stop(signum, frame) -> None:
-    """Ctrl-C or SIGTERM while torch loads (before the run can save anything), or after the loop (what
-    mpirun sends the other ranks when one has stopped): no traceback."""
-    simulation = sys.modules.get("p2pfl.simulation")
-    if not getattr(simulation, "started", False):
-        os.write(2, b"p2pfl: stopped before the run started\n")
-    os._exit(128 + signum)
-
-
 if __name__ == "__main__":  # the CLI only: a script or notebook calling main() keeps its own handlers
-    for _signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(_signum, _quiet_early_stop)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past a file-size limit a write fails (EFBIG), not the process
+    from p2pfl.stopping import quiet_until_started
+
+    quiet_until_started()
 
 from p2pfl.threads import threads_per_rank  # noqa: E402
 
 threads_per_rank()  # before torch is imported
 
 import traceback  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 from p2pfl.comm import launched_by_mpi, mpi_world  # noqa: E402
 from p2pfl.comm.transport import CommTimeout  # noqa: E402
 from p2pfl.configure import parse_config, resolve  # noqa: E402
 from p2pfl.errors import DivergenceError, Interrupted, OutOfGPUMemory, UserError  # noqa: E402
 from p2pfl.simulation import execute  # noqa: E402
+from p2pfl.stopping import record_status  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,17 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     if mpi_world()[0] == 0:
         record_status(code)
     return code
-
-
-def record_status(code: int) -> None:
-    """The exit status into $P2PFL_STATUS_FILE where launch/mpirun.sh set it: it runs mpirun without its
-    banner for a rank's non-zero status, and so without the status itself."""
-    path = os.environ.get("P2PFL_STATUS_FILE")
-    if path:
-        try:
-            Path(path).write_text(f"{code}\n")
-        except OSError:
-            pass
 
 
 def _main(argv: list[str] | None) -> int:

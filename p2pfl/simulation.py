@@ -7,6 +7,7 @@ write its folder (none with out=None). `simulate` is the Python entry; p2pfl.run
 """
 from __future__ import annotations
 
+import _thread
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ from topologies import TopologySchedule
 from topologies.drawing import draw_graph
 from tqdm import tqdm
 
-from p2pfl import checkpoint
+from p2pfl import checkpoint, stopping
 from p2pfl.algorithms import REGISTRY, lookup
 from p2pfl.algorithms.base import Algorithm, RunContext
 from p2pfl.algorithms.server import clients_per_round
@@ -56,6 +57,9 @@ def simulate(algo: str | type[Algorithm] | None = None, *, out: str | Path | Non
     write nothing). config: a TOML file the keywords override. Under mpirun every rank calls it and
     gets the same Result. It never exits the interpreter: a diverged, interrupted or failed run
     raises. resume=folder continues a run from its checkpoint, with its own settings."""
+    for name, path in (("config", config), ("out", out)):
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise UserError(f"{name} takes a path (a str or a Path), not {path!r}")
     values = load_toml(str(config)) if config is not None else {}
     values.update({key.replace("-", "_"): value for key, value in settings.items()})
     if algo is not None:
@@ -306,7 +310,7 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, eve
     if rank == 0 and cfg.resume and cfg.save_edges:  # a resume always has its folder
         (run_dir / "edges.jsonl").write_text("".join(_edges_line(ctx, k) for k in range(first)))
     board = TensorBoardLog(run_dir) if rank == 0 and cfg.tensorboard and write else None
-    stop = StopRequest(rank)
+    stop = StopRequest(rank, ctx.transport)
     bar = tqdm(range(first, cfg.rounds), desc=f"{cfg.algo} {cfg.peers} peers", disable=rank != 0 or not cfg.progress,
                unit="round", file=sys.stderr, initial=first, total=cfg.rounds)
     last_save, k = time.monotonic(), first
@@ -379,23 +383,40 @@ class StopRequest:
     or SIGTERM (a scheduler's stop or preemption; what mpirun sends the other ranks when one dies), stops
     at once and saves the last completed round from memory (exit 143 for SIGTERM)."""
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, transport=None):
         global started
         started = True
-        self.requested, self.rank, self.by, self.now = False, rank, "Ctrl-C", False
+        self.requested, self.rank, self.by, self.now, self.remote = False, rank, "Ctrl-C", False, None
+        self.transport = transport
         in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
         self.previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)} \
             if in_main_thread else {}
+        self.watcher = stopping.SignalWatcher() if in_main_thread else None  # the long loops learn at once
+        if in_main_thread and transport is not None:
+            transport.watch_for_stops(self.on_remote_stop)
+
+    def on_remote_stop(self, why: str) -> None:
+        """Another rank stopped at once (its node preempted): this one does too, as if signalled, so that
+        the ranks save the last round they all hold instead of waiting for the stopped one's messages."""
+        if not self.now:
+            self.remote = why
+            stopping.NOW[0] = 1
+            _thread.interrupt_main(signal.SIGUSR1)
 
     def on_signal(self, signum, frame) -> None:
         if self.now:  # already stopping at once: let it save what it holds
             return
         if signum == signal.SIGTERM:
             self.by = "SIGTERM (a scheduler's stop; under mpirun also when a rank died)"
+        elif signum == signal.SIGUSR1 and self.remote:
+            self.by = self.remote
         elif signum == signal.SIGUSR1:  # mpirun forwards it to every rank, where SIGTERM ends the job at once
             self.by = "SIGUSR1 (a stop forwarded by mpirun)"
         if self.requested or signum != signal.SIGINT:
             self.now = True
+            stopping.NOW[0] = 1
+            if self.transport is not None and not self.remote:
+                self.transport.announce_stop(f"a stop of rank {self.rank}: {self.by}")
             raise KeyboardInterrupt
         self.requested = True
         if self.rank == 0:
@@ -403,14 +424,18 @@ class StopRequest:
                   file=sys.stderr)
 
     def uninstall(self) -> None:
+        if self.transport is not None:
+            self.transport.stop_watching()
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+        if self.watcher is not None:
+            self.watcher.close()
 
 
-# Seconds a stop by signal waits for the other ranks while it saves. A rank finishes the block of local
-# training under way before it sees the signal, which took over 10 s on an oversubscribed machine; a dead
-# rank is what the wait gives up on. launch/slurm.sh asks for the signal 90 s before the limit.
-EMERGENCY_TIMEOUT = 60.0
+# Seconds a stop by signal waits for the other ranks while it saves: every rank signalled leaves its
+# compute within a step (p2pfl.stopping), so they meet within a second or two; a dead rank is what the
+# wait gives up on. The whole stop stays within 10 s. launch/slurm.sh asks for the signal 90 s before the limit.
+EMERGENCY_TIMEOUT = 5.0
 
 
 def save_held(ctx, held: list[dict], run_dir: Path, saved: int) -> int:
@@ -421,13 +446,15 @@ def save_held(ctx, held: list[dict], run_dir: Path, saved: int) -> int:
     transport, timeout = ctx.transport, ctx.transport.timeout
     transport.timeout = min(timeout, EMERGENCY_TIMEOUT)
     try:
-        rounds = transport.gather([state["round"] for state in held])
-        common = transport.bcast(max(set.intersection(*map(set, rounds)), default=0) if rounds is not None else None)
-        if common <= saved:
-            return saved
-        checkpoint.write(next(state for state in held if state["round"] == common), run_dir, transport)
-        transport.barrier()  # latest.json is written before any rank exits (mpirun ends the job at the first)
-        return common
+        with transport.emergency():  # apart from a collective the signal cut short
+            rounds = transport.gather([state["round"] for state in held])
+            common = transport.bcast(max(set.intersection(*map(set, rounds)), default=0) if rounds is not None
+                                     else None)
+            if common <= saved:
+                return saved
+            checkpoint.write(next(state for state in held if state["round"] == common), run_dir, transport)
+            transport.barrier()  # latest.json is written before any rank exits (mpirun ends the job at the first)
+            return common
     except Exception as exc:  # noqa: BLE001 - a dead rank, a full disk, a collective cut by the signal
         if transport.rank == 0:
             print(f"p2pfl: the last rounds could not be saved ({exc.__class__.__name__}: {exc})", file=sys.stderr)

@@ -31,21 +31,31 @@ def run_in_process(args: list[str], stop_after_first_round: bool = False) -> sub
     exits 130)."""
     import torch
 
-    from p2pfl import run, simulation
-
-    class StopAtOnce(simulation.StopRequest):
-        def __init__(self, rank):
-            super().__init__(rank)
-            self.requested = True
+    from p2pfl import run
 
     out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
-    patch = mock.patch.object(simulation, "StopRequest", StopAtOnce) if stop_after_first_round else contextlib.nullcontext()
+    patch = stopping_after_first_round() if stop_after_first_round else contextlib.nullcontext()
     try:
         with patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = run.main(list(args))
     finally:
         torch.set_num_threads(threads)
     return subprocess.CompletedProcess(["p2pfl.run", *args], code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def stopping_after_first_round():
+    """Runs started inside it (the CLI's or simulate's) are asked to stop as a Ctrl-C asks: they finish
+    round 1, write a checkpoint and stop (exit 130; simulate raises Interrupted)."""
+    from p2pfl import simulation
+
+    class StopAtOnce(simulation.StopRequest):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.requested = True
+
+    with mock.patch.object(simulation, "StopRequest", StopAtOnce):
+        yield
 
 
 def mpirun() -> str | None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from p2pfl import stopping
 from p2pfl.models.stack import PeerStack
 from p2pfl.seeding import keyed_orders, peer_keys
 from p2pfl.tasks import Task
@@ -343,6 +344,7 @@ def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, ro
     while plan.unfinished():
         sizes, index, mask, active = plan.epoch(epoch)
         for s in range(len(index)):
+            stopping.check()  # a stop at once ends a block in a pool thread within a step, not at its end
             stepping = int((sizes[s] > 0).sum())
             if not stepping:
                 continue

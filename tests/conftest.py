@@ -107,7 +107,7 @@ if os.environ.get("P2PFL_LAUNCH_TALLY"):
         worker = False
     if not worker:
         with open(os.environ["P2PFL_LAUNCH_TALLY"], "a") as tally:
-            tally.write("interpreter " + os.environ.get("PYTEST_CURRENT_TEST", "-").split(" ")[0] + "\\n")
+            tally.write("interpreter " + os.environ.get("PYTEST_CURRENT_TEST", "-").rsplit(" (", 1)[0] + "\\n")
 """
 
 

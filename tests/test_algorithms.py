@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from p2pfl.algorithms.base import neighbour_average
@@ -136,6 +137,7 @@ def test_ntk_dfl_run_folder_and_phases(tmp_path):
     assert "tau_histogram" in final
 
 
+@pytest.mark.slow  # long by design (every NTK-DFL option, a run each)
 def test_ntk_dfl_options_run(tmp_path):
     """Ablation and communication options: no averaging, batching m1, subsampling m2, compression."""
     base = ["--algo", "ntk-dfl", "--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--rounds", "1",

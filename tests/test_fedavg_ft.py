@@ -40,6 +40,7 @@ LINEAR = ["--algo", "fedavg-ft", "--dataset", "linear-rep", "--peers", "40", "--
           "--ft-new-samples", "10,50", "--no-progress"]
 
 
+@pytest.mark.slow  # long by design (1,500 rounds a track)
 def test_linear_track_fedavg_learns_the_representation_and_d_gd_does_not(tmp_path):
     finals = {}
     for tau in (2, 1):

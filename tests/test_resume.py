@@ -128,6 +128,27 @@ def test_a_stalled_rank_stops_the_job_with_one_line_and_exit_4(tmp_path):
 
 
 @pytest.mark.mpi
+def test_sigterm_to_one_rank_stops_the_job_and_saves_the_last_common_round(tmp_path):
+    """A node preempted: SIGTERM reaches rank 1 alone, mid-round. It tells the others, they stop as if
+    signalled, and together they save the newest round they all hold, within seconds (not after
+    --comm-timeout); one line, exit 143; the checkpoint resumes to the whole run's numbers."""
+    args = [*BASE, *SLOW, "--algo", "dfedavg", "--kappa", "3", "--checkpoint-every", "0"]
+    proc = _start(args, tmp_path / "cut", ranks=3)
+    _wait_for_rows(proc, tmp_path / "cut", 2)
+    os.kill(_rank_pid(proc, 1), signal.SIGTERM)
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert time.monotonic() - start < 10, err
+    assert proc.returncode == 143, err
+    ours = [line for line in err.splitlines() if line.startswith("p2pfl:")]
+    assert len(ours) == 1 and "by a stop of rank 1: SIGTERM" in ours[0] and "checkpoint after round" in ours[0], err
+    assert json.loads((tmp_path / "cut" / "checkpoint" / "latest.json").read_text())["round"] >= 2
+    assert run_here(*args, "--out", str(tmp_path / "full")).returncode == 0
+    assert run_here("--resume", str(tmp_path / "cut"), "--no-progress").returncode == 0
+    _same_run(tmp_path / "full", tmp_path / "cut")
+
+
+@pytest.mark.mpi
 def test_a_killed_rank_is_named_under_ulfm_and_the_run_resumes(tmp_path):
     """Rank 1 is killed mid-run under mpirun --with-ft ulfm: MPI reports the failure at once, one line
     names the rank's peers, exit 4; the checkpoint resumes on one process (the resumed run equals the whole

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -200,24 +201,126 @@ def test_sigterm_saves_the_last_completed_round_and_the_resume_equals_the_whole_
 
 
 @pytest.mark.mpi
-def test_sigusr1_to_mpirun_reaches_the_ranks_and_saves(tmp_path):
-    """mpirun answers SIGTERM by killing its ranks at once, but forwards SIGUSR1: launch/mpirun.sh turns a
-    SIGTERM into it."""
+def test_ctrl_c_at_the_terminal_reaches_launch_mpiruns_ranks_and_saves(tmp_path):
+    """mpirun answers SIGINT and SIGTERM by killing its ranks at once, without a word, but forwards
+    SIGUSR1: launch/mpirun.sh runs mpirun in a session of its own, so that a terminal's Ctrl-C (SIGINT to
+    the foreground process group) reaches the script alone, and turns it (and a SIGTERM, the same trap)
+    into SIGUSR1. The ranks save the last completed round and exit 143, within seconds."""
     run = tmp_path / "cut"
+    terminal = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731 - as a shell's foreground job
     proc = subprocess.Popen(["bash", str(ROOT / "launch" / "mpirun.sh"), "3", *SLOW, "--out", str(run)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=terminal)
     _wait_for_rows(proc, run, 2)
-    proc.send_signal(signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGINT)
+    start = time.monotonic()
     _, err = proc.communicate(timeout=120)
+    assert time.monotonic() - start < 10, err
     assert proc.returncode == 143, err
     assert (run / "checkpoint" / "latest.json").exists(), err
     assert json.loads((run / "checkpoint" / "latest.json").read_text())["round"] >= 2
 
 
+@pytest.mark.parametrize("console,signum,code", [(False, signal.SIGINT, 130), (True, signal.SIGINT, 130),
+                                                 (True, signal.SIGUSR1, 143)],
+                         ids=["python -m p2pfl.run, Ctrl-C", "p2pfl-run, Ctrl-C", "p2pfl-run, SIGUSR1"])
 @pytest.mark.subprocess
-def test_ctrl_c_while_starting_is_one_line(tmp_path):
-    proc = _start(["--dataset", "synthetic"], tmp_path / "r")
+def test_a_stop_while_starting_is_one_line(tmp_path, console, signum, code):
+    """While torch loads (0.3 s in), from the module and from the console script, which once lost a
+    Ctrl-C there (the run went on to its end) and died of SIGUSR1 without a word."""
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "p2pfl-run"
+    if console:
+        proc = subprocess.Popen([str(script), "--dataset", "synthetic", "--out", str(tmp_path / "r")], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    else:
+        proc = _start(["--dataset", "synthetic"], tmp_path / "r")
     time.sleep(0.3)  # torch is loading
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
+    assert proc.returncode == code and "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
+
+
+def _sigterm_when(event: threading.Event, sent: list) -> threading.Thread:
+    """A thread that sends this process SIGTERM once `event` is set (the run says it is in the middle of
+    its compute), noting when."""
+    def send():
+        event.wait()
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def _stopped_in_round_two_then_resumed(tmp_path, args, monkeypatch, patch):
+    """The run with `patch` (which sets the event it is given inside round 2's compute, then computes for
+    minutes unless the stop ends it) is stopped by SIGTERM within 10 s, saves round 1 from memory, and
+    its resume (unpatched) equals the whole run."""
+    event, sent = threading.Event(), []
+    patch(event)
+    _sigterm_when(event, sent)
+    stopped = testing.run_in_process([*args, "--out", str(tmp_path / "cut")])
+    took = time.monotonic() - sent[0]
+    monkeypatch.undo()
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    assert took < 10, f"the stop took {took:.1f} s"
+    assert "stopped in round 2 by SIGTERM" in stopped.stderr and "checkpoint after round 1" in stopped.stderr
+    resumed = testing.run_in_process(["--resume", str(tmp_path / "cut"), "--no-progress"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    whole = testing.run_in_process([*args, "--out", str(tmp_path / "whole")])
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    testing.assert_same_results(tmp_path / "whole", tmp_path / "cut", "stopped mid-round by SIGTERM and resumed")
+
+
+def test_sigterm_in_the_middle_of_the_kernel_evolution_stops_within_seconds(tmp_path, monkeypatch):
+    """Round 2's first evolution is given 10 million units to integrate (minutes in the compiled loop,
+    which Python's signal handler cannot enter): the stop ends it within a step."""
+    import numpy as np
+
+    from p2pfl.ntk import split_loop
+
+    def patch(event):
+        real, calls = split_loop.left_sums, []
+
+        def long_in_round_two(*args):
+            calls.append(1)
+            if len(calls) <= 4:  # round 1: one evolution a peer
+                return real(*args)
+            wanted = np.full(10_000_000, -1, dtype=np.int64)
+            wanted[:len(args[8])] = args[8]
+            event.set()
+            return real(*args[:8], wanted, *args[9:])
+
+        monkeypatch.setattr(split_loop, "left_sums", long_in_round_two)
+
+    args = ["--algo", "ntk-dfl", "--dataset", "synthetic", "--peers", "4", "--kappa", "2", "--rounds", "3",
+            "--samples-per-peer", "20", "--ntk-taus", "50,100", "--lr", "0.1", "--checkpoint-every", "0",
+            "--no-progress"]
+    _stopped_in_round_two_then_resumed(tmp_path, args, monkeypatch, patch)
+
+
+def test_sigterm_in_the_middle_of_local_training_stops_within_seconds(tmp_path, monkeypatch):
+    """Round 2's block of local training is given 100,000 epochs (minutes, in a pool thread the main
+    thread waits for): the stop ends it within a step."""
+    import dataclasses
+
+    from p2pfl import training
+
+    def patch(event):
+        real = training._train_block
+
+        def long_in_round_two(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, round_index, terms):
+            if round_index == 1:
+                event.set()
+                opt = dataclasses.replace(opt, epochs=100_000)
+            return real(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, round_index, terms)
+
+        monkeypatch.setattr(training, "_train_block", long_in_round_two)
+
+    args = ["--algo", "dfedavg", "--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--rounds", "3",
+            "--local-epochs", "2", "--checkpoint-every", "0", "--no-progress"]
+    _stopped_in_round_two_then_resumed(tmp_path, args, monkeypatch, patch)

@@ -11,7 +11,7 @@ from p2pfl import testing
 from tests.test_analysis import fake_run
 
 TOOLS = {"compare": "analysis.compare", "topology": "analysis.topology_views", "privacy": "analysis.privacy",
-         "table": "launch.table", "sweep": "launch.sweep"}
+         "table": "launch.table", "sweep": "launch.sweep", "figures": "analysis.figures"}
 
 
 def call(tool, *argv):
@@ -52,11 +52,20 @@ CASES = [
     ("compare", lambda t: [_rows(t / "empty", [])], "no evaluated round yet (0 rounds done, --eval-every 5)"),
     ("compare", lambda t: [_rows(t / "running", [{"round": 1, "bytes_sent": 3}, {"round": 2}])],
      "no evaluated round yet (2 rounds done, --eval-every 5)"),
+    ("compare", lambda t: [_rows(t / "text", [{"round": 1, "test_acc": "0.5"}])], "test_acc is '0.5', not a number"),
+    ("compare", lambda t: [_rows(t / "text", [{"round": 1, "test_acc": 0.5, "bytes_sent": "9"}])],
+     "bytes_sent is '9', not a number"),
+    ("compare", lambda t: [t / "run", "--target", "nan"], "--target takes finite numbers, got 'nan'"),
+    ("compare", lambda t: [t / "run", "--target", "0.5,inf"], "--target takes finite numbers"),
+    ("compare", lambda t: [t / "run", _rows(t / "regression", [{"round": 1, "test_loss": 0.5}])],
+     "their curves do not share an axis"),
     ("compare", lambda t: [t / "run", "--out", t / "a-folder"], "is a folder; give a file name"),
     ("compare", lambda t: [t / "run", "--out", t / "a-file" / "c.png"], "a-file is a file, not a folder"),
     ("compare", lambda t: [t / "run", "--out", t / "c.txt"], "a figure is .png, .pdf, .svg, not .txt"),
     ("compare", lambda t: [t / "run", "--out", t / ("x" * 300 + ".png")], "a name of 304 characters"),
     ("compare", lambda t: [t / "run", "--out", t / ("d/" * 2100 + "c.png")], "characters long; use a shorter path"),
+    ("figures", lambda t: [t / "a-folder"], "holds none of the figures' runs"),
+    ("figures", lambda t: [t / "missing"], "is not a folder of figure runs"),
     ("topology", lambda t: [t / "missing.toml"], "does not exist"),
     ("topology", lambda t: [t / "bad.toml"], "is not valid TOML"),
     ("topology", lambda t: [t / "preset.toml", "--rounds", 10**9], "--rounds must be in [1, 1000]"),

@@ -9,6 +9,7 @@ Under `mpirun --with-ft ulfm` a dead rank is reported by MPI itself, at once.
 """
 from __future__ import annotations
 
+import threading
 import time
 import zlib
 from collections import defaultdict
@@ -31,6 +32,9 @@ def _tag(phase: str, round_index: int) -> int:
 
 COLLECTIVE_TAG = 32001  # above every exchange tag, within MPI's guaranteed bound 32767
 NOTICE_TAG = 32002  # a rank that gave up tells the reporting rank, which prints the one line
+EMERGENCY_TAG = 32003  # the collectives of a stop by signal, apart from any it cut short
+STOP_TAG = 32004  # a rank stopped by a signal tells the others (MPI's thread level is THREAD_MULTIPLE)
+STOP_POLL = 0.1  # seconds between a watching thread's looks for it
 NOTICE_GRACE = 10.0  # seconds a rank that sent a notice waits for the reporter to end the job
 
 
@@ -93,7 +97,16 @@ class MpiTransport(Transport):
         self.MPI = MPI
         self.comm = comm or MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.collective_tag = COLLECTIVE_TAG
         super().__init__(Placement(peers, self.size, extra_on_root), timeout)
+
+    @contextmanager
+    def emergency(self):
+        self.collective_tag = EMERGENCY_TAG
+        try:
+            yield
+        finally:
+            self.collective_tag = COLLECTIVE_TAG
 
     @contextmanager
     def _failures(self, what: str, peers_on=None):
@@ -185,24 +198,47 @@ class MpiTransport(Transport):
         except self.MPI.Exception:  # the reporter is gone too
             pass
 
+    def announce_stop(self, why: str) -> None:
+        for r in range(self.size):
+            if r != self.rank:
+                self.comm.isend(why, dest=r, tag=STOP_TAG)  # small: sent eagerly, never waited for
+
+    def watch_for_stops(self, on_stop) -> None:
+        if self.size == 1 or self.MPI.Query_thread() != self.MPI.THREAD_MULTIPLE:
+            return
+        self._watching = threading.Event()
+
+        def watch(watching=self._watching):
+            status = self.MPI.Status()
+            while not watching.wait(STOP_POLL):
+                if self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=STOP_TAG, status=status):
+                    on_stop(self.comm.recv(source=status.Get_source(), tag=STOP_TAG))
+                    return
+
+        threading.Thread(target=watch, name="p2pfl-stop-messages", daemon=True).start()
+
+    def stop_watching(self) -> None:
+        if getattr(self, "_watching", None) is not None:
+            self._watching.set()
+
     # Bookkeeping collectives, as polled point-to-point messages (see the module's docstring).
     def _gather_objects(self, obj, what: str) -> list | None:
         if self.rank != 0:
-            self._complete([self.comm.isend(obj, dest=0, tag=COLLECTIVE_TAG)], [0], what,
+            self._complete([self.comm.isend(obj, dest=0, tag=self.collective_tag)], [0], what,
                            time.monotonic() + self.timeout)
             return None
         got = {0: obj}
-        self._poll(range(1, self.size), COLLECTIVE_TAG,
-                   lambda r, status: got.__setitem__(r, self.comm.recv(source=r, tag=COLLECTIVE_TAG)), what)
+        self._poll(range(1, self.size), self.collective_tag,
+                   lambda r, status: got.__setitem__(r, self.comm.recv(source=r, tag=self.collective_tag)), what)
         return [got[r] for r in range(self.size)]
 
     def _bcast_object(self, obj, what: str):
         if self.rank == 0:
-            sends = [self.comm.isend(obj, dest=r, tag=COLLECTIVE_TAG) for r in range(1, self.size)]
+            sends = [self.comm.isend(obj, dest=r, tag=self.collective_tag) for r in range(1, self.size)]
             self._complete(sends, list(range(1, self.size)), what, time.monotonic() + self.timeout)
             return obj
         got = []
-        self._poll([0], COLLECTIVE_TAG, lambda r, status: got.append(self.comm.recv(source=0, tag=COLLECTIVE_TAG)),
+        self._poll([0], self.collective_tag, lambda r, status: got.append(self.comm.recv(source=0, tag=self.collective_tag)),
                    what)
         return got[0]
 

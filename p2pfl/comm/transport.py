@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -217,4 +218,20 @@ class Transport:
         return flag, rank0_flag
 
     def barrier(self) -> None:
+        pass
+
+    @contextmanager
+    def emergency(self):
+        """The collectives inside it apart from any that a signal cut short (under MPI: on their own tag),
+        for saving on the way out of a stopped run."""
+        yield
+
+    # A stop by signal on one rank (a node preempted) reaches the others: each rank watches for it.
+    def announce_stop(self, why: str) -> None:
+        """Tell every other rank that this one stops at once, and why."""
+
+    def watch_for_stops(self, on_stop) -> None:
+        """on_stop(why) (from another thread) when another rank announces a stop."""
+
+    def stop_watching(self) -> None:
         pass

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from p2pfl import stopping
 from p2pfl.errors import DivergenceError
 from p2pfl.ntk import split_loop
 
@@ -201,7 +202,7 @@ def _split_sums(H, Y, rate, f, taus, euler: bool):
     outputs = np.empty_like(sums)
     split_loop.left_sums(f.copy(), Y, Vt, (-rate * VMt).astype(f.dtype), H2,
                          DEFLATE_TOL if euler else SPLIT_TOL, SPLIT_WARMUP, SPLIT_MAX_GAP, wanted,
-                         warm_steps, h, euler, wide, sums, outputs)
+                         warm_steps, h, euler, wide, sums, outputs, stopping.NOW)
     return sums, outputs
 
 

@@ -185,7 +185,7 @@ def _hermite(y0, m0, y1, m1, theta, h, out):
 
 
 @njit(nogil=True, fastmath=True, cache=True)
-def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, euler, wide, sums, outputs):
+def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, euler, wide, sums, outputs, stop):
     """The whole evolution from f (C, N), in place: at whole steps s = 0 .. len(wanted) - 2, the running
     left sum of g(f_s) = softmax(f_s) - Y, stored with f in sums/outputs at the steps that wanted marks
     (wanted[s] = candidate index, -1 for none). Steps are unit Euler steps (euler), or Heun's RK3 in
@@ -205,7 +205,10 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
     it (CORRECTION), which leaves the gaps free to be about twice as long for the same accuracy. Exact
     products fall on the starts of the steps of several units, where f is a state, not an interpolation.
     The first `warmup` steps are all exact (and not corrected: there the stiff modes' transient damps
-    most of a miss within the step, and a correction made the results worse)."""
+    most of a miss within the step, and a correction made the results worse).
+
+    stop (p2pfl.stopping.NOW) is read at every whole step: set, the loop returns at once, its results
+    unfinished (a signal stops the run; the round is thrown away)."""
     C, N = f.shape
     r = Vt.shape[0]
     last = len(wanted) - 1
@@ -229,6 +232,8 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
     slope_ahead = False  # ahead_slope is F(f_s) for this s, with the remainder polynomial still current
     softmax_minus(f, Y, grad, tot, bits)
     for s in range(last):
+        if stop[0]:
+            return
         if lazy and s == due:
             slope_ahead = False
             # g's classes sum to zero (softmax minus one-hot), so H2 g's do: the last row is minus the rest

@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from p2pfl import stopping
 from p2pfl.ntk.batched_evolution import evolve_ce_batched
 from p2pfl.ntk.evolution import evolve, linearized_loss
 
@@ -55,6 +56,7 @@ def ntk_steps(problems: list[NTKProblem], shape, n_classes: int, eta: float, set
     targets = [F.one_hot(p.labels, n_classes).to(p.f0.dtype) for p in problems]
 
     def evolution(i):
+        stopping.check()  # a stop at once: the queued evolutions end here, not after running
         return evolve(settings.loss, kernels[i], problems[i].f0, targets[i], eta, list(settings.taus), settings.ode)
 
     if problems and evolves_batched(kernels[0].device, settings):
