@@ -33,7 +33,7 @@ if ! command -v "$PY" > /dev/null; then
 fi
 missing=$("$PY" - <<'EOF' 2>&1
 import importlib
-need = ["torch", "numpy", "networkx", "matplotlib", "tqdm", "skimage", "numba", "threadpoolctl", "pytest"]
+need = ["torch", "numpy", "networkx", "matplotlib", "tqdm", "skimage", "numba", "threadpoolctl", "tomli_w", "pytest"]
 gone = [m for m in need if importlib.util.find_spec(m) is None]
 print(" ".join(gone))
 EOF

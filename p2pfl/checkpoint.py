@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from p2pfl.errors import UserError
+from p2pfl.paths import read_regular
 
 FOLDER = "checkpoint"
 LATEST = "latest.json"
@@ -134,7 +135,7 @@ class _Damaged(Exception):
 def _latest(folder: Path) -> tuple[int, int, int]:
     """(round, slot, ranks) from latest.json."""
     try:
-        meta = json.loads((folder / LATEST).read_text())
+        meta = json.loads(read_regular(folder / LATEST).decode())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise _Damaged(f"{LATEST} cannot be read ({exc.__class__.__name__})")
     fields = meta if isinstance(meta, dict) else {}
@@ -153,6 +154,8 @@ def _read_slot(folder: Path, slot: int, ranks: int) -> list[dict]:
     for r in range(ranks):
         path = _file(folder, slot, r, ranks)
         try:
+            if path.exists() and not path.is_file():  # a pipe or a device would block torch.load
+                raise _Damaged(f"{path.name} is not a regular file")
             part = torch.load(path, map_location="cpu", weights_only=True)
         except FileNotFoundError:
             raise _Damaged(f"{path.name} is missing")

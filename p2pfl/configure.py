@@ -19,12 +19,12 @@ from typing import Any
 from topologies.generators import check_graph
 
 from p2pfl.algorithms import REGISTRY, lookup, owners_of, setting_names
-from p2pfl.checkpoint import has_checkpoint
+from p2pfl.checkpoint import FOLDER as CHECKPOINTS, has_checkpoint
 from p2pfl.data import DATASETS, canonical_dataset, dataset_spec
 from p2pfl.errors import UserError
 from p2pfl.models import MODELS, model_spec
 from p2pfl.options import add_flags, build, check, coerce
-from p2pfl.paths import checked_path
+from p2pfl.paths import check_resumable, checked_path, read_regular
 from p2pfl.plugins import is_reference
 from p2pfl.tracking import check_available
 from p2pfl.config import FIELDS, TRAINING_FALLBACK, RunConfig, machine_memory
@@ -68,14 +68,13 @@ def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
 
 def load_toml(path: str) -> dict[str, Any]:
     try:
-        with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
+        raw = tomllib.loads(read_regular(Path(path)).decode())
     except FileNotFoundError:
         raise UserError(f"config file {path} does not exist")
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"config file {path} is not valid TOML: {exc}")
     except OSError as exc:
-        raise UserError(f"config file {path} cannot be read ({exc.strerror or exc.__class__.__name__})")
+        raise UserError(f"config file {path} cannot be read ({exc.strerror or exc})")
     return {key.replace("-", "_"): value for key, value in raw.items()}
 
 
@@ -124,6 +123,7 @@ def _stored_config(run_dir: str) -> dict[str, Any]:
     folder = Path(run_dir)
     if not (folder / "config.toml").is_file():
         raise UserError(f"--resume {run_dir}: no run folder there (it has no config.toml)")
+    check_resumable(folder, CHECKPOINTS)
     stored = load_toml(str(folder / "config.toml"))
     if "batched" in stored:  # batch's name in run folders written before its rename (2026-11-27)
         stored["batch"] = stored.pop("batched")
@@ -378,18 +378,15 @@ REPLACED_BY_PARTITION_FILE = ("partition", "alpha", "dirichlet_style", "classes_
 
 
 def write_toml(values: dict[str, Any], path: Path, comments: tuple[str, ...] = ()) -> None:
-    """A flat TOML writer (tomllib only reads): strings, numbers, booleans and lists of those, after
-    comment lines (facts of the run that are not settings)."""
+    """config.toml: comment lines first (facts of the run that are not settings), then the values written
+    by tomli-w, the writer that pairs with tomllib, so that every value reads back as it was (a folder name
+    with a newline or a control character too)."""
+    import tomli_w
 
-    def fmt(value: Any) -> str:
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, (int, float)):
-            return repr(value)
-        if isinstance(value, (list, tuple)):
-            return "[" + ", ".join(fmt(v) for v in value) + "]"
-        text = str(value).replace("\\", "\\\\").replace('"', '\\"')
-        return f'"{text}"'
+    notes = "".join(f"# {_printable(c)}\n" for c in comments)
+    path.write_text(notes + tomli_w.dumps(values))
 
-    lines = [f"# {c}" for c in comments] + [f"{key} = {fmt(value)}" for key, value in values.items()]
-    path.write_text("\n".join(lines) + "\n")
+
+def _printable(text: str) -> str:
+    """One comment line: control characters (a newline would end the comment) as escapes."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in str(text))

@@ -1,7 +1,9 @@
-"""Output paths checked before any work: one line for a path no file system would take, not a traceback
-halfway through a run."""
+"""Paths checked before any work: one line for a path no file system would take, not a traceback halfway
+through a run; files read only where they are regular files; a run folder to resume without links."""
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from p2pfl.errors import UserError
@@ -14,14 +16,45 @@ def checked_path(path: Path, what: str) -> Path:
     """A path that can be made: not too long, no name over 255 characters, no file or dangling link on
     the way."""
     text = str(path)
-    if len(text) > PATH_MAX:
+    if len(os.fsencode(text)) > PATH_MAX:  # the limits are in bytes: an accented letter takes two in UTF-8
         raise UserError(f"{what} is {len(text):,} characters long; use a shorter path")
-    long = [part for part in Path(path).parts if len(part) > NAME_MAX]
+    long = [part for part in Path(path).parts if len(os.fsencode(part)) > NAME_MAX]
     if long:
-        raise UserError(f"{what} has a name of {len(long[0])} characters ({long[0][:20]}...); at most {NAME_MAX}")
+        size = len(os.fsencode(long[0]))
+        raise UserError(f"{what} has a name of {len(long[0])} characters ({long[0][:20]}...)"
+                        f"{f', {size} bytes' if size != len(long[0]) else ''}; at most {NAME_MAX} bytes")
     for parent in [Path(path), *Path(path).parents]:
         if parent.is_symlink() and not parent.exists():
             raise UserError(f"{what}: {parent} is a link to nothing")
         if parent != Path(path) and parent.exists() and not parent.is_dir():
             raise UserError(f"{what} cannot be made: {parent} is a file, not a folder")
     return Path(path)
+
+
+SMALL_FILE = 1 << 20  # a config file or latest.json is a few kB
+
+
+def read_regular(path: Path, limit: int | None = SMALL_FILE) -> bytes:
+    """The bytes of a regular file (a link to one is followed) of at most `limit` bytes: a named pipe, a
+    device (/dev/zero) or a huge file would block the run or fill its memory. OSError where it is not."""
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise OSError(f"{path} is not a regular file")
+    if limit is not None and info.st_size > limit:
+        raise OSError(f"{path} holds {info.st_size:,} bytes, more than a {limit:,}-byte file of its kind")
+    with open(path, "rb") as fh:
+        return fh.read(limit + 1 if limit is not None else -1)
+
+
+def check_resumable(run_dir: Path, checkpoints: str) -> None:
+    """Before a resume writes anything: no link among the run folder's files (a run writes only inside its
+    folder, never through a link to elsewhere), and the checkpoint folder holds files only (a slot that is
+    a folder would stop the run at its first checkpoint, after the metrics were rewritten)."""
+    folder = Path(run_dir)
+    for path in sorted([*folder.iterdir(), *((folder / checkpoints).iterdir() if (folder / checkpoints).is_dir() else [])]):
+        if path.is_symlink():
+            raise UserError(f"--resume {run_dir}: {path.relative_to(folder)} is a link; a run writes only inside its "
+                            "folder, never through a link (replace it with the file, or remove it)")
+        if path.parent.name == checkpoints and not path.is_file():
+            raise UserError(f"--resume {run_dir}: {path.relative_to(folder)} is not a file (remove it to resume "
+                            "from the other checkpoint)")

@@ -29,3 +29,42 @@ def test_peak_memory_covers_what_this_process_holds():
     block = bytearray(256 * 2**20)
     block[::4096] = b"\1" * len(block[::4096])
     assert peak_rss_kib() >= before and peak_rss_kib() >= 256 * 1024
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # gc.get_objects() meets torch.distributed.reduce_op
+def test_nothing_accumulates_over_rounds_but_the_rows(tmp_path, monkeypatch):
+    """Between round 10 and round 60 of one run (checkpoints every round, the held captures SIGTERM
+    saves, TensorBoard, the edges file, evaluation every round): no tensor is left alive, and Python's
+    memory grows by the rows' size at most (tracemalloc: Python's allocations, the rows, captures' lists;
+    the tensor count stands for torch's own)."""
+    import gc
+    import json
+    import tracemalloc
+
+    import torch
+
+    from p2pfl import metrics
+    from p2pfl.testing import run_in_process
+
+    seen, real = {}, metrics.MetricsLog.record
+
+    def record(self, k, *args):
+        row = real(self, k, *args)
+        if k in (9, 59):
+            gc.collect()
+            tensors = sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
+            seen[k] = (tensors, tracemalloc.get_traced_memory()[0], len(json.dumps(self.rows)))
+        return row
+
+    monkeypatch.setattr(metrics.MetricsLog, "record", record)
+    tracemalloc.start()
+    try:
+        done = run_in_process(["--dataset", "synthetic", "--peers", "8", "--kappa", "3", "--rounds", "60",
+                               "--local-epochs", "1", "--samples-per-peer", "30", "--checkpoint-every", "1",
+                               "--tensorboard", "--save-edges", "--no-progress", "--out", str(tmp_path / "run")])
+    finally:
+        tracemalloc.stop()
+    assert done.returncode == 0, done.stderr[-2000:]
+    (tensors10, python10, rows10), (tensors60, python60, rows60) = seen[9], seen[59]
+    assert tensors60 == tensors10, (tensors10, tensors60)
+    assert python60 - python10 < 2 * (rows60 - rows10) + 256 * 1024, (python10, python60, rows60 - rows10)

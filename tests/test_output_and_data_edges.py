@@ -23,6 +23,7 @@ def _one_line(result):
 
 @pytest.mark.parametrize("out,needle", [
     ("x" * 300, "a name of 300 characters"),
+    ("é" * 200, "a name of 200 characters (éééééééééééééééééééé...), 400 bytes; at most 255 bytes"),
     ("d/" * 2600, "characters long; use a shorter path"),
     ("dangling/run", "is a link to nothing"),
 ])
@@ -176,3 +177,27 @@ def test_launch_mpirun_ends_a_refused_run_with_our_line_alone(tmp_path, refused,
     result = subprocess.run(["bash", str(ROOT / "launch" / "mpirun.sh"), "2", *SYN, *args], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and needle in _one_line(result)
+
+
+def test_a_folder_name_with_control_characters_round_trips_through_config_toml(tmp_path, tiny_mnist):
+    """config.toml is written by tomli-w: a data folder whose name holds a newline, a tab and a control
+    character reads back as it was, so the run resumes and its folder serves as --config."""
+    import tomllib
+
+    from p2pfl import testing
+
+    odd = tmp_path / 'digits\n\t"\x01'
+    odd.mkdir()
+    for f in tiny_mnist.glob("*.gz"):
+        f.rename(odd / f.name)
+    args = ["--dataset", "mnist", "--data-dir", str(odd), "--peers", "4", "--kappa", "2", "--rounds", "2",
+            "--samples-per-peer", "20", "--local-epochs", "1", "--no-progress", "--out", str(tmp_path / "run")]
+    cut = testing.run_in_process(args, stop_after_first_round=True)
+    assert cut.returncode == 130, cut.stderr[-2000:]
+    config = tomllib.loads((tmp_path / "run" / "config.toml").read_text())
+    assert config["data_dir"] == str(odd)
+    resumed = testing.run_in_process(["--resume", str(tmp_path / "run"), "--no-progress"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    again = testing.run_in_process(["--config", str(tmp_path / "run" / "config.toml"), "--out", str(tmp_path / "b")])
+    assert again.returncode == 0, again.stderr[-2000:]
+    testing.assert_same_results(tmp_path / "run", tmp_path / "b", "a run from the first one's config.toml")

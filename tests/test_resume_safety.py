@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -324,3 +325,49 @@ def test_sigterm_in_the_middle_of_local_training_stops_within_seconds(tmp_path, 
     args = ["--algo", "dfedavg", "--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--rounds", "3",
             "--local-epochs", "2", "--checkpoint-every", "0", "--no-progress"]
     _stopped_in_round_two_then_resumed(tmp_path, args, monkeypatch, patch)
+
+
+def _link_metrics_outside(run, tmp_path):
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text((run / "metrics.jsonl").read_text())
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").symlink_to(outside)
+    return outside
+
+
+def _pipe_for_latest(run, tmp_path):
+    (run / "checkpoint" / "latest.json").unlink()
+    os.mkfifo(run / "checkpoint" / "latest.json")
+
+
+def _folder_for_a_slot(run, tmp_path):
+    slot = json.loads((run / "checkpoint" / "latest.json").read_text())["slot"]
+    newest = next((run / "checkpoint").glob(f"slot{slot}-*.pt"))
+    newest.unlink()
+    newest.mkdir()
+
+
+@pytest.mark.parametrize("damage,needle", [
+    (_link_metrics_outside, "metrics.jsonl is a link; a run writes only inside its folder"),
+    (_pipe_for_latest, "checkpoint/latest.json is not a file"),
+    (_folder_for_a_slot, "is not a file (remove it to resume from the other checkpoint)"),
+], ids=["metrics.jsonl a link outside", "latest.json a named pipe", "the newest slot a folder"])
+def test_a_resume_refused_for_its_files_changes_nothing(tmp_path, damage, needle):
+    """Hostile cases of issue 40: the resume followed a link out of the folder (the outside file got the
+    rows), hung on a pipe, or rewrote the metrics and plot before failing on a slot that is a folder. Each
+    is refused in one line before anything is written."""
+    run = _stopped(tmp_path, "run", 2)
+    outside = damage(run, tmp_path)
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and not p.is_symlink()}
+    done = testing.run_in_process(["--resume", str(run), "--no-progress"])
+    assert done.returncode == 2 and needle in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and not p.is_symlink()} == before
+    if outside is not None:
+        assert len(outside.read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("make", [lambda t: Path("/dev/zero"), lambda t: os.mkfifo(t / "pipe.toml") or t / "pipe.toml"],
+                         ids=["/dev/zero", "a named pipe"])
+def test_a_config_that_is_not_a_regular_file_is_refused_not_read(tmp_path, make):
+    done = testing.run_in_process(["--config", str(make(tmp_path))])
+    assert done.returncode == 2 and "is not a regular file" in done.stderr, done.stderr
