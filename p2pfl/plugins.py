@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 from importlib.metadata import entry_points
 
 from p2pfl.errors import UserError
@@ -32,6 +33,16 @@ def load_object(reference: str, flag: str):
             raise UserError(f"{flag} {reference}: {module_name} has no {attribute}")
         target = getattr(target, part)
     return target
+
+
+def call_plugin(what: str, function, *args):
+    """function(*args), the user's own code. Where it raises: one UserError whose first line says which
+    plug-in failed doing what, followed by the user's frames only (p2pfl's are not theirs to read)."""
+    try:
+        return function(*args)
+    except Exception as exc:  # noqa: BLE001 - whatever the user's code raises is theirs to see
+        frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next)).rstrip()
+        raise UserError(f"{what} raised {type(exc).__name__}; its traceback:\n{frames}") from None
 
 
 def load_entry_points() -> None:

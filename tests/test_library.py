@@ -258,3 +258,118 @@ def test_simulate_stopped_and_resumed_equals_the_uninterrupted_run(tmp_path):
     assert [r["test_acc"] for r in again.rows] == [r["test_acc"] for r in whole.rows] and len(again.rows) == 4
     with pytest.raises(p2pfl.ConfigError, match="--resume continues"):
         p2pfl.simulate(resume=tmp_path / "cut", lr=0.5)
+
+
+HOSTILE = '''
+import numpy as np
+import torch
+from torch import nn
+
+def good():
+    y = np.arange(40) % 4
+    return np.random.default_rng(0).normal(size=(40, 6)) + y[:, None], y, np.ones((8, 6)), np.arange(8) % 4
+
+def typo():  # one label of 5000 among 0-3
+    x, y, tx, ty = good()
+    y[3] = 5000
+    return x, y, tx, ty
+
+def negative():
+    x, y, tx, ty = good()
+    ty[0] = -1
+    return x, y, tx, ty
+
+def infinite():
+    x, y, tx, ty = good()
+    x[0, 0] = np.inf
+    return x, y, tx, ty
+
+def nan_test():
+    x, y, tx, ty = good()
+    tx[1, 2] = np.nan
+    return x, y, tx, ty
+
+def other_width():
+    x, y, tx, ty = good()
+    return x, y, tx[:, :5], ty
+
+def strings():
+    x, y, tx, ty = good()
+    return x.astype(str), y, tx, ty
+
+def flat():
+    x, y, tx, ty = good()
+    return x[:, 0], y, tx, ty
+
+def labels_2d():
+    x, y, tx, ty = good()
+    return x, y[:, None], tx, ty
+
+def empty_test():
+    x, y, tx, ty = good()
+    return x, y, tx[:0], ty[:0]
+
+def short_owners():
+    return (*good(), np.arange(30))
+
+def raises():
+    return {}["no such key"]
+
+def three_outputs(shape, n):
+    return nn.Linear(6, 3)
+
+def wrong_width(shape, n):
+    return nn.Linear(5, n)
+
+def tuple_output(shape, n):
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(6, n)
+        def forward(self, x):
+            return self.a(x), x
+    return Two()
+
+def no_parameters(shape, n):
+    return nn.Identity()
+
+def double(shape, n):
+    return nn.Linear(6, n).double()
+'''
+
+
+@pytest.mark.parametrize("dataset,model,needle", [
+    ("typo", None, "labels must be the classes 0..C-1, each with training samples; they reach 5000, but 4996 of those"),
+    ("negative", None, "a label is -1"),
+    ("infinite", None, "train_x holds NaN or inf"),
+    ("nan_test", None, "test_x holds NaN or inf"),
+    ("other_width", None, "test_x's samples are (5,), train_x's (6,)"),
+    ("strings", None, "train_x holds <U32 values, not numbers"),
+    ("flat", None, "train_x has shape (40,); it must be (samples, features...)"),
+    ("labels_2d", None, "train_y must hold one integer class per sample (40), not torch.int64 of shape (40, 1)"),
+    ("empty_test", None, "test_x has shape (0, 6)"),
+    ("short_owners", None, "owners must name one owner per training sample (40), not shape (30,)"),
+    ("raises", None, "--dataset hostile:raises (loading its data) raised KeyError; its traceback:"),
+    ("good", "three_outputs", "gave shape (2, 3); p2pfl needs one tensor of shape (2, 4)"),
+    ("good", "wrong_width", "(a forward pass of 2 inputs of shape (6,)) raised RuntimeError; its traceback:"),
+    ("good", "tuple_output", "gave a tuple; p2pfl needs one tensor of shape (2, 4)"),
+    ("good", "no_parameters", "has no parameters to train"),
+    ("good", "double", "has torch.float64 parameters; p2pfl trains float32"),
+])
+def test_what_a_plug_in_returns_is_checked_where_it_enters(tmp_path, monkeypatch, dataset, model, needle):
+    """The hostile cases of issue 40: each ran silently with wrong numbers (5,001 classes at 0.0%) or
+    ended in a traceback from deep inside p2pfl. Each is one line naming the plug-in and the field, exit
+    2; where the user's code raised, that line and then their frames only."""
+    (tmp_path / "hostile.py").write_text(HOSTILE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("hostile", None)
+    args = ["--dataset", f"hostile:{dataset}", "--peers", "4", "--kappa", "2", "--rounds", "1", "--no-progress",
+            "--out", str(tmp_path / "run")] + (["--model", f"hostile:{model}"] if model else [])
+    done = run_in_process(args)
+    assert done.returncode == 2 and needle in done.stderr, done.stderr[-2000:]
+    assert done.stderr.startswith("p2pfl: error: ")
+    if "traceback" in needle:  # their frames (their module's, torch's for their Linear), none of p2pfl's
+        frames = done.stderr.split("traceback:", 1)[1]
+        assert "p2pfl/" not in frames and ("hostile.py" in frames or "torch" in frames), frames
+    else:
+        assert done.stderr.count("\n") == 1

@@ -18,7 +18,7 @@ from p2pfl.data.cifar import find_cifar, read_cifar
 from p2pfl.data.idx import read_idx
 from p2pfl.data.leaf import find_leaf, read_leaf
 from p2pfl.errors import UserError
-from p2pfl.plugins import is_reference, load_object
+from p2pfl.plugins import call_plugin, is_reference, load_object
 from p2pfl.seeding import numpy_rng, torch_generator
 
 DEBIAN_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
@@ -303,20 +303,49 @@ def dataset_spec(name: str) -> DatasetSpec:
 def _user_dataset(reference: str, req: DataRequest) -> Dataset:
     """The user's loader called with no arguments: a p2pfl Dataset, or (train_x, train_y, test_x, test_y),
     optionally followed by each training sample's owner (for --partition writers); classes are the
-    labels 0..C-1."""
-    out = load_object(reference, "--dataset")()
+    labels 0..C-1. What it returns is checked here, where it enters: one line naming the field."""
+    out = call_plugin(f"--dataset {reference} (loading its data)", load_object(reference, "--dataset"))
     if isinstance(out, Dataset):
         return out
     parts = tuple(out) if isinstance(out, (tuple, list)) else ()
     if len(parts) not in (4, 5):
         raise UserError(f"--dataset {reference} must return (train_x, train_y, test_x, test_y[, owners]) or a "
                         f"p2pfl Dataset, not {type(out).__name__}")
-    train_x, train_y, test_x, test_y = (torch.as_tensor(v) for v in parts[:4])
-    if train_y.is_floating_point() or len(train_x) != len(train_y) or len(test_x) != len(test_y):
-        raise UserError(f"--dataset {reference}: labels must be integer classes, one per sample")
-    groups = np.asarray(parts[4]) if len(parts) == 5 else None
+    where = f"--dataset {reference}"
+    train_x, train_y, test_x, test_y = (_numbers(v, f"{where}: {name}") for v, name in
+                                        zip(parts, ("train_x", "train_y", "test_x", "test_y")))
+    for x, name in ((train_x, "train_x"), (test_x, "test_x")):
+        if x.ndim < 2 or len(x) == 0:
+            raise UserError(f"{where}: {name} has shape {tuple(x.shape)}; it must be (samples, features...) with at "
+                            "least one sample")
+        if not torch.isfinite(x.float()).all():
+            raise UserError(f"{where}: {name} holds NaN or inf")
+    if train_x.shape[1:] != test_x.shape[1:]:
+        raise UserError(f"{where}: test_x's samples are {tuple(test_x.shape[1:])}, train_x's {tuple(train_x.shape[1:])}")
+    for y, x, name in ((train_y, train_x, "train_y"), (test_y, test_x, "test_y")):
+        if y.ndim != 1 or len(y) != len(x) or y.is_floating_point():
+            raise UserError(f"{where}: {name} must hold one integer class per sample ({len(x)}), not "
+                            f"{y.dtype} of shape {tuple(y.shape)}")
     n_classes = int(max(train_y.max(), test_y.max())) + 1
+    low = int(min(train_y.min(), test_y.min()))
+    empty = sorted(set(range(n_classes)) - set(train_y.unique().tolist()))
+    if low < 0 or empty:
+        raise UserError(f"{where}: labels must be the classes 0..C-1, each with training samples; "
+                        + (f"a label is {low}" if low < 0 else
+                           f"they reach {n_classes - 1}, but {len(empty)} of those classes have no training sample "
+                           f"(such as {empty[0]})"))
+    groups = np.asarray(parts[4]) if len(parts) == 5 else None
+    if groups is not None and (groups.ndim != 1 or len(groups) != len(train_x)):
+        raise UserError(f"{where}: owners must name one owner per training sample ({len(train_x)}), not "
+                        f"shape {groups.shape}")
     return Dataset(reference, train_x.float(), train_y.long(), test_x.float(), test_y.long(), n_classes, groups=groups)
+
+
+def _numbers(value, what: str) -> torch.Tensor:
+    array = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise UserError(f"{what} holds {array.dtype} values, not numbers")
+    return torch.as_tensor(array)
 
 
 def load_dataset(name: str, req: DataRequest | None = None) -> Dataset:

@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
 from torch import nn
 
 from p2pfl.errors import UserError
@@ -14,7 +15,7 @@ from p2pfl.models.linear_rep import LinearRepresentation
 from p2pfl.models.mlp import MLP, MLPShape
 from p2pfl.models.resnet import resnet8, resnet18
 from p2pfl.models.stack import ParamLayout, PeerStack, initial_parameters, reset_model
-from p2pfl.plugins import is_reference, load_object
+from p2pfl.plugins import call_plugin, is_reference, load_object
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,35 @@ def model_spec(name: str) -> ModelSpec:
     make = load_object(name, "--model")
     if not callable(make):
         raise UserError(f"--model {name} is not a function of (input_shape, n_classes)")
-    return ModelSpec(name, "the user's model", lambda shape, n, o: _checked(make(shape, n), name),
+    return ModelSpec(name, "the user's model",
+                     lambda shape, n, o: _checked(call_plugin(f"--model {name} (building the model)", make, shape, n),
+                                                  name, shape, n),
                      task=getattr(make, "task", "classification"), images=False)
 
 
-def _checked(model, name: str) -> nn.Module:
+def _checked(model, name: str, shape: tuple[int, ...], n_outputs: int) -> nn.Module:
+    """The user's model as it enters: a Module of float32 parameters whose forward maps a batch of the
+    dataset's inputs to one (batch, n_outputs) tensor; tried on two zero inputs, in eval mode (no batch
+    statistics change)."""
+    where = f"--model {name}"
     if not isinstance(model, nn.Module):
-        raise UserError(f"--model {name} returned a {type(model).__name__}, not a torch.nn.Module")
+        raise UserError(f"{where} returned a {type(model).__name__}, not a torch.nn.Module")
+    params = list(model.parameters())
+    if not params:
+        raise UserError(f"{where} has no parameters to train")
+    kinds = sorted({str(p.dtype) for p in params} - {"torch.float32"})
+    if kinds:
+        raise UserError(f"{where} has {', '.join(kinds)} parameters; p2pfl trains float32 (build it with .float())")
+    training = model.training
+    model.eval()
+    with torch.no_grad():
+        out = call_plugin(f"{where} (a forward pass of 2 inputs of shape {tuple(shape)})", model,
+                          torch.zeros(2, *shape))
+    model.train(training)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, n_outputs):
+        got = f"a {type(out).__name__}" if not isinstance(out, torch.Tensor) else f"shape {tuple(out.shape)}"
+        raise UserError(f"{where}: a batch of 2 inputs of shape {tuple(shape)} gave {got}; p2pfl needs one tensor of "
+                        f"shape (2, {n_outputs}), a score per {'class' if n_outputs > 1 else 'output'}")
     return model
 
 
