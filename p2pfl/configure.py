@@ -141,13 +141,15 @@ def _resume_values(run_dir: str, stored: dict[str, Any], given: dict[str, Any]) 
     number (RESULT_NEUTRAL) may differ."""
     folder = Path(run_dir)
     config = folder / "config.toml"
+    # checked without TensorBoard: whether this machine has it is a question for the resumed run's own flag
     try:
-        before = resolved_dict(make_config(dict(stored)))
+        before = resolved_dict(make_config({**stored, "tensorboard": False}))
     except UserError as exc:
         raise UserError(f"--resume {run_dir}: its config.toml is not a valid run configuration ({exc})")
     if given.get("out") is not None and Path(given["out"]).resolve() != folder.resolve():
         raise UserError(f"--resume {run_dir} writes into that folder; --out {given['out']} names another")
-    after = resolved_dict(make_config({**stored, **{k: v for k, v in given.items() if k not in RESULT_NEUTRAL}}))
+    after = resolved_dict(make_config({**stored, **{k: v for k, v in given.items() if k not in RESULT_NEUTRAL},
+                                       "tensorboard": False}))
     name = first_difference(before, after)
     if name:
         flag = "--" + name.replace("_", "-")

@@ -316,12 +316,14 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, eve
     last_save, k = time.monotonic(), first
     round_start = time.perf_counter()  # each row's round_s runs from the previous row: the rows add up to the loop
     held: list[dict] = []  # in-memory captures of the last completed rounds: what a stop by SIGTERM saves
+    shape = tuple(ctx.flat.shape)
     try:
         for k in bar:
             ctx.transport.round_index = k
             synchronize(ctx.device)
             start = time.perf_counter()
             losses = algorithm.round(k)
+            check_round_result(algorithm, ctx, k, losses, shape)
             synchronize(ctx.device)  # the round's queued GPU work is part of its time
             if rank == 0 and cfg.save_edges and write:
                 with (run_dir / "edges.jsonl").open("a") as fh:
@@ -376,6 +378,20 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, eve
     if everywhere:
         rows, final, state = ctx.transport.bcast((rows, final, state) if rank == 0 else None)
     return Result(rows, state, final, run_dir, cfg)
+
+
+def check_round_result(algorithm: Algorithm, ctx: RunContext, k: int, losses, shape: tuple[int, ...]) -> None:
+    """What an algorithm's round leaves, checked where it comes back (a user's algorithm, too): the
+    weights keep their shape (one row of the model's parameters per peer of the rank), the losses are
+    None or one per peer."""
+    where = f"--algo {algorithm.name}: round {k + 1}"
+    if not isinstance(ctx.flat, torch.Tensor) or tuple(ctx.flat.shape) != shape:
+        got = tuple(ctx.flat.shape) if isinstance(ctx.flat, torch.Tensor) else type(ctx.flat).__name__
+        raise UserError(f"{where} left ctx.flat as {got}; it must stay {shape} (a row of the model's "
+                        f"{shape[1]:,} parameters for each of the rank's {shape[0]} peers)")
+    if losses is not None and (not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (shape[0],)):
+        got = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
+        raise UserError(f"{where} returned losses {got}; a round returns None or one loss per peer ({shape[0]},)")
 
 
 class StopRequest:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from p2pfl.errors import UserError
+
 from p2pfl.algorithms import REGISTRY
 from p2pfl.algorithms.base import Algorithm
 from p2pfl.testing import results, run_in_process
@@ -56,7 +58,7 @@ def test_an_algorithm_outside_the_package_runs_by_name_with_its_own_settings(laz
 
 
 def test_two_algorithms_of_one_name_are_refused():
-    with pytest.raises(ValueError, match="two algorithms are named 'dfedavg'"):
+    with pytest.raises(UserError, match="two algorithms are named 'dfedavg'"):
         type("Impostor", (Algorithm,), {"name": "dfedavg", "__module__": "elsewhere"})
     assert REGISTRY["dfedavg"].__module__ == "p2pfl.algorithms.graph.dfedavg"
 

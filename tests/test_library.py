@@ -373,3 +373,53 @@ def test_what_a_plug_in_returns_is_checked_where_it_enters(tmp_path, monkeypatch
         assert "p2pfl/" not in frames and ("hostile.py" in frames or "torch" in frames), frames
     else:
         assert done.stderr.count("\n") == 1
+
+
+ALGORITHMS = {
+    "shrink": ("class Shrink(p2pfl.Algorithm):\n    name = 'shrink'\n    summary = 'x'\n"
+               "    def round(self, k):\n        self.ctx.flat = self.ctx.flat[:, :10]\n",
+               "round 1 left ctx.flat as (4, 10); it must stay (4, "),
+    "losses": ("class Losses(p2pfl.Algorithm):\n    name = 'losses'\n    summary = 'x'\n"
+               "    def round(self, k):\n        return [0.0]\n",
+               "round 1 returned losses list; a round returns None or one loss per peer (4,)"),
+    "core": ("from dataclasses import dataclass\n@dataclass(frozen=True)\nclass S:\n"
+             "    lr: float = p2pfl.option(0.1, 'x')\n"
+             "class Core(p2pfl.Algorithm):\n    name = 'core'\n    summary = 'x'\n    Settings = S\n",
+             "its setting 'lr' is named like the run's own --lr"),
+    "dict": ("class Dict(p2pfl.Algorithm):\n    name = 'dict'\n    summary = 'x'\n    Settings = {'keep': 0.5}\n",
+             "Settings must be a dataclass of p2pfl.option fields, not dict"),
+    "twin": ("class Twin(p2pfl.Algorithm):\n    name = 'dfedavg'\n    summary = 'x'\n",
+             "two algorithms are named 'dfedavg'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ALGORITHMS))
+def test_an_algorithm_of_ones_own_is_checked_where_it_enters(tmp_path, monkeypatch, case):
+    """Hostile cases of issue 40 that ended in tracebacks from p2pfl's internals: one line each, exit 2."""
+    source, needle = ALGORITHMS[case]
+    (tmp_path / f"algo_{case}.py").write_text("import p2pfl\n" + source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cls = source.split("class ")[-1].split("(")[0]
+    done = run_in_process([*TINY_ARGS, "--peers", "4", "--rounds", "1", "--algo", f"algo_{case}:{cls}",
+                           "--out", str(tmp_path / "run")])
+    REGISTRY.pop(case, None)
+    assert done.returncode == 2 and needle in done.stderr and done.stderr.count("\n") == 1, done.stderr[-2000:]
+
+
+def test_tensorboard_that_is_missing_or_broken_is_one_line_and_a_resume_may_leave_it(tmp_path, monkeypatch):
+    """Hostile cases of issue 40: installed but failing to import was a traceback; a run started with
+    --tensorboard could not be resumed with --no-tensorboard where the package is missing."""
+    import importlib.util
+
+    args = [*TINY_ARGS, "--algo", "dfedavg", "--tensorboard", "--out", str(tmp_path / "run")]
+    cut = run_in_process(args, stop_after_first_round=True)
+    assert cut.returncode == 130, cut.stderr[-2000:]
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # installed, but its import fails
+    broken = run_in_process([*TINY_ARGS, "--tensorboard", "--out", str(tmp_path / "other")])
+    assert broken.returncode == 2 and "installed but does not load (ModuleNotFoundError" in broken.stderr, broken.stderr
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    refused = run_in_process(["--resume", str(tmp_path / "run"), "--no-progress"])
+    assert refused.returncode == 2 and "--tensorboard needs the tensorboard package" in refused.stderr
+    resumed = run_in_process(["--resume", str(tmp_path / "run"), "--no-tensorboard", "--no-progress"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]

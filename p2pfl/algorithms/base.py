@@ -1,6 +1,7 @@
 """What every algorithm gets (RunContext) and the one exchange most of them share (neighbour averaging)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,7 @@ import torch
 from p2pfl.comm import Message, Transport, Weights
 from p2pfl.config import RunConfig
 from p2pfl.data import Dataset
+from p2pfl.errors import UserError
 from p2pfl.faults import Faults
 from p2pfl.models import PeerStack
 from p2pfl.training import SGDSettings, StepTerms, train_epochs
@@ -174,13 +176,24 @@ class Algorithm:
         return None
 
 
+RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig))
+
+
 def register(cls: type[Algorithm]) -> None:
     """Add an algorithm to the registry under its name; a second class of that name is refused (the same
     class defined again, by a reloaded module, replaces its first definition)."""
     known = REGISTRY.get(cls.name)
+    where = f"algorithm {cls.name!r} ({cls.__module__}.{cls.__qualname__})"
     if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
-        raise ValueError(f"two algorithms are named {cls.name!r}: {known.__module__}.{known.__qualname__} and "
-                         f"{cls.__module__}.{cls.__qualname__}")
+        raise UserError(f"two algorithms are named {cls.name!r}: {known.__module__}.{known.__qualname__} and "
+                        f"{cls.__module__}.{cls.__qualname__}; give one a name of its own")
+    if not dataclasses.is_dataclass(cls.Settings) or not isinstance(cls.Settings, type):
+        raise UserError(f"{where}: Settings must be a dataclass of p2pfl.option fields, not "
+                        f"{type(cls.Settings).__name__} {cls.Settings!r}"[:300])
+    core = sorted(f.name for f in dataclasses.fields(cls.Settings) if f.name in RUN_FIELDS)
+    if core:
+        raise UserError(f"{where}: its setting {core[0]!r} is named like the run's own --{core[0].replace('_', '-')}; "
+                        "give it a name of its own")
     REGISTRY[cls.name] = cls
 
 
