@@ -50,6 +50,9 @@ def parse_sets(items: list[str]) -> dict[str, list[str]]:
         key = key.strip().lstrip("-")
         if not sep or not key or not values.strip():
             raise UserError(f"--set takes key=v1,v2, got {item!r}")
+        if key.replace("-", "_") in ("seed", "out", "resume", "overwrite"):
+            raise UserError(f"--set {key}: the sweep sets it itself ({'--seeds' if key == 'seed' else 'one folder a run'}); "
+                            f"{'give the seeds as --seeds ' + values.strip() if key == 'seed' else 'leave it out'}")
         grid[key] = [v.strip() for v in values.split(",") if v.strip()]
     return grid
 

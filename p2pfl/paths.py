@@ -2,6 +2,7 @@
 through a run; files read only where they are regular files; a run folder to resume without links."""
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 from pathlib import Path
@@ -58,3 +59,23 @@ def check_resumable(run_dir: Path, checkpoints: str) -> None:
         if path.parent.name == checkpoints and not path.is_file():
             raise UserError(f"--resume {run_dir}: {path.relative_to(folder)} is not a file (remove it to resume "
                             "from the other checkpoint)")
+
+
+class FolderLock:
+    """A run folder's lock while a run writes it (an exclusive flock on LOCK_FILE inside): a second run into
+    the same folder (a resume, an --overwrite, a sweep's run) is refused instead of writing beside it. The
+    kernel drops the lock when the process ends, however it ends."""
+
+    NAME = ".p2pfl-lock"
+
+    def __init__(self, folder: Path):
+        self.handle = open(Path(folder) / self.NAME, "a")
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.handle.close()
+            raise UserError(f"{folder} is in use: a run is writing it now; wait for it to end, or choose another "
+                            "--out") from None
+
+    def release(self) -> None:
+        self.handle.close()  # closing drops the flock

@@ -25,8 +25,14 @@ def load_object(reference: str, flag: str):
         raise UserError(f"{flag} {reference}: a reference reads package.module:name")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module_name.startswith(exc.name):  # a module their code imports is missing
+            raise _theirs(f"{flag} {reference} (importing {module_name})", exc) from None
         raise UserError(f"{flag} {reference}: cannot import {module_name} ({exc}); is its folder on PYTHONPATH?")
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - their syntax error, their exception
+        raise _theirs(f"{flag} {reference} (importing {module_name})", exc) from None
     target = module
     for part in attribute.split("."):
         if not hasattr(target, part):
@@ -40,9 +46,21 @@ def call_plugin(what: str, function, *args):
     plug-in failed doing what, followed by the user's frames only (p2pfl's are not theirs to read)."""
     try:
         return function(*args)
+    except UserError:
+        raise
     except Exception as exc:  # noqa: BLE001 - whatever the user's code raises is theirs to see
-        frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next)).rstrip()
-        raise UserError(f"{what} raised {type(exc).__name__}; its traceback:\n{frames}") from None
+        raise _theirs(what, exc) from None
+
+
+def _theirs(what: str, exc: Exception) -> UserError:
+    """The user's exception as one line, then the frames from their code on (importlib's and p2pfl's left
+    out)."""
+    tb = exc.__traceback__
+    while tb is not None and ("importlib" in tb.tb_frame.f_code.co_filename
+                              or tb.tb_frame.f_code.co_filename == __file__):
+        tb = tb.tb_next
+    frames = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+    return UserError(f"{what} raised {type(exc).__name__}; its traceback:\n{frames}")
 
 
 def load_entry_points() -> None:

@@ -41,6 +41,7 @@ from p2pfl.faults import Faults
 from p2pfl.metrics import MetricsLog, run_model, synchronize
 from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
 from p2pfl.ntk.precompile import loop_is_cached
+from p2pfl.paths import FolderLock
 from p2pfl.report import plot_metric, plot_partition
 from p2pfl.tasks import TASKS
 from p2pfl.threads import ranks_on_this_machine
@@ -117,8 +118,19 @@ def _gpu_share(device: torch.device, choice: str, peers_here: int) -> tuple[str,
     return str(device), torch.cuda.get_device_properties(device).total_memory, peers_here * _ranks_per_gpu(choice)
 
 
+_LOCKS: list[FolderLock] = []  # the run folder this process writes, locked until execute() ends
+
+
+def _made_or_refused(cfg: RunConfig) -> Path | UserError:
+    try:
+        return make_run_dir(cfg)
+    except UserError as exc:
+        return exc
+
+
 def make_run_dir(cfg: RunConfig) -> Path:
     if cfg.resume:
+        _LOCKS.append(FolderLock(Path(cfg.resume)))
         return Path(cfg.resume)
     if cfg.out:
         path = Path(cfg.out)
@@ -129,6 +141,7 @@ def make_run_dir(cfg: RunConfig) -> Path:
             path = path.with_name(f"{path.name.split('~')[0]}~{suffix}")
             suffix += 1
     path.mkdir(parents=True, exist_ok=True)
+    _LOCKS.append(FolderLock(path))  # before anything in it changes: a run writing it now is not disturbed
     for product in [*RUN_FILES, *path.glob("*.png")]:  # --overwrite: the replaced run's files go, all of them
         product = path / product
         if product.is_dir() and not product.is_symlink():
@@ -271,10 +284,14 @@ def execute(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool =
     """A run on this rank (write=False: no run folder, no checkpoints); running out of GPU memory anywhere
     in it is one line, not a CUDA traceback. everywhere: every rank gets rank 0's Result (a broadcast of
     the rows and the model); else the other ranks' Result holds no rows (the CLI reads none)."""
+    held = len(_LOCKS)  # a run started inside another (a test's) releases its own lock only
     try:
         return _run(cfg, rank, size, local_rank, write or bool(cfg.resume), everywhere)
     except torch.OutOfMemoryError:
         raise out_of_gpu_memory(cfg, size, str(pick_device(cfg.device, local_rank))) from None
+    finally:
+        while len(_LOCKS) > held:
+            _LOCKS.pop().release()
 
 
 def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, everywhere: bool) -> Result:
@@ -284,7 +301,9 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, eve
     if ctx.stack.convolutional and ctx.device.type == "cpu":
         torch.set_num_threads(1)  # CPU conv kernels round differently with their thread count: one per rank
     ctx.transport.barrier()  # every rank has checked --out before rank 0 makes the folder
-    run_dir = ctx.transport.bcast(make_run_dir(cfg) if rank == 0 and write else None)
+    run_dir = ctx.transport.bcast(_made_or_refused(cfg) if rank == 0 and write else None)
+    if isinstance(run_dir, UserError):  # every rank stops with rank 0's refusal (a folder in use)
+        raise run_dir
     first, rows = 0, []
     if cfg.resume:  # read and checked before anything in the folder is written: a failed resume loses nothing
         snapshot = checkpoint.read(run_dir)

@@ -423,3 +423,19 @@ def test_tensorboard_that_is_missing_or_broken_is_one_line_and_a_resume_may_leav
     assert refused.returncode == 2 and "--tensorboard needs the tensorboard package" in refused.stderr
     resumed = run_in_process(["--resume", str(tmp_path / "run"), "--no-tensorboard", "--no-progress"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+
+@pytest.mark.parametrize("source,needle,theirs", [
+    ("def load(:\n    pass\n", "(importing broken) raised SyntaxError; its traceback:", "def load(:"),
+    ("import no_such_package_here\n", "(importing broken) raised ModuleNotFoundError; its traceback:",
+     "import no_such_package_here"),
+    ("raise RuntimeError('at import')\n", "(importing broken) raised RuntimeError; its traceback:", "at import"),
+])
+def test_a_plug_in_that_fails_to_import_shows_its_own_frames(tmp_path, monkeypatch, source, needle, theirs):
+    (tmp_path / "broken.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("broken", None)
+    done = run_in_process([*TINY_ARGS, "--dataset", "broken:load", "--out", str(tmp_path / "run")])
+    frames = done.stderr.split("traceback:", 1)[-1]
+    assert done.returncode == 2 and needle in done.stderr and theirs in frames, done.stderr
+    assert "p2pfl/" not in frames and "importlib" not in frames, frames

@@ -82,6 +82,8 @@ CASES = [
     ("sweep", lambda t: [t / "bad.toml"], "is not valid TOML"),
     ("sweep", lambda t: [t / "preset.toml", "--seeds", "-1", "--out", t / "s"], "--seeds must be at least 0"),
     ("sweep", lambda t: [t / "preset.toml", "--out", t / "a-file"], "is a file; give a folder"),
+    ("sweep", lambda t: [t / "preset.toml", "--seeds", "0", "--set", "seed=1,2", "--out", t / "s"],
+     "--set seed: the sweep sets it itself (--seeds); give the seeds as --seeds 1,2"),
     ("sweep", lambda t: [t / "preset.toml", "--set", "kapa=3", "--out", t / "s"], "--kapa"),
 ]
 
