@@ -16,6 +16,7 @@ from analysis.toolkit import Parser, guarded, output_folder
 from p2pfl.configure import parse_config, resolve
 from p2pfl.diagnostics import mixing_matrix, spectral_gap
 from p2pfl.errors import UserError
+from p2pfl.seeding import graph_seeds
 from topologies import TopologySchedule
 from topologies.drawing import draw_views
 
@@ -45,7 +46,7 @@ def _main(argv: list[str] | None) -> int:
         raise UserError(f"--rounds must be in [1, {MAX_ROUNDS}]")
     if not 0 <= args.peer < cfg.peers:
         raise UserError(f"--peer must be in [0, {cfg.peers})")
-    schedule = TopologySchedule(cfg.topology, cfg.peers, cfg.kappa, cfg.seed, cfg.static)
+    schedule = TopologySchedule(cfg.topology, cfg.peers, cfg.kappa, graph_seeds(cfg.seed), cfg.static)
     out = output_folder(args.out or (args.source / "topology" if args.source.is_dir() else
                                      Path(f"topology-{config.stem}")))
     title = (f"{cfg.topology} kappa={cfg.kappa:g}, {cfg.peers} peers, "

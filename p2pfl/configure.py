@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from topologies.generators import check_graph
+from topologies.generators import GraphError, check_graph
 
 from p2pfl.algorithms import REGISTRY, lookup, owners_of, setting_names
 from p2pfl.checkpoint import FOLDER as CHECKPOINTS, has_checkpoint
@@ -316,7 +316,10 @@ def check_peers(cfg: RunConfig, peers: int) -> None:
                 raise UserError(f"--clients-per-round {cfg.settings.clients_per_round} exceeds the {peers} clients")
             cfg.settings = dataclasses.replace(cfg.settings, clients_per_round=peers)  # the default: at most all
         return
-    check_graph(cfg.topology, peers, cfg.kappa)
+    try:
+        check_graph(cfg.topology, peers, cfg.kappa)
+    except GraphError as exc:
+        raise UserError(str(exc)) from None
 
 
 def check_data_fit(cfg: RunConfig, train_samples: int, test_samples: int) -> None:

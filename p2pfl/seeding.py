@@ -3,6 +3,7 @@
 Keying by purpose and peer instead of drawing from a global stream is what makes a run's numbers
 independent of how peers are spread over MPI ranks.
 """
+import functools
 import hashlib
 
 import numpy as np
@@ -13,6 +14,11 @@ def derive_seed(seed: int, purpose: str, *indices: int) -> int:
     """A 63-bit seed that depends only on its arguments."""
     key = repr((int(seed), str(purpose)) + tuple(int(i) for i in indices)).encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & (2**63 - 1)
+
+
+def graph_seeds(seed: int):
+    """The seed of the graph for each key (a round, or 0 for a static graph), for topologies.TopologySchedule."""
+    return functools.partial(derive_seed, seed, "topology")
 
 
 def torch_generator(seed: int, purpose: str, *indices: int) -> torch.Generator:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from topologies import TopologySchedule
+from topologies import GraphError, TopologySchedule
 from topologies.drawing import draw_graph
 from tqdm import tqdm
 
@@ -43,6 +43,7 @@ from p2pfl.models import PeerStack, build_model, count_parameters, initial_param
 from p2pfl.ntk.precompile import loop_is_cached
 from p2pfl.paths import FolderLock
 from p2pfl.report import plot_metric, plot_partition
+from p2pfl.seeding import graph_seeds
 from p2pfl.tasks import TASKS
 from p2pfl.threads import ranks_on_this_machine
 from p2pfl.tracking import TensorBoardLog
@@ -191,8 +192,8 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     if device.type == "cuda":  # the ranks that share a GPU share its free memory for their batches
         stack.memory_share /= _ranks_per_gpu(cfg.device)
     ctx = RunContext(cfg=cfg, transport=transport, data=data, shards=[torch.from_numpy(s) for s in shards],
-                     schedule=TopologySchedule(cfg.topology, cfg.peers + cls.centralized, cfg.kappa, cfg.seed,
-                                               cfg.static),
+                     schedule=TopologySchedule(cfg.topology, cfg.peers + cls.centralized, cfg.kappa,
+                                               graph_seeds(cfg.seed), cfg.static),
                      stack=stack, peers=peers, flat=flat, device=device, faults=transport.faults)
     return ctx, cls(ctx)
 
@@ -289,6 +290,8 @@ def execute(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool =
         return _run(cfg, rank, size, local_rank, write or bool(cfg.resume), everywhere)
     except torch.OutOfMemoryError:
         raise out_of_gpu_memory(cfg, size, str(pick_device(cfg.device, local_rank))) from None
+    except GraphError as exc:  # a graph the checks let through that could not be drawn (every rank alike)
+        raise UserError(str(exc)) from None
     finally:
         while len(_LOCKS) > held:
             _LOCKS.pop().release()

@@ -71,3 +71,18 @@ def test_the_cli_lists_a_registered_algorithm(lazy_gossip, capsys):
     out = capsys.readouterr().out
     assert "local SGD, then a lazy step towards the neighbourhood average" in " ".join(out.split())
     assert "--keep X" in out and "share of its own model a peer keeps" in " ".join(out.split())
+
+
+def test_every_module_of_p2pfl_sits_in_a_layer():
+    """lint-imports checks only what its layers name: a module left out would escape the contract."""
+    import configparser
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    config = configparser.ConfigParser()
+    config.read(root / ".importlinter")
+    named = set(re.findall(r"[\w.]+", config["importlinter:contract:layers"]["layers"]))
+    package = root / "p2pfl"
+    modules = {f"p2pfl.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+    modules |= {f"p2pfl.{p.name}" for p in package.iterdir() if (p / "__init__.py").exists()}
+    assert modules - named == set(), f"not in any layer of .importlinter: {sorted(modules - named)}"

@@ -6,10 +6,14 @@ import math
 import networkx as nx
 import numpy as np
 
-from p2pfl.errors import UserError
 
 MAX_CONNECT_TRIES = 1000
 MIN_CONNECTED_SHARE = 0.02  # an Erdos-Renyi draw must be connected this often, or the graph is refused
+
+
+class GraphError(ValueError):
+    """A graph that cannot exist (or cannot be drawn connected): the caller turns it into its own one-line
+    refusal (p2pfl: a UserError)."""
 
 
 def connected_share(n: int, kappa: float) -> float:
@@ -19,25 +23,25 @@ def connected_share(n: int, kappa: float) -> float:
 
 
 def check_graph(kind: str, n: int, kappa: float) -> None:
-    """Raise UserError for graphs that cannot exist, before any work starts."""
+    """GraphError for graphs that cannot exist, checked before any work starts."""
     if kind == "regular":
         if kappa != int(kappa) or kappa < 1:
-            raise UserError(f"a kappa-regular graph needs a whole degree >= 1, got kappa={kappa}")
+            raise GraphError(f"a kappa-regular graph needs a whole degree >= 1, got kappa={kappa}")
         if kappa >= n:
-            raise UserError(f"a {int(kappa)}-regular graph needs more than {int(kappa)} peers, got {n}")
+            raise GraphError(f"a {int(kappa)}-regular graph needs more than {int(kappa)} peers, got {n}")
         if (int(kappa) * n) % 2:
-            raise UserError(f"no {int(kappa)}-regular graph on {n} peers exists: kappa * peers must be even")
+            raise GraphError(f"no {int(kappa)}-regular graph on {n} peers exists: kappa * peers must be even")
     elif kind == "erdos-renyi":
         if not 0 < kappa <= n - 1:
-            raise UserError(f"an Erdos-Renyi mean degree must be in (0, peers-1] = (0, {n - 1}], got {kappa}")
+            raise GraphError(f"an Erdos-Renyi mean degree must be in (0, peers-1] = (0, {n - 1}], got {kappa}")
         if connected_share(n, kappa) < MIN_CONNECTED_SHARE:
             least = math.log(n / -math.log(MIN_CONNECTED_SHARE))
-            raise UserError(f"an Erdos-Renyi graph of mean degree {kappa:g} on {n} peers is almost never connected "
+            raise GraphError(f"an Erdos-Renyi graph of mean degree {kappa:g} on {n} peers is almost never connected "
                             f"(about {100 * connected_share(n, kappa):.2g}% of draws); use kappa >= {least:.1f}")
     elif kind == "ring" and n < 3:
-        raise UserError(f"a ring needs at least 3 peers, got {n}")
+        raise GraphError(f"a ring needs at least 3 peers, got {n}")
     elif kind in ("star", "chain", "full") and n < 2:
-        raise UserError(f"a {kind} graph needs at least 2 peers, got {n}")
+        raise GraphError(f"a {kind} graph needs at least 2 peers, got {n}")
 
 
 def build_graph(kind: str, n: int, kappa: float, seed: int) -> nx.Graph:
@@ -53,7 +57,7 @@ def build_graph(kind: str, n: int, kappa: float, seed: int) -> nx.Graph:
             if nx.is_connected(graph):
                 break
         else:
-            raise UserError(f"no connected Erdos-Renyi graph of mean degree {kappa:g} on {n} peers in "
+            raise GraphError(f"no connected Erdos-Renyi graph of mean degree {kappa:g} on {n} peers in "
                             f"{MAX_CONNECT_TRIES} draws; use a larger kappa")
     elif kind in ("ring", "chain"):
         order = rng.permutation(n).tolist()
@@ -65,6 +69,6 @@ def build_graph(kind: str, n: int, kappa: float, seed: int) -> nx.Graph:
     elif kind == "full":
         graph = nx.complete_graph(n)
     else:
-        raise UserError(f"unknown topology {kind!r}")
+        raise GraphError(f"unknown topology {kind!r}")
     graph.graph["kind"] = kind
     return graph

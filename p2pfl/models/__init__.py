@@ -14,7 +14,8 @@ from p2pfl.models.cnn import CNNCifar, CNNFashionMNIST, CNNFEMNIST, LeNet5, Simp
 from p2pfl.models.linear_rep import LinearRepresentation
 from p2pfl.models.mlp import MLP, MLPShape
 from p2pfl.models.resnet import resnet8, resnet18
-from p2pfl.models.stack import ParamLayout, PeerStack, initial_parameters, reset_model
+from p2pfl.models.layout import ParamLayout
+from p2pfl.models.stack import PeerStack, initial_parameters, reset_model
 from p2pfl.plugins import call_plugin, is_reference, load_object
 
 

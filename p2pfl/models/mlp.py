@@ -2,13 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from p2pfl.models.stack import ParamLayout
+from p2pfl.models.layout import ParamLayout
 
 
 class MLP(nn.Module):

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from p2pfl.models.mlp import MLP, MLPShape
-from p2pfl.models.stack import ParamLayout
+from p2pfl.models.layout import ParamLayout
 from p2pfl.ntk.compression import decode, encode
 from p2pfl.ntk.jacobian import DenseJacobian, FactoredJacobian
 

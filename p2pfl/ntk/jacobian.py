@@ -19,7 +19,7 @@ from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
 from p2pfl.models.mlp import MLPShape
-from p2pfl.models.stack import ParamLayout
+from p2pfl.models.layout import ParamLayout
 from p2pfl.ntk.pixels import PixelInputs
 
 
