@@ -176,6 +176,20 @@ class Algorithm:
         return None
 
 
+def check_round_result(algorithm: Algorithm, ctx: RunContext, k: int, losses, shape: tuple[int, ...]) -> None:
+    """What an algorithm's round leaves, checked where it comes back (a user's algorithm, too): the
+    weights keep their shape (one row of the model's parameters per peer of the rank), the losses are
+    None or one per peer."""
+    where = f"--algo {algorithm.name}: round {k + 1}"
+    if not isinstance(ctx.flat, torch.Tensor) or tuple(ctx.flat.shape) != shape:
+        got = tuple(ctx.flat.shape) if isinstance(ctx.flat, torch.Tensor) else type(ctx.flat).__name__
+        raise UserError(f"{where} left ctx.flat as {got}; it must stay {shape} (a row of the model's "
+                        f"{shape[1]:,} parameters for each of the rank's {shape[0]} peers)")
+    if losses is not None and (not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (shape[0],)):
+        got = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
+        raise UserError(f"{where} returned losses {got}; a round returns None or one loss per peer ({shape[0]},)")
+
+
 RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig))
 
 
