@@ -62,7 +62,7 @@ def check_resumable(run_dir: Path, checkpoints: str) -> None:
 
 
 class FolderLock:
-    """A run folder's lock while a run writes it (an exclusive flock on LOCK_FILE inside): a second run into
+    """A run folder's lock while a run writes it (an exclusive flock on the file NAME inside): a second run into
     the same folder (a resume, an --overwrite, a sweep's run) is refused instead of writing beside it. The
     kernel drops the lock when the process ends, however it ends."""
 

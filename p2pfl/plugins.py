@@ -23,22 +23,24 @@ def load_object(reference: str, flag: str):
     module_name, _, attribute = str(reference).partition(":")
     if not module_name or not attribute:
         raise UserError(f"{flag} {reference}: a reference reads package.module:name")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not module_name.startswith(exc.name):  # a module their code imports is missing
-            raise _theirs(f"{flag} {reference} (importing {module_name})", exc) from None
-        raise UserError(f"{flag} {reference}: cannot import {module_name} ({exc}); is its folder on PYTHONPATH?")
-    except UserError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - their syntax error, their exception
-        raise _theirs(f"{flag} {reference} (importing {module_name})", exc) from None
-    target = module
+    target = call_plugin(f"{flag} {reference} (importing {module_name})", _import, module_name, flag, reference)
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise UserError(f"{flag} {reference}: {module_name} has no {attribute}")
         target = getattr(target, part)
     return target
+
+
+def _import(module_name: str, flag: str, reference: str):
+    """The module; one that is not there at all is ours to say, an error inside it (their syntax, a module
+    their code imports) is theirs (call_plugin)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            raise UserError(f"{flag} {reference}: cannot import {module_name} ({exc}); is its folder on "
+                            "PYTHONPATH?") from None
+        raise
 
 
 def call_plugin(what: str, function, *args):
@@ -56,8 +58,8 @@ def _theirs(what: str, exc: Exception) -> UserError:
     """The user's exception as one line, then the frames from their code on (importlib's and p2pfl's left
     out)."""
     tb = exc.__traceback__
-    while tb is not None and ("importlib" in tb.tb_frame.f_code.co_filename
-                              or tb.tb_frame.f_code.co_filename == __file__):
+    while tb is not None and (tb.tb_frame.f_code.co_filename.startswith("<frozen importlib")
+                              or tb.tb_frame.f_code.co_filename in (importlib.__file__, __file__)):
         tb = tb.tb_next
     frames = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
     return UserError(f"{what} raised {type(exc).__name__}; its traceback:\n{frames}")

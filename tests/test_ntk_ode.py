@@ -201,6 +201,9 @@ def test_a_kernel_too_stiff_to_integrate_evolves_to_nan_at_once(ode):
     assert evo.residual_sums.shape == (2, 150, 10) and torch.isnan(evo.residual_sums).all()
     both = evolve_ce_batched(*map(list, zip(stiff, calm)), 1.0, [50, 100])
     assert torch.isnan(both[0].outputs).all() and torch.isfinite(both[1].outputs).all()
+    broken = (stiff[0].clone().fill_(float("nan")), *stiff[1:])  # a diverged model's kernel, beside the calm one
+    both = evolve_ce_batched(*map(list, zip(broken, calm)), 1.0, [50, 100])
+    assert torch.isnan(both[0].outputs).all() and torch.isfinite(both[1].outputs).all()
 
 
 @pytest.mark.parametrize("algo,extra", [

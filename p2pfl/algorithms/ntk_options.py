@@ -20,9 +20,10 @@ MAX_TAU = 100_000  # the evolution's work grows with the largest t (the papers' 
 
 def step_counts(v) -> str | None:
     """Positive, and bounded: an evolution integrates every unit up to the largest."""
-    return positive_ints(v) or (None if max(int(x) for x in v) <= MAX_TAU else
-                                f"takes at most {MAX_TAU:,} steps (the evolution's work grows with the largest), "
-                                f"got {max(int(x) for x in v):,}")
+    problem = positive_ints(v)
+    if problem or max(int(x) for x in v) <= MAX_TAU:
+        return problem
+    return f"takes at most {MAX_TAU:,} steps (the evolution's work grows with the largest), got {max(map(int, v)):,}"
 
 
 @dataclass

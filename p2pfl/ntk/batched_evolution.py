@@ -46,7 +46,7 @@ def evolve_ce_batched(kernels: list[torch.Tensor], f0s: list[torch.Tensor], targ
     H.mul_(torch.tensor([-r for r in rates], device=H.device)[:, None, None])  # -(eta/N) H: the slope's kernel
     f, Y = _padded([f.float() for f in f0s]), _padded([y.float() for y in targets])
     finite = torch.isfinite(H).all(2).all(1) & torch.isfinite(f).all(2).all(1)
-    H.mul_(finite[:, None, None])  # a diverged model's kernel: zeros here (its evolution is NaN below)
+    H.masked_fill_(~finite[:, None, None], 0.0)  # a diverged model's kernel: zeros here (NaN below)
     V = top_subspace(H, sizes)
     M = V.transpose(1, 2) @ H @ V
     ritz = torch.linalg.eigvalsh(-(M + M.transpose(1, 2)) / 2).cpu()  # of (eta/N) H, ascending
