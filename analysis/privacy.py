@@ -42,7 +42,7 @@ CONDITIONS = {
 def victim_context(settings: dict, path: str, seed: int):
     """A one-peer NTK-DFL run context with the condition's settings (data projected where asked)."""
     from p2pfl.configure import make_config, resolve
-    from p2pfl.simulation import build
+    from p2pfl.assemble import build
 
     values = {"algo": "ntk-dfl", "dataset": "fashion-mnist", "peers": 2, "kappa": 1, "samples_per_peer": 64,
               "seed": seed, "progress": False, "ntk_jacobian": path, "ntk_memory_gb": 16.0, **settings}

@@ -36,7 +36,7 @@ from p2pfl.ntk.batched_evolution import evolve_ce_batched
 from p2pfl.ntk.evolution import evolve_ce, tight_ce_sums
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.ntk.step import ntk_step
-from p2pfl.simulation import build
+from p2pfl.assemble import build
 from p2pfl.training import candidate_losses
 
 

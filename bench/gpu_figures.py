@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from p2pfl.configure import load_toml, make_config, resolve  # noqa: E402
 from p2pfl.metrics import synchronize  # noqa: E402
-from p2pfl.simulation import build  # noqa: E402
+from p2pfl.assemble import build  # noqa: E402
 
 PAPER_300 = {"peers": 300, "kappa": 5, "alpha": 0.1, "dirichlet_style": "per-peer", "samples_per_peer": 200,
              "dataset": "fashion-mnist", "progress": False}

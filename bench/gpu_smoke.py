@@ -90,7 +90,7 @@ def main() -> int:
         data = a.data_dir or str(write_stripes(Path(tmp), 10, 3000, 600))
         common = ["--dataset", "mnist", "--data-dir", data, "--device", a.device, *SMALL]
         cases = [(f"{algo:10s} {model:11s}", [*common, "--algo", algo, "--model", model, *FITS.get(algo, []), *extra,
-                                              *([] if REGISTRY[algo].round_flags else ["--rounds", "2"])], 0)
+                                              "--rounds", "2"], 0)
                  for algo, model, extra in pairs(only)]
         if mpirun() and (only is None or "dfedavg" in only):
             cases.append(("dfedavg    mlp, mpirun -n 4 sharing the device",

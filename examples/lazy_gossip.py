@@ -26,7 +26,7 @@ class LazyGossip(p2pfl.Algorithm):
 
     def round(self, round_index):
         ctx = self.ctx
-        losses = p2pfl.train_taking_part(ctx, round_index, ctx.flat, ctx.sgd())
+        losses = ctx.train_online(round_index, ctx.flat)
         mixed = p2pfl.neighbour_average(ctx, round_index, ctx.flat)
         ctx.flat = self.settings.keep * ctx.flat + (1 - self.settings.keep) * mixed
-        return losses
+        return p2pfl.Round(losses)

@@ -25,8 +25,8 @@ __version__ = "0.1.0"
 _PUBLIC = {
     "simulate": "p2pfl.simulation", "Result": "p2pfl.simulation",  # running
     "ConfigError": "p2pfl.errors", "DivergenceError": "p2pfl.errors", "Interrupted": "p2pfl.errors",
-    "Algorithm": "p2pfl.algorithms.base", "RunContext": "p2pfl.algorithms.base",  # writing an algorithm
-    "train_taking_part": "p2pfl.algorithms.base", "neighbour_average": "p2pfl.algorithms.base",
+    "Algorithm": "p2pfl.algorithms.base", "Round": "p2pfl.algorithms.base",  # writing an algorithm
+    "RunContext": "p2pfl.algorithms.context", "neighbour_average": "p2pfl.algorithms.base",
     "ServerAlgorithm": "p2pfl.algorithms.server", "ServerOptions": "p2pfl.algorithms.server",
     "Message": "p2pfl.comm", "Payload": "p2pfl.comm", "Weights": "p2pfl.comm",
     "option": "p2pfl.options", "positive": "p2pfl.options", "non_negative": "p2pfl.options",

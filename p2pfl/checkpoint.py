@@ -38,6 +38,11 @@ def _set(obj, dotted: str, value) -> None:
     setattr(obj, last, value)
 
 
+def _names(algorithm, kind: str) -> list[str]:
+    """The algorithm's declared state of a kind: "peer", "server" or "pooled" (Algorithm.state)."""
+    return [name for name, k in algorithm.state.items() if k == kind]
+
+
 def _cpu(value):
     return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
@@ -68,10 +73,10 @@ def capture(ctx, algorithm, rows: list[dict], rounds_done: int, copy: bool = Tru
     last completed round's capture (run.py keeps one in memory)."""
     take = (lambda v: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v) if copy else _cpu
     state = {"round": rounds_done, "peers": list(ctx.peers), "flat": take(ctx.flat),
-             "peer_state": {name: take(_get(algorithm, name)) for name in algorithm.peer_state},
-             "pooled": {name: list(_get(algorithm, name)) for name in algorithm.pooled_state}}
+             "peer_state": {name: take(_get(algorithm, name)) for name in _names(algorithm, "peer")},
+             "pooled": {name: list(_get(algorithm, name)) for name in _names(algorithm, "pooled")}}
     if ctx.transport.rank == 0:
-        state["server"] = {name: take(_get(algorithm, name)) for name in algorithm.server_state}
+        state["server"] = {name: take(_get(algorithm, name)) for name in _names(algorithm, "server")}
         state["global_weights"] = take(ctx.global_weights)
         state["rows"] = list(rows)
     return state
@@ -227,8 +232,8 @@ def restore(ctx, algorithm, snapshot: Snapshot, run_dir: Path) -> None:
         problem = f"it holds {len(where)} peers, config.toml {ctx.cfg.peers}"
     elif any(part["flat"].shape[1] != ctx.stack.layout.size for part in parts):
         problem = f"its models have {parts[0]['flat'].shape[1]:,} values, the configured model {ctx.stack.layout.size:,}"
-    elif any(set(part["peer_state"]) != set(algorithm.peer_state) or set(part["pooled"]) != set(algorithm.pooled_state)
-             for part in parts) or set(parts[0]["server"]) != set(algorithm.server_state):
+    elif any(set(part["peer_state"]) != set(_names(algorithm, "peer")) or set(part["pooled"]) != set(_names(algorithm, "pooled"))
+             for part in parts) or set(parts[0]["server"]) != set(_names(algorithm, "server")):
         problem = f"its state is not {ctx.cfg.algo}'s"
     if problem:
         raise UserError(f"--resume {run_dir}: the checkpoint does not fit the run's config.toml ({problem}); was "
@@ -239,9 +244,9 @@ def restore(ctx, algorithm, snapshot: Snapshot, run_dir: Path) -> None:
         return torch.stack(picked).to(ctx.device)
 
     ctx.flat = rows_of("flat")
-    for name in algorithm.peer_state:
+    for name in _names(algorithm, "peer"):
         _set(algorithm, name, rows_of("peer_state", name))
-    for name in algorithm.pooled_state:  # lists whose order does not matter: all of them to rank 0
+    for name in _names(algorithm, "pooled"):  # lists whose order does not matter: all of them to rank 0
         _set(algorithm, name, [v for part in parts for v in part["pooled"][name]] if ctx.transport.rank == 0 else [])
     root = parts[0]
     if ctx.transport.rank == 0:

@@ -135,12 +135,13 @@ class RunConfig:
     progress: bool = option(True, "a progress bar")
     settings: Any = None  # the algorithm's own settings (an instance of its Settings dataclass)
     given: frozenset = frozenset()  # the settings the user gave (flags or TOML), not defaults
+    algorithm: Any = None  # the algorithm's class, resolved from algo once (p2pfl.configure)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in NOT_SETTINGS}
 
 
-NOT_SETTINGS = ("settings", "given")
+NOT_SETTINGS = ("settings", "given", "algorithm")
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig) if f.name not in NOT_SETTINGS}
 
 

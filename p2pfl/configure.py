@@ -212,7 +212,7 @@ def make_config(values: dict[str, Any], writes: bool = True) -> RunConfig:
     if "hidden" in base:
         base["hidden"] = list(base["hidden"])
     settings = build(cls.Settings, {k: v for k, v in values.items() if k in mine}, cls.setting_defaults)
-    cfg = RunConfig(**base, settings=settings, given=frozenset(values))
+    cfg = RunConfig(**base, settings=settings, given=frozenset(values), algorithm=cls)
     validate(cfg, writes)
     return cfg
 
@@ -233,21 +233,17 @@ def validate(cfg: RunConfig, writes: bool = True) -> None:
     model = model_spec(cfg.model)
     if model.task != spec.task:
         raise UserError(f"--model {cfg.model} is for {model.task}, but --dataset {canonical} is a {spec.task} task")
-    if spec.task not in lookup(cfg.algo).tasks:
-        raise UserError(f"--algo {cfg.algo} learns {' or '.join(lookup(cfg.algo).tasks)} only, not the "
+    if spec.task not in cfg.algorithm.tasks:
+        raise UserError(f"--algo {cfg.algo} learns {' or '.join(cfg.algorithm.tasks)} only, not the "
                         f"{spec.task} task of --dataset {canonical}")
     if model.images and not spec.images:
         raise UserError(f"--model {cfg.model} needs images (C, H, W); --dataset {canonical} has flat features")
     if cfg.partition == "writers" and not spec.natural_split:
         raise UserError(f"--partition writers needs a dataset with a natural split; {canonical} has none")
-    fixed = lookup(cfg.algo).fixed_rounds(cfg.settings)
-    if fixed is not None and cfg.rounds is not None and cfg.rounds != fixed:
-        raise UserError(f"--algo {cfg.algo} runs {fixed} rounds, set by its own round counts "
-                        f"({', '.join(flag for flag in lookup(cfg.algo).round_flags)}); --rounds {cfg.rounds} disagrees")
-    cfg.rounds = fixed or (lookup(cfg.algo).default_rounds(cfg.settings) if cfg.rounds is None else cfg.rounds)
+    cfg.rounds = cfg.algorithm.rounds(cfg.settings, cfg.rounds)
     if cfg.rounds < 1:
         raise UserError(f"--rounds must be at least 1, got {cfg.rounds}")
-    lookup(cfg.algo).check(cfg)
+    cfg.algorithm.check(cfg)
     if cfg.tensorboard:
         if not writes:
             raise UserError("tensorboard=True writes into the run folder: give out=")
@@ -310,7 +306,7 @@ def _check_writable(path: Path) -> None:
 
 def check_peers(cfg: RunConfig, peers: int) -> None:
     """Checks that depend on the number of peers (known only once MPI is up when --peers is absent)."""
-    if lookup(cfg.algo).centralized:  # a star of the clients around the server always exists
+    if cfg.algorithm.centralized:  # a star of the clients around the server always exists
         if getattr(cfg.settings, "clients_per_round", 0) > peers:
             if "clients_per_round" in cfg.given:
                 raise UserError(f"--clients-per-round {cfg.settings.clients_per_round} exceeds the {peers} clients")
@@ -357,7 +353,7 @@ def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
         check_peers(cfg, cfg.peers)
     if cfg.peers < world_size:
         raise UserError(f"{cfg.peers} peers cannot fill {world_size} MPI ranks; use --peers >= {world_size}")
-    cls = lookup(cfg.algo)
+    cls = cfg.algorithm
     if cls.centralized:
         cfg.topology = "star"  # the server is the hub; --topology does not apply
     for name in ("lr", "lr_decay", "batch_size", "local_epochs", "momentum", "weight_decay"):

@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 
 NOW = np.zeros(1, np.int8)  # 1: stop at once (read by compiled loops, hence an array)
+LOOP_STARTED = [False]  # a round loop has begun in this process (it handles signals from then on)
 AT_ONCE = (signal.SIGTERM, signal.SIGUSR1)  # a first SIGINT finishes the round; a second one is at once
 
 
@@ -88,10 +88,9 @@ def quiet_until_started() -> None:
 
 
 def _stopped_early(signum, frame) -> None:
-    simulation = sys.modules.get("p2pfl.simulation")
     code = 130 if signum == signal.SIGINT else 143  # SIGUSR1 is a stop forwarded by mpirun, as SIGTERM
     rank0 = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")) == "0"  # one line for the job
-    if not getattr(simulation, "started", False) and rank0:
+    if not LOOP_STARTED[0] and rank0:
         os.write(2, b"p2pfl: stopped before the run started\n")
         record_status(code)
     os._exit(code)

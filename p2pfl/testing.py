@@ -47,14 +47,14 @@ def run_in_process(args: list[str], stop_after_first_round: bool = False) -> sub
 def stopping_after_first_round():
     """Runs started inside it (the CLI's or simulate's) are asked to stop as a Ctrl-C asks: they finish
     round 1, write a checkpoint and stop (exit 130; simulate raises Interrupted)."""
-    from p2pfl import simulation
+    from p2pfl import loop
 
-    class StopAtOnce(simulation.StopRequest):
+    class StopAtOnce(loop.StopRequest):
         def __init__(self, *args):
             super().__init__(*args)
             self.requested = True
 
-    with mock.patch.object(simulation, "StopRequest", StopAtOnce):
+    with mock.patch.object(loop, "StopRequest", StopAtOnce):
         yield
 
 

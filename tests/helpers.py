@@ -1,6 +1,6 @@
 """Build a run's context in-process, for tests that poke at one round."""
 from p2pfl.configure import make_config, resolve
-from p2pfl.simulation import build
+from p2pfl.assemble import build
 
 
 def make_context(**settings):

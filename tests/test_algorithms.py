@@ -162,18 +162,18 @@ def test_compression_needs_dense_path(capsys):
 def test_ntk_dfl_reuses_inputs_grams_with_the_same_results(monkeypatch):
     """Each peer's inputs Gram is kept across neighbourhoods and rounds while its samples stay the same
     (and replaced when they change, with subsampling): the weights equal those of a run keeping none."""
-    import p2pfl.algorithms.graph.ntk_dfl as ntk_dfl
+    import p2pfl.ntk.inputs_cache as inputs_cache
 
     def run(**extra):
         ctx, algo = make_context(algo="ntk-dfl", peers=8, kappa=3, ntk_taus=(20, 50), **extra)
         for r in range(3):
             algo.round(r)
-        return ctx.flat.clone(), algo.block_cache
+        return ctx.flat.clone(), algo.inputs.kept
 
     for extra in ({}, {"ntk_subsample": 2}, {"ntk_batches": 2}):
         kept, grams = run(**extra)
         assert len(grams) == 8 * extra.get("ntk_batches", 1)  # every peer's, for this round's samples
-        monkeypatch.setattr(ntk_dfl, "INPUTS_CACHE_BYTES", 0)
+        monkeypatch.setattr(inputs_cache, "INPUTS_CACHE_BYTES", 0)
         fresh, none = run(**extra)
         monkeypatch.undo()
         assert not none and torch.equal(kept, fresh), extra

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import p2pfl
-from p2pfl.metrics import client_test_subset, subset_mean_error
+from p2pfl.evaluation import client_test_subset, subset_mean_error
 from p2pfl.testing import MACHINE_FACTS
 from p2pfl.training import evaluate
 from tests.helpers import make_context
@@ -44,13 +44,15 @@ def test_the_stated_error_is_the_spread_of_subset_means_over_draws():
 
 def test_a_run_scores_clients_on_the_subset_and_the_server_on_every_sample():
     ctx, algorithm = make_context(**{k: v for k, v in TINY.items() if k != "progress"}, client_test_samples=150)
+    from p2pfl.algorithms.base import Round
+    from p2pfl.loop import reported_model
     from p2pfl.metrics import MetricsLog
 
-    log = MetricsLog(ctx, None, algorithm)
-    assert len(log.client_x) == 150 and len(log.test_x) == len(ctx.data.test_y) > 150
+    log = MetricsLog(ctx, None, False, lambda weights: reported_model(ctx, weights, algorithm))
+    assert len(log.peers.client_x) == 150 and len(log.peers.test_x) == len(ctx.data.test_y) > 150
     algorithm.round(0)
-    row = log.record(0, None, 0.0, 0.0, True)
-    mine = evaluate(ctx.stack, ctx.flat, log.client_x, log.client_y)["acc"]
+    row = log.record(0, Round(), 0.0, 0.0, True)
+    mine = evaluate(ctx.stack, ctx.flat, log.peers.client_x, log.peers.client_y)["acc"]
     assert row["client_acc_mean"] == pytest.approx(float(mine.double().mean()), abs=1e-9)
     assert 0 < row["client_acc_se"] < 0.1
 
@@ -73,25 +75,25 @@ def test_every_row_carries_its_training_evaluation_and_total_time():
 
 
 def test_only_peers_whose_weights_changed_are_scored_again_and_the_scores_equal_a_fresh_evaluation(monkeypatch):
-    from p2pfl import metrics
+    from p2pfl import evaluation
+    from p2pfl.loop import reported_model
     from p2pfl.metrics import MetricsLog
 
     ctx, algorithm = make_context(algo="fedavg", dataset="synthetic", peers=8, topology="star", clients_per_round=2, local_epochs=1,
                                   client_test_samples=150)
-    log = MetricsLog(ctx, None, algorithm)
+    log = MetricsLog(ctx, None, True, lambda weights: reported_model(ctx, weights, algorithm))
     evaluated = []
-    real = metrics.evaluate
-    monkeypatch.setattr(metrics, "evaluate", lambda stack, flat, *a, **k: evaluated.append(len(flat)) or real(stack, flat, *a, **k))
+    real = evaluation.evaluate
+    monkeypatch.setattr(evaluation, "evaluate", lambda stack, flat, *a, **k: evaluated.append(len(flat)) or real(stack, flat, *a, **k))
     for k in range(3):
-        algorithm.round(k)
-        log.record(k, None, 0.0, 0.0, True)
+        log.record(k, algorithm.round(k), 0.0, 0.0, True)
     client_rows = [n for n in evaluated if n > 1]  # personal test sets are scored a peer at a time
     assert client_rows[0] == 8 and all(n <= 2 for n in client_rows[1:]), evaluated  # 2 clients trained a round
-    fresh, by_sample = real(ctx.stack, ctx.flat, log.client_x, log.client_y, by_sample=True)
-    scores, sample_sum = log.local_scores()
+    fresh, by_sample = real(ctx.stack, ctx.flat, log.peers.client_x, log.peers.client_y, by_sample=True)
+    scores, sample_sum = log.peers.local_scores()
     assert all(torch.equal(scores[m], fresh[m]) for m in fresh)
     assert torch.equal(sample_sum, by_sample["acc"].double().sum(0))
     ctx.flat[3, 0] = torch.nextafter(ctx.flat[3, 0], torch.tensor(float("inf")))  # one bit of one peer
     evaluated.clear()
-    log.local_scores()
+    log.peers.local_scores()
     assert evaluated == [1, 1]  # that peer alone: its client scores, its personal test set

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from p2pfl.configure import make_config, resolve
-from p2pfl.simulation import build
+from p2pfl.assemble import build
 from p2pfl.training import evaluate
 from tests.conftest import write_stripes
 

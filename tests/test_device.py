@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from p2pfl.bitpack import pack_mask, unpack_mask
-from p2pfl.simulation import device_note
+from p2pfl.assemble import device_note
 from tests.conftest import run_here
 from tests.helpers import make_context
 
@@ -71,7 +71,7 @@ def test_tests_see_no_gpu_unless_marked_cuda():
     """The suite is the CPU suite on a GPU machine too (tests/conftest.py): auto picks the CPU here."""
     import os
 
-    from p2pfl.simulation import pick_device
+    from p2pfl.assemble import pick_device
 
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and not torch.cuda.is_available()
     assert pick_device("auto", 0) == torch.device("cpu")
@@ -85,7 +85,7 @@ def test_tests_see_no_gpu_unless_marked_cuda():
 ])
 def test_a_gpu_that_is_not_there_is_one_line_naming_what_is(monkeypatch, choice, gpus, needle):
     from p2pfl.errors import UserError
-    from p2pfl.simulation import pick_device
+    from p2pfl.assemble import pick_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
@@ -96,7 +96,7 @@ def test_a_gpu_that_is_not_there_is_one_line_naming_what_is(monkeypatch, choice,
 def test_ranks_spread_over_the_gpus_by_local_rank_and_each_becomes_current(monkeypatch):
     """--device cuda (and auto) under mpirun: local rank r on GPU r mod n, made the current device (no
     context on GPU 0 beside it); cuda:N puts every rank on N, so all the local ranks share it."""
-    from p2pfl import simulation
+    from p2pfl import assemble as simulation
 
     current = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

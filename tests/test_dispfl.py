@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from p2pfl.algorithms.graph.dispfl import erk_densities
-from p2pfl.metrics import personal_test_sets
+from p2pfl.evaluation import personal_test_sets
 from p2pfl.bitpack import pack_mask, unpack_mask
 from tests.conftest import ranked_cases, run_here, write_stripes
 from tests.helpers import make_context

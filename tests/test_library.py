@@ -380,8 +380,13 @@ ALGORITHMS = {
                "    def round(self, k):\n        self.ctx.flat = self.ctx.flat[:, :10]\n",
                "round 1 left ctx.flat as (4, 10); it must stay (4, "),
     "losses": ("class Losses(p2pfl.Algorithm):\n    name = 'losses'\n    summary = 'x'\n"
-               "    def round(self, k):\n        return [0.0]\n",
-               "round 1 returned losses list; a round returns None or one loss per peer (4,)"),
+               "    def round(self, k):\n        return p2pfl.Round([0.0])\n",
+               "round 1 returned losses list; Round.losses is None or one loss per peer (4,)"),
+    "bare": ("class Bare(p2pfl.Algorithm):\n    name = 'bare'\n    summary = 'x'\n"
+             "    def round(self, k):\n        return self.ctx.flat[:, 0]\n",
+             "round 1 returned Tensor; a round returns p2pfl.Round(losses, ...)"),
+    "state": ("class State(p2pfl.Algorithm):\n    name = 'state'\n    summary = 'x'\n    state = {'x': 'rows'}\n",
+              "state maps attribute names to one of peer, server, pooled; got x: 'rows'"),
     "core": ("from dataclasses import dataclass\n@dataclass(frozen=True)\nclass S:\n"
              "    lr: float = p2pfl.option(0.1, 'x')\n"
              "class Core(p2pfl.Algorithm):\n    name = 'core'\n    summary = 'x'\n    Settings = S\n",

@@ -88,12 +88,12 @@ DENSE_NTK = ["--algo", "ntk-dfl", "--dataset", "synthetic", "--ntk-jacobian", "d
 def test_dense_jacobians_a_group_of_neighbourhoods_at_a_time_give_the_same_numbers(tmp_path, monkeypatch):
     """NTK-DFL holds dense Jacobians one group of neighbourhoods at a time; the groups change what is held,
     not the results: one neighbourhood a group equals all in one, in every metric."""
-    from p2pfl.algorithms.graph.ntk_dfl import NTKDFL
+    from p2pfl.ntk.plan import JacobianPlan
     from p2pfl.testing import assert_same_results
 
     assert run_here(*DENSE_NTK, "--out", str(tmp_path / "default")).returncode == 0
     groups = []
-    monkeypatch.setattr(NTKDFL, "receiver_groups", lambda self, r, hood: groups.append(r) or [{p} for p in hood])
+    monkeypatch.setattr(JacobianPlan, "groups", lambda self, hood: groups.append(1) or [{p} for p in hood])
     assert run_here(*DENSE_NTK, "--out", str(tmp_path / "singles")).returncode == 0
     assert groups  # the run took the patched groups
     assert_same_results(tmp_path / "default", tmp_path / "singles", "one neighbourhood a group")

@@ -15,7 +15,7 @@ from p2pfl.models import MLPShape
 from p2pfl.ntk.batched_evolution import evolve_ce_batched
 from p2pfl.ntk.evolution import evolve_ce, tight_ce_sums
 from p2pfl.ntk.pixels import PixelInputs
-from p2pfl.simulation import build
+from p2pfl.assemble import build
 from p2pfl.training import candidate_losses
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -74,7 +74,7 @@ def test_ntk_on_pixels_takes_integer_products_with_the_float_results(algo):
         for r in range(2):
             algorithm.round(r)
         weights = ctx.flat if algo == "ntk-dfl" else ctx.global_weights
-        return weights.clone(), getattr(algorithm, "block_cache", None)
+        return weights.clone(), algorithm.inputs.kept if algo == "ntk-dfl" else None
 
     fast, kept = run(lambda levels: levels)
     plain, kept_plain = run(lambda levels: None)
@@ -143,23 +143,23 @@ def test_batched_euler_steps_are_the_cpus():
 def test_ntk_dfl_rounds_with_the_batched_evolution_are_the_cpu_loops(monkeypatch):
     """Two NTK-DFL rounds as a GPU takes them (the rank's neighbourhoods as one batch), run here on the
     CPU, against the numba loop: the same t chosen at every peer, and weights within rounding."""
-    import p2pfl.algorithms.graph.ntk_dfl as ntk_dfl
+    import p2pfl.ntk.plan as plan
     import p2pfl.ntk.step as step
 
     def run(batched: bool):
         if batched:
             monkeypatch.setattr(step, "evolves_batched", lambda device, settings: True)
-            monkeypatch.setattr(ntk_dfl, "evolves_batched", lambda device, settings: True)
+            monkeypatch.setattr(plan, "evolves_batched", lambda device, settings: True)
         cfg = resolve(make_config({"algo": "ntk-dfl", "dataset": "fashion-mnist", "peers": 8, "kappa": 3,
                                    "alpha": 0.1, "samples_per_peer": 30, "progress": False}), 1)
         ctx, algorithm = build(cfg, 0, 1, 0)
         for r in range(2):
             algorithm.round(r)
-        return ctx.flat.clone(), list(algorithm.taus_chosen), algorithm.chunk
+        return ctx.flat.clone(), list(algorithm.taus_chosen), algorithm.plan.chunk
 
     loop, taus_loop, chunk_loop = run(False)
     batch, taus_batch, chunk_batch = run(True)
-    assert (chunk_loop, chunk_batch) == (ntk_dfl.EVOLVE_CHUNK, 8)  # all 8 peers in one batch
+    assert (chunk_loop, chunk_batch) == (plan.EVOLVE_CHUNK, 8)  # all 8 peers in one batch
     assert taus_batch == taus_loop
     assert torch.allclose(batch, loop, rtol=1e-4, atol=1e-5)
 

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from p2pfl.algorithms.star.tct import StandardFeatures, centred_one_hot, client_round, local_steps_n_space, local_steps_p_space
+from p2pfl.algorithms.star.linear_stage import (StandardFeatures, centred_one_hot, client_round, local_steps_n_space,
+                                                local_steps_p_space)
 from p2pfl.models import build_model, initial_parameters
 from p2pfl.ntk.entk import entk_features, one_logit_network, subsample_index
 from tests.conftest import ranked_cases, run_here, write_stripes
@@ -141,19 +142,18 @@ def test_tct_lr_auto_is_half_the_stability_limit_of_the_stiffest_client(digits):
     AUTO_LR_SHARE * 2 / the largest; against the eigenvalues of the dense features."""
     from p2pfl.algorithms.star.tct import AUTO_LR_SHARE
     from p2pfl.configure import parse_config, resolve
-    from p2pfl.simulation import build
+    from p2pfl.assemble import build
 
     args = [a if a != "1e-5" else "auto" for a in TCT_ARGS] + ["--data-dir", str(digits), "--tct-solver", "p-space"]
     ctx, algorithm = build(resolve(parse_config(args), 1), 0, 1, 0)
-    for r in range(3):
-        algorithm.round(r)
+    rounds = [algorithm.round(r) for r in range(3)]
     largest = 0.0
     for Z in algorithm.features.values():
         dense = torch.cat([(Z.raw.double() - Z.mean.double()) * Z.inv_sd.double(),
                            torch.ones(len(Z), 1, dtype=torch.float64)], 1)
         largest = max(largest, float(torch.linalg.eigvalsh(dense.T @ dense / len(Z))[-1]))
     assert algorithm.lr == pytest.approx(AUTO_LR_SHARE * 2 / largest, rel=0.02)
-    assert algorithm.row_fields(2) == {"stage": 2, "tct_lr": algorithm.lr}
+    assert rounds[2].fields == {"stage": 2, "tct_lr": algorithm.lr}
 
 
 def test_tct_says_what_its_features_cost_and_refuses_what_cannot_fit(digits, tmp_path, monkeypatch):
@@ -184,7 +184,7 @@ def test_tct_lr_takes_a_positive_number_or_auto(value, ok):
 def test_feature_moments_are_summed_a_block_at_a_time():
     """convexify's feature sums without an n x p float64 copy of the features: blocks of rows give the
     sums the whole would (float64 sums of float16 features)."""
-    from p2pfl.algorithms.star.tct import Moments
+    from p2pfl.algorithms.star.linear_stage import Moments
 
     raw = torch.randn(37, 50, generator=torch.Generator().manual_seed(0)).half()
     whole = raw.double()

@@ -1,84 +1,19 @@
-"""What every algorithm gets (RunContext) and the one exchange most of them share (neighbour averaging)."""
+"""The Algorithm contract, what a round returns (Round), and the one exchange most algorithms share
+(neighbour averaging)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from p2pfl.comm import Message, Transport, Weights
+from p2pfl.algorithms.context import RunContext
+from p2pfl.comm import Weights
 from p2pfl.config import RunConfig
 from p2pfl.data import Dataset
 from p2pfl.errors import UserError
-from p2pfl.faults import Faults
-from p2pfl.models import PeerStack
-from p2pfl.training import SGDSettings, StepTerms, train_epochs
-from topologies import TopologySchedule, mixing_weights
-
-
-@dataclass
-class RunContext:
-    cfg: RunConfig
-    transport: Transport
-    data: Dataset  # tensors on the run's device
-    shards: list[torch.Tensor]  # every peer's training indices (all ranks know the partition)
-    schedule: TopologySchedule
-    stack: PeerStack
-    peers: list[int]  # the peers this rank hosts
-    flat: torch.Tensor  # (len(peers), D) their parameters
-    device: torch.device
-    global_weights: torch.Tensor | None = None  # a star's server model (rank 0); None: average all peers
-    faults: Faults | None = None  # simulated faults, where any are asked for
-    _on_device: tuple = field(default=(None, {}), repr=False)  # (the shards list, {peer: its indices there})
-
-    def indices(self, peer: int) -> torch.Tensor:
-        """peer's training indices on the run's device, copied there once (shards stay on the CPU, where
-        minibatch plans are drawn from the keyed generators)."""
-        shards, cache = self._on_device
-        if shards is not self.shards:  # replaced (DataShare mixes the shared set in for a round)
-            shards, cache = self.shards, {}
-            self._on_device = (shards, cache)
-        if peer not in cache:
-            cache[peer] = self.shards[peer].to(self.device)
-        return cache[peer]
-
-    def samples(self, peer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """peer's training inputs and targets, on the run's device."""
-        return self.rows(self.indices(peer))
-
-    def rows(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The training inputs and targets at index (drawn on the CPU or held on the device)."""
-        index = index.to(self.device)
-        return self.data.train_x[index], self.data.train_y[index]
-
-    def online_rows(self, round_index: int) -> list[int]:
-        """Rows of this rank's peers that take part in the round (all of them without faults)."""
-        if self.faults is None:
-            return list(range(len(self.peers)))
-        return [i for i, p in enumerate(self.peers) if not self.faults.offline(round_index, p)]
-
-    def offline_rows(self, round_index: int) -> list[int]:
-        """Rows of this rank's peers that are offline in the round (simulated faults)."""
-        online = set(self.online_rows(round_index))
-        return [i for i in range(len(self.peers)) if i not in online]
-
-    @property
-    def local_shards(self) -> list[torch.Tensor]:
-        return [self.shards[p] for p in self.peers]
-
-    @property
-    def sample_counts(self) -> list[int]:
-        return [len(s) for s in self.shards]
-
-    def lr(self, round_index: int) -> float:
-        """lr_k = lr * exp(-decay * k), the NTK-DFL reference code's schedule (decay 0: constant)."""
-        return self.cfg.lr * math.exp(-self.cfg.lr_decay * round_index)
-
-    def sgd(self) -> SGDSettings:
-        c = self.cfg
-        return SGDSettings(c.batch_size, c.local_epochs, c.momentum, c.weight_decay)
+from topologies import mixing_weights
 
 
 @dataclass(frozen=True)
@@ -89,14 +24,33 @@ class NoSettings:
 REGISTRY: dict[str, type["Algorithm"]] = {}  # every algorithm by name, filled as their classes are defined
 
 
+STATE_KINDS = ("peer", "server", "pooled")
+
+
+@dataclass
+class Round:
+    """What a round reports; the loop builds the metrics row from it. The weights stay where the
+    algorithm keeps them (ctx.flat, ctx.global_weights)."""
+
+    losses: torch.Tensor | None = None  # one training loss per peer of the rank (NaN: it did not train); None: none
+    fields: dict = field(default_factory=dict)  # extra fields of the row, such as a stage (rank 0's are written)
+    pooled: dict[str, list] = field(default_factory=dict)  # lists joined over the ranks: the row holds each one's
+    # histogram {value: count} (NTK-DFL's chosen t)
+    scores: tuple[dict, dict] | None = None  # in an evaluated round (ctx.evaluates), where the algorithm's model
+    # is not the network (TCT's linear model): on rank 0 (aggregated {metric: float}, clients {metric: (peers,)}),
+    # ({}, {}) on the others; None: the networks are evaluated as usual
+    resumable: bool = True  # whether the declared state holds all the next round needs (False: no checkpoint)
+
+
 class Algorithm:
-    """One communication round at a time; an algorithm changes ctx.flat and returns per-peer train losses.
+    """One communication round at a time: round(k) changes the weights it keeps (ctx.flat, a star's
+    ctx.global_weights) and returns a Round of what it reports.
 
     A subclass declares what the registry, the CLI and the README derive from: its name, a one-line
     summary, its Settings dataclass (with setting_defaults overriding the class defaults), its defaults
-    for the shared training flags, and whether it runs on a star around a server. A subclass that names
-    itself is registered when it is defined: it needs no edit anywhere else (docs/design.md, "The
-    Algorithm contract")."""
+    for the shared training flags, whether it runs on a star around a server, the tasks it learns, and
+    the state a checkpoint saves. A subclass that names itself is registered when it is defined: it
+    needs no edit anywhere else (docs/design.md, "The Algorithm contract")."""
 
     name = ""
     summary = ""
@@ -105,36 +59,29 @@ class Algorithm:
     training: dict = {}  # defaults of lr, lr_decay, batch_size, local_epochs, momentum
     centralized = False
     tasks = ("classification", "regression")  # what it can learn
-    round_flags: tuple[str, ...] = ()  # flags whose values fix --rounds (see fixed_rounds)
-    # What a checkpoint saves besides ctx.flat and ctx.global_weights (p2pfl.checkpoint), as attribute
-    # names: tensors with one row per peer of this rank, the server's state (held on rank 0), and lists
+    # What a checkpoint saves besides ctx.flat and ctx.global_weights (p2pfl.checkpoint), by attribute name:
+    # "peer", a tensor with one row per peer of the rank; "server", the server's (rank 0); "pooled", a list
     # whose order does not matter, pooled over ranks.
-    peer_state: tuple[str, ...] = ()
-    server_state: tuple[str, ...] = ()
-    pooled_state: tuple[str, ...] = ()
+    state: dict[str, str] = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if cls.__dict__.get("name"):
             register(cls)
 
-    def __init__(self, ctx: RunContext):
+    def __init__(self, ctx: RunContext, settings=None):
         self.ctx = ctx
-        self.settings = ctx.cfg.settings
+        self.settings = ctx.cfg.settings if settings is None else settings
 
     @classmethod
     def prepare_data(cls, data: Dataset, cfg: RunConfig) -> None:
         """Change the dataset before the model is built (NTK algorithms' input projection)."""
 
     @classmethod
-    def fixed_rounds(cls, settings) -> int | None:
-        """The run's number of rounds where the algorithm's own settings fix it (stages), else None."""
-        return None
-
-    @classmethod
-    def default_rounds(cls, settings) -> int:
-        """--rounds when none is given."""
-        return 20
+    def rounds(cls, settings, given: int | None) -> int:
+        """The run's rounds from --rounds (None: not given); where the algorithm's own settings fix them
+        (stages), a --rounds that disagrees is refused here (UserError)."""
+        return 20 if given is None else given
 
     @classmethod
     def check(cls, cfg: RunConfig) -> None:
@@ -144,50 +91,35 @@ class Algorithm:
         """Facts of this run worth a line in the run header (config.toml comments and stderr)."""
         return []
 
-    def round(self, round_index: int) -> torch.Tensor | None:
+    def round(self, round_index: int) -> Round:
         raise NotImplementedError
-
-    def row_fields(self, round_index: int) -> dict:
-        """Extra fields of this round's metrics row, such as a stage (rank 0)."""
-        return {}
-
-    def gathered_fields(self, round_index: int) -> dict | None:
-        """Called on every rank after each round (it may gather): extra fields of the metrics row, returned
-        on rank 0 (NTK-DFL's histogram of the chosen t over all peers)."""
-        return None
-
-    def test_scores(self, x: torch.Tensor, y: torch.Tensor) -> tuple[dict, dict] | None:
-        """Called on every rank at an evaluation: None to evaluate the networks as usual, or, on rank 0,
-        (aggregated {metric: float}, clients {metric: (peers,)}) when the algorithm's model is another
-        (TCT's linear model in stage 2); other ranks return ({}, {})."""
-        return None
 
     def aggregate_model(self, weights: torch.Tensor) -> torch.Tensor | None:
         """The run's aggregated model from all peers' weights (P, D), on rank 0, where the algorithm
         defines its own (DisPFL's mask-wise average); None: the --aggregate average."""
         return None
 
-    def resumable_after(self, rounds_done: int) -> bool:
-        """Whether everything the next round depends on is in the declared state after this many rounds."""
-        return True
-
     def finish(self, run_dir: Path | None) -> dict | None:
         """After the last round: extra results for the run folder (rank 0 writes them)."""
         return None
 
 
-def check_round_result(algorithm: Algorithm, ctx: RunContext, k: int, losses, shape: tuple[int, ...]) -> None:
-    """What an algorithm's round leaves, checked where it comes back (a user's algorithm, too): the
-    weights keep their shape (one row of the model's parameters per peer of the rank), the losses are
-    None or one per peer."""
+def check_round_result(algorithm: Algorithm, ctx: RunContext, k: int, result, shape: tuple[int, ...]) -> Round:
+    """What an algorithm's round returns and leaves, checked where it comes back (a user's algorithm, too):
+    a Round, the weights keep their shape (one row of the model's parameters per peer of the rank), the
+    losses are None or one per peer."""
     where = f"--algo {algorithm.name}: round {k + 1}"
     if not isinstance(ctx.flat, torch.Tensor) or tuple(ctx.flat.shape) != shape:
         got = tuple(ctx.flat.shape) if isinstance(ctx.flat, torch.Tensor) else type(ctx.flat).__name__
         raise UserError(f"{where} left ctx.flat as {got}; it must stay {shape} (a row of the model's "
                         f"{shape[1]:,} parameters for each of the rank's {shape[0]} peers)")
+    if not isinstance(result, Round):
+        raise UserError(f"{where} returned {type(result).__name__}; a round returns p2pfl.Round(losses, ...)")
+    losses = result.losses
     if losses is not None and (not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (shape[0],)):
         got = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
-        raise UserError(f"{where} returned losses {got}; a round returns None or one loss per peer ({shape[0]},)")
+        raise UserError(f"{where} returned losses {got}; Round.losses is None or one loss per peer ({shape[0]},)")
+    return result
 
 
 RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig))
@@ -208,25 +140,12 @@ def register(cls: type[Algorithm]) -> None:
     if core:
         raise UserError(f"{where}: its setting {core[0]!r} is named like the run's own --{core[0].replace('_', '-')}; "
                         "give it a name of its own")
+    kinds = cls.state if isinstance(cls.state, dict) else {}
+    wrong = [f"{name}: {kind!r}" for name, kind in kinds.items() if kind not in STATE_KINDS]
+    if not isinstance(cls.state, (dict, property)) or wrong:
+        raise UserError(f"{where}: state maps attribute names to one of {', '.join(STATE_KINDS)}; got "
+                        f"{(wrong[0] if wrong else repr(cls.state))}"[:300])
     REGISTRY[cls.name] = cls
-
-
-def train_taking_part(ctx: RunContext, round_index: int, flat: torch.Tensor, opt: SGDSettings,
-                      terms: StepTerms | None = None) -> torch.Tensor:
-    """Local epochs of SGD for this rank's peers that take part in the round (all of them without
-    simulated faults), in place on flat (one row per peer of the rank); an offline peer keeps its
-    weights and reports a NaN loss."""
-    rows = ctx.online_rows(round_index)
-    args = (ctx.data.train_x, ctx.data.train_y, opt, ctx.lr(round_index), ctx.cfg.seed, round_index)
-    if len(rows) == len(ctx.peers):
-        return train_epochs(ctx.stack, flat, ctx.local_shards, ctx.peers, *args, terms)
-    losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)
-    if rows:
-        part = flat[rows]
-        losses[rows] = train_epochs(ctx.stack, part, [ctx.local_shards[i] for i in rows],
-                                    [ctx.peers[i] for i in rows], *args, terms.rows(rows) if terms else None)
-        flat[rows] = part
-    return losses
 
 
 def neighbour_average(ctx: RunContext, round_index: int, flat: torch.Tensor, phase: str = "average") -> torch.Tensor:
@@ -234,19 +153,16 @@ def neighbour_average(ctx: RunContext, round_index: int, flat: torch.Tensor, pha
     neighbourhood, synchronously: x_i <- sum_j W_ij x_j over j in N(i) + {i}, summed in peer order.
     Under simulated faults a peer averages what arrived, its weights renormalised to sum to 1 (an
     offline peer hears nothing and keeps its own weights)."""
-    graph = ctx.schedule.graph(round_index)
-    weights = mixing_weights(graph, ctx.cfg.mixing, ctx.sample_counts)
-    row_of = {p: i for i, p in enumerate(ctx.peers)}
-    messages = [Message(p, j, Weights(flat[row_of[p]])) for p in ctx.peers for j in graph.neighbors(p)]
-    expect = [(j, p) for p in ctx.peers for j in graph.neighbors(p)]
-    inbox = ctx.transport.exchange(phase, round_index, messages, expect, Weights)
+    weights = mixing_weights(ctx.schedule.graph(round_index), ctx.cfg.mixing, ctx.sample_counts)
+    row = ctx.row
+    inbox = ctx.neighbour_exchange(phase, round_index, Weights, {p: Weights(flat[row[p]]) for p in ctx.peers})
     terms = []  # per row of this rank: (weight, the tensor it weighs), in peer order
     for p in ctx.peers:
         heard = [(j, w) for j, w in weights[p] if j == p or j in inbox[p]]
         if len(heard) < len(weights[p]):  # lost messages (simulated faults): the weights of what arrived
             total = sum(w for _, w in heard)
             heard = [(j, w / total) for j, w in heard]
-        terms.append([(w, flat[row_of[p]] if j == p else inbox[p][j].weights) for j, w in heard])
+        terms.append([(w, flat[row[p]] if j == p else inbox[p][j].weights) for j, w in heard])
     return mix_rows(terms, flat)
 
 

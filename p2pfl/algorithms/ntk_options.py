@@ -2,6 +2,7 @@
 settings, the Jacobian codec, the input projection and the memory cap of dense Jacobians."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -12,9 +13,10 @@ from p2pfl.errors import UserError
 from p2pfl.models import model_spec
 from p2pfl.ntk.codec import JacobianCodec
 from p2pfl.ntk.compression import project_dataset
+from p2pfl.ntk.plan import GB
+from p2pfl.ntk.precompile import loop_is_cached
 from p2pfl.ntk.step import NTKSettings
 
-GB = 1024**3
 MAX_TAU = 100_000  # the evolution's work grows with the largest t (the papers' go to 2,000)
 
 
@@ -82,6 +84,15 @@ class NTKOptions:
         return NTKSettings(self.ntk_loss, tuple(self.ntk_taus), self.ntk_ode, self.ntk_selection)
 
 
+def announce_compiling(ctx, options: NTKOptions) -> None:
+    """Where the run's CE evolutions go through the compiled (numba) integrator loop and this machine's
+    numba cache lacks it, say on rank 0 that the first evolution compiles it."""
+    if ctx.transport.rank == 0 and options.ntk_loss == "ce" and options.ntk_ode in ("split", "deflated") \
+            and not loop_is_cached():
+        print("p2pfl: compiling the NTK integrator loop (numba) for this machine: about 1-2 minutes, once "
+              "(make install does it ahead)", file=sys.stderr)
+
+
 def make_codec(ctx, options: NTKOptions) -> JacobianCodec:
     """The codec for this run; a dense Jacobian is computed a chunk of samples at a time, the chunk sized
     so that jacrev's working set (about four Jacobians of the chunk) stays within a tenth of the cap."""
@@ -92,20 +103,6 @@ def make_codec(ctx, options: NTKOptions) -> JacobianCodec:
                              options.ntk_topk, options.ntk_quant_bits, chunk)
     except ValueError as exc:
         raise UserError(str(exc))
-
-
-def check_memory(codec: JacobianCodec, options: NTKOptions, n_classes: int, samples_held: int, copies: int = 3,
-                 what: str = "one rank's") -> None:
-    """Refuse a dense-Jacobian run whose Jacobians held at once (computed, sent, received and stacked:
-    `copies` of each) would exceed --ntk-memory-gb."""
-    if codec.path != "dense":
-        return
-    need = copies * samples_held * n_classes * codec.n_params * 4
-    if need > options.ntk_memory_gb * GB:
-        raise UserError(f"dense Jacobians of {codec.n_params:,} parameters for {what} {samples_held:,} samples would "
-                        f"take about {need / GB:.1f} GB on one rank, above --ntk-memory-gb {options.ntk_memory_gb:g}; "
-                        "use fewer --samples-per-peer or --peers per rank, a larger cap, or, in NTK-DFL, --ntk-batches "
-                        "or --ntk-subsample")
 
 
 def project_inputs(data, cfg) -> None:

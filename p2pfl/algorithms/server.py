@@ -10,11 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from p2pfl.algorithms.base import Algorithm, RunContext
+from p2pfl.algorithms.base import Algorithm, RunContext, Round
 from p2pfl.options import non_negative, option
 from p2pfl.comm import Message, Payload, Weights
 from p2pfl.models import initial_parameters
-from p2pfl.seeding import numpy_rng
 
 
 @dataclass(frozen=True)
@@ -23,10 +22,10 @@ class ServerOptions:
                                     non_negative)
 
 
-def clients_per_round(cfg) -> int:
+def clients_per_round(settings, peers: int) -> int:
     """How many clients the server samples a round: --clients-per-round, all of them where it is 0 or
     the algorithm has no such setting."""
-    return getattr(cfg.settings, "clients_per_round", 0) or cfg.peers
+    return (settings.clients_per_round if isinstance(settings, ServerOptions) else 0) or peers
 
 
 class ServerAlgorithm(Algorithm):
@@ -35,21 +34,20 @@ class ServerAlgorithm(Algorithm):
     Download: type[Payload] = Weights  # what the server sends a sampled client
     Upload: type[Payload] = Weights  # what a client sends back
 
-    def __init__(self, ctx: RunContext):
-        super().__init__(ctx)
+    def __init__(self, ctx: RunContext, settings=None):
+        super().__init__(ctx, settings)
         self.server = ctx.cfg.peers
         self.is_server = self.server in ctx.transport.local_nodes
-        self.per_round = clients_per_round(ctx.cfg)
-        self.row = {p: i for i, p in enumerate(ctx.peers)}
+        self.per_round = clients_per_round(self.settings, ctx.cfg.peers)
         if self.is_server:
             ctx.global_weights = initial_parameters(ctx.stack.model, [self.server], ctx.cfg.seed, "same",
                                                     ctx.device)[0]
 
     def sample(self, round_index: int) -> list[int]:
-        rng = numpy_rng(self.ctx.cfg.seed, "clients", round_index)
+        rng = self.ctx.rng("clients", round_index)
         return sorted(rng.choice(self.ctx.cfg.peers, self.per_round, replace=False).tolist())
 
-    def round(self, round_index: int) -> torch.Tensor:
+    def round(self, round_index: int) -> Round:
         ctx, clients = self.ctx, self.sample(round_index)
         losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)  # NaN: not sampled this round
         got = self.star_round(round_index, clients, lambda c: self.download(round_index, c),
@@ -58,7 +56,7 @@ class ServerAlgorithm(Algorithm):
         heard = [c for c in clients if c in got]  # every sampled client, unless simulated faults lost some
         if self.is_server and heard:
             ctx.global_weights = self.server_update(round_index, heard, got)
-        return losses if self.trains_locally else None
+        return Round(losses if self.trains_locally else None)
 
     def star_round(self, round_index, clients, download, work, Download, Upload,
                    phases=("download", "upload"), reliable: bool = False) -> dict:
@@ -67,20 +65,28 @@ class ServerAlgorithm(Algorithm):
         Returns {client: upload} on the server, {} elsewhere; under simulated faults only the clients the
         download reached work, and only the uploads that arrived are returned (reliable: no faults apply,
         for one-time setup exchanges)."""
-        ctx = self.ctx
-        mine = [c for c in clients if c in self.row]
-        down = [Message(self.server, c, download(c)) for c in clients] if self.is_server else []
-        inbox = ctx.transport.exchange(phases[0], round_index, down, [(self.server, c) for c in mine], Download,
-                                       reliable)
-        mine = [c for c in mine if self.server in inbox[c]]  # under simulated faults, the clients reached
-        received = {c: inbox[c][self.server] for c in mine}
-        uploads = work(mine, received) if mine else {}
+        received = self.broadcast(phases[0], round_index, clients, download, Download, reliable)
+        uploads = work(list(received), received) if received else {}
+        return self.collect(phases[1], round_index, clients, uploads, Upload, reliable, answering=phases[0])
+
+    def broadcast(self, phase, round_index, clients, payload, kind, reliable: bool = False) -> dict:
+        """The server sends payload(client) to each client; returns {client: payload} of this rank's
+        clients it reached (all of them unless simulated faults lost some)."""
+        mine = [c for c in clients if c in self.ctx.row]
+        down = [Message(self.server, c, payload(c)) for c in clients] if self.is_server else []
+        inbox = self.ctx.transport.exchange(phase, round_index, down, [(self.server, c) for c in mine], kind, reliable)
+        return {c: inbox[c][self.server] for c in mine if self.server in inbox[c]}
+
+    def collect(self, phase, round_index, clients, uploads, kind, reliable: bool = False, answering=None) -> dict:
+        """This rank's clients send {client: (payload, dense bytes or None)} to the server, which expects
+        every client (with answering, those its message of that phase reached); returns {client: payload}
+        on the server, {} elsewhere."""
         up = [Message(c, self.server, payload, dense) for c, (payload, dense) in uploads.items()]
-        expect = [(c, self.server) for c in clients if reliable or
-                  ctx.transport.delivered(round_index, self.server, c, phases[0])] if self.is_server else []
-        inbox = ctx.transport.exchange(phases[1], round_index, up, expect, Upload, reliable)
-        return {c: inbox[self.server][c] for c in clients if c in inbox[self.server]} \
-            if self.is_server else {}
+        delivered = self.ctx.transport.delivered
+        expect = [(c, self.server) for c in clients if reliable or answering is None or
+                  delivered(round_index, self.server, c, answering)] if self.is_server else []
+        inbox = self.ctx.transport.exchange(phase, round_index, up, expect, kind, reliable)
+        return {c: inbox[self.server][c] for c in clients if c in inbox[self.server]} if self.is_server else {}
 
     def download(self, round_index: int, client: int) -> Payload:
         return Weights(self.ctx.global_weights)

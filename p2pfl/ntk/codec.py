@@ -66,8 +66,3 @@ class JacobianCodec:
     def read(self, wire: tuple[torch.Tensor, ...], f: torch.Tensor, y: torch.Tensor):
         """(Jacobian, outputs, labels) on the run's device, from what a message carried."""
         return self.from_wire(tuple(t.to(self.device) for t in wire)), f.to(self.device), y.to(self.device)
-
-
-def tau_histogram(taus: list[int]) -> dict[str, int]:
-    """How often each candidate t was chosen (final.json)."""
-    return {str(t): taus.count(t) for t in sorted(set(taus))}

@@ -4,9 +4,7 @@ The order (train, then average) and the momentum reset each round follow NTK-DFL
 Its "D-PSGD" (one local epoch of batch 10, then averaging) is this class with
 --local-epochs 1 --batch-size 10 --lr 0.1; --algo dpsgd is the classic one-step D-PSGD.
 """
-import torch
-
-from p2pfl.algorithms.base import Algorithm, neighbour_average, train_taking_part
+from p2pfl.algorithms.base import Algorithm, Round, neighbour_average
 
 
 class DFedAvg(Algorithm):
@@ -14,11 +12,11 @@ class DFedAvg(Algorithm):
     summary = "local epochs of SGD, then averaging with neighbours"
     training = {"lr": 0.1, "batch_size": 25, "local_epochs": 20, "momentum": 0.0}
 
-    def round(self, round_index: int) -> torch.Tensor:
+    def round(self, round_index: int) -> Round:
         ctx = self.ctx
-        losses = train_taking_part(ctx, round_index, ctx.flat, ctx.sgd())
+        losses = ctx.train_online(round_index, ctx.flat)
         ctx.flat = neighbour_average(ctx, round_index, ctx.flat)
-        return losses
+        return Round(losses)
 
 
 class DFedAvgM(DFedAvg):

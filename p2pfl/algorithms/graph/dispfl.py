@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
-from p2pfl.algorithms.base import Algorithm, train_taking_part
+from p2pfl.algorithms.base import Algorithm, Round
 from p2pfl.options import fraction, non_negative, option
-from p2pfl.comm import Message, Payload
+from p2pfl.comm import Payload
 from p2pfl.bitpack import pack_mask, unpack_mask
-from p2pfl.seeding import keyed_uniform, peer_keys, torch_generator
-from p2pfl.training import StepTerms, gradients, sample_batch
+from p2pfl.seeding import keyed_uniform
+from p2pfl.training import StepTerms, gradients
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class DisPFL(Algorithm):
     name = "dispfl"
     summary = "DisPFL: personalized sparse masks, mask-wise neighbour averaging"
     Settings = DisPFLSettings
-    peer_state = ("mask", "trained_mask")
+    state = {"mask": "peer", "trained_mask": "peer"}
     # lr x0.998 a round (lr_decay = -ln 0.998 to 4 digits): DisPFL's own schedule
     training = {"lr": 0.1, "lr_decay": 0.002002, "batch_size": 10, "local_epochs": 10, "momentum": 0.0,
                 "weight_decay": 5e-4}
@@ -87,7 +87,7 @@ class DisPFL(Algorithm):
         ctx.flat[:, : self.width] *= self.mask
 
     def initial_mask(self, peer: int) -> torch.Tensor:
-        gen = torch_generator(self.ctx.cfg.seed, "dispfl-mask", peer if self.settings.dispfl_different_masks else 0)
+        gen = self.ctx.generator("dispfl-mask", peer if self.settings.dispfl_different_masks else 0)
         mask = torch.zeros(self.width, dtype=torch.bool)
         for slot, d in zip(self.slots, self.densities):
             keep = torch.randperm(slot.numel, generator=gen)[: int(d * slot.numel)]
@@ -99,7 +99,7 @@ class DisPFL(Algorithm):
         return [f"DisPFL masks keep {kept:,} of {self.width:,} weights ({kept / self.width:.3f}); ERK layer "
                 f"densities {', '.join(f'{d:.2f}' for d in self.densities)}"]
 
-    def round(self, round_index: int) -> torch.Tensor:
+    def round(self, round_index: int) -> Round:
         ctx = self.ctx
         offline = ctx.offline_rows(round_index)  # simulated faults: they keep weights and masks
         personal = self.aggregate(round_index)
@@ -110,30 +110,24 @@ class DisPFL(Algorithm):
         self.trained_mask = trained_mask
         opt = ctx.sgd()
         opt.clip = self.settings.dispfl_clip
-        losses = train_taking_part(ctx, round_index, personal, opt, StepTerms(mask=self.mask.to(personal.dtype)))
+        losses = ctx.train_online(round_index, personal, opt, StepTerms(mask=self.mask.to(personal.dtype)))
         ctx.flat = personal
         mask = self.next_masks(round_index)
         mask[offline] = self.mask[offline]
         self.mask = mask
-        return losses
+        return Round(losses)
 
     def aggregate(self, round_index: int) -> torch.Tensor:
         """Every local peer's neighbourhood average, each coordinate over the peers whose trained masks
         keep it (0 where none does); buffers uniformly."""
         ctx, width = self.ctx, self.width
         graph = ctx.schedule.graph(round_index)
-        row = {p: i for i, p in enumerate(ctx.peers)}
-        messages, dense = [], ctx.flat.shape[1] * ctx.flat.element_size()
-        for p in ctx.peers:
-            i = row[p]
-            payload = SparseWeights(ctx.flat[i, :width][self.trained_mask[i]], pack_mask(self.trained_mask[i]),
-                                    ctx.flat[i, width:])
-            messages += [Message(p, j, payload, dense) for j in graph.neighbors(p)]
-        expect = [(j, p) for p in ctx.peers for j in graph.neighbors(p)]
-        inbox = ctx.transport.exchange("average", round_index, messages, expect, SparseWeights)
+        dense = ctx.flat.shape[1] * ctx.flat.element_size()
+        sends = {p: (SparseWeights(ctx.flat[i, :width][self.trained_mask[i]], pack_mask(self.trained_mask[i]),
+                                   ctx.flat[i, width:]), dense) for i, p in enumerate(ctx.peers)}
+        inbox = ctx.neighbour_exchange("average", round_index, SparseWeights, sends)
         out = torch.zeros_like(ctx.flat)
-        for p in ctx.peers:
-            i = row[p]
+        for i, p in enumerate(ctx.peers):
             group = [(ctx.flat[i], self.trained_mask[i])] + [self.decode(inbox[p][j]) for j in sorted(graph.neighbors(p))
                                                              if j in inbox[p]]  # what arrived
             weights = torch.stack([w for w, _ in group])  # zero off each sender's mask
@@ -179,10 +173,8 @@ class DisPFL(Algorithm):
         random regrowth)."""
         ctx = self.ctx
         if self.settings.dispfl_regrow == "random":
-            keys = peer_keys(ctx.cfg.seed, "dispfl-regrow", round_index, ctx.peers, ctx.device)
-            return keyed_uniform(keys, self.width)
-        batch = ctx.cfg.batch_size
-        index, mask = sample_batch(ctx.local_shards, batch, ctx.cfg.seed, round_index, ctx.peers, ctx.device)
+            return keyed_uniform(ctx.peer_keys("dispfl-regrow", round_index), self.width)
+        index, mask = ctx.minibatch(round_index)
         grad, _ = gradients(ctx.stack, ctx.flat.clone(), ctx.data.train_x[index], ctx.data.train_y[index], mask)
         return grad.abs()
 

@@ -1,11 +1,8 @@
 """Classic D-PSGD (Lian et al. 2017, Algorithm 1): each round every peer takes a stochastic gradient
 at its current weights, averages weights with its neighbours, then applies the gradient step to the
 average: x_i <- sum_j W_ij x_j - lr * g_i(x_i). One SGD step per gossip round."""
-import torch
-
-from p2pfl.algorithms.base import Algorithm, neighbour_average
-from p2pfl.seeding import peer_keys
-from p2pfl.training import apply_step, gradients, sample_batch
+from p2pfl.algorithms.base import Algorithm, Round, neighbour_average
+from p2pfl.training import apply_step, gradients
 
 
 class DPSGD(Algorithm):
@@ -13,12 +10,12 @@ class DPSGD(Algorithm):
     summary = "D-PSGD (Lian et al. 2017): one SGD step per gossip round"
     training = {"lr": 0.1, "batch_size": 10, "momentum": 0.0}
 
-    def round(self, round_index: int) -> torch.Tensor:
+    def round(self, round_index: int) -> Round:
         ctx = self.ctx
         opt = ctx.sgd()
-        index, mask = sample_batch(ctx.local_shards, opt.batch_size, ctx.cfg.seed, round_index, ctx.peers, ctx.device)
-        noise = ctx.stack.dropout_noise(peer_keys(ctx.cfg.seed, "dropout", round_index, ctx.peers, ctx.device),
-                                        opt.batch_size) if ctx.stack.dropouts else None
+        index, mask = ctx.minibatch(round_index, opt.batch_size)
+        noise = ctx.stack.dropout_noise(ctx.peer_keys("dropout", round_index), opt.batch_size) \
+            if ctx.stack.dropouts else None
         grad, losses = gradients(ctx.stack, ctx.flat, ctx.data.train_x[index], ctx.data.train_y[index], mask, noise)
         ctx.flat = neighbour_average(ctx, round_index, ctx.flat)
         stepping = mask.sum(1) > 0
@@ -26,4 +23,4 @@ class DPSGD(Algorithm):
         stepping[offline] = False
         losses[offline] = float("nan")
         apply_step(ctx.flat, grad, stepping, opt, ctx.lr(round_index), None)
-        return losses
+        return Round(losses)

@@ -17,12 +17,11 @@ import torch
 
 from p2pfl.algorithms.star.fedavg import FedAvg, FedProx, FedProxSettings, Scaffold
 from p2pfl.algorithms.star.moon import Moon, MoonSettings
+from p2pfl.algorithms.base import Round
 from p2pfl.algorithms.server import ServerAlgorithm
 from p2pfl.options import fraction, option, positive
 from p2pfl.comm import Weights
 from p2pfl.errors import UserError
-from p2pfl.seeding import numpy_rng
-from p2pfl.training import train_epochs
 
 THEN = {cls.name: cls for cls in (FedAvg, FedProx, Scaffold, Moon)}  # phase 2's algorithms
 PAPER_FL_ROUNDS = 900  # the paper's 1,000 rounds in all, 100 of them cyclic
@@ -52,26 +51,15 @@ class Cyclic(ServerAlgorithm):
         self.then = THEN[self.settings.then](ctx)  # phase 2 shares ctx, so it starts from the chain's model
 
     @classmethod
-    def default_rounds(cls, settings) -> int:
-        return settings.cyclic_rounds + PAPER_FL_ROUNDS
-
-    @classmethod
-    def check(cls, cfg) -> None:
-        if cfg.rounds <= cfg.settings.cyclic_rounds:
-            raise UserError(f"--rounds {cfg.rounds} leaves no phase 2 after --cyclic-rounds "
-                            f"{cfg.settings.cyclic_rounds}; give --rounds above it")
+    def rounds(cls, settings, given):
+        if given is not None and given <= settings.cyclic_rounds:
+            raise UserError(f"--rounds {given} leaves no phase 2 after --cyclic-rounds "
+                            f"{settings.cyclic_rounds}; give --rounds above it")
+        return settings.cyclic_rounds + PAPER_FL_ROUNDS if given is None else given
 
     @property
-    def peer_state(self):
-        return tuple(f"then.{name}" for name in self.then.peer_state)
-
-    @property
-    def server_state(self):
-        return tuple(f"then.{name}" for name in self.then.server_state)
-
-    @property
-    def pooled_state(self):
-        return tuple(f"then.{name}" for name in self.then.pooled_state)
+    def state(self):
+        return {f"then.{name}": kind for name, kind in self.then.state.items()}
 
     def visits(self) -> int:
         return max(1, math.floor(self.settings.cyclic_fraction * self.ctx.cfg.peers))
@@ -85,14 +73,13 @@ class Cyclic(ServerAlgorithm):
     def phase(self, round_index: int) -> str:
         return "cyclic" if round_index < self.settings.cyclic_rounds else self.settings.then
 
-    def row_fields(self, round_index):
-        return {"phase": self.phase(round_index)}
-
     def round(self, round_index):
         if round_index >= self.settings.cyclic_rounds:
-            return self.then.round(round_index)
+            result = self.then.round(round_index)
+            result.fields["phase"] = self.phase(round_index)
+            return result
         ctx = self.ctx
-        order = numpy_rng(ctx.cfg.seed, "cyclic", round_index).choice(ctx.cfg.peers, self.visits(), replace=False)
+        order = ctx.rng("cyclic", round_index).choice(ctx.cfg.peers, self.visits(), replace=False)
         losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)
         for client in order.tolist():
             got = self.star_round(round_index, [client], lambda c: Weights(ctx.global_weights),
@@ -100,7 +87,7 @@ class Cyclic(ServerAlgorithm):
                                   Weights, Weights, ("cyclic-down", "cyclic-up"))
             if self.is_server and client in got:  # under simulated faults a visit may fail: the model stays
                 ctx.global_weights = got[client].weights
-        return losses
+        return Round(losses, {"phase": "cyclic"})
 
     def visit(self, round_index, clients, received, losses):
         """One client's steps from the model it received; it keeps a copy as its own model."""
@@ -111,8 +98,7 @@ class Cyclic(ServerAlgorithm):
         if self.settings.cyclic_step_policy == "one-epoch":
             opt.steps = min(opt.steps, math.ceil(n / opt.batch_size))
         flat = received[client].weights[None].clone()
-        loss = train_epochs(ctx.stack, flat, [ctx.shards[client]], [client], ctx.data.train_x, ctx.data.train_y,
-                            opt, ctx.lr(round_index), ctx.cfg.seed, round_index)
-        ctx.flat[self.row[client]] = flat[0]
-        losses[self.row[client]] = loss[0]
+        loss = ctx.train(round_index, flat, [client], opt)
+        ctx.flat[ctx.row[client]] = flat[0]
+        losses[ctx.row[client]] = loss[0]
         return {client: (Weights(flat[0]), None)}

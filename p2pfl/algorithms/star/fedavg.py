@@ -9,9 +9,8 @@ import torch
 
 from p2pfl.algorithms.server import ServerAlgorithm, ServerOptions
 from p2pfl.options import fraction, non_negative, option
-from p2pfl.comm import Message, Payload, Weights
-from p2pfl.seeding import numpy_rng
-from p2pfl.training import SGDSettings, StepTerms, local_steps, train_epochs
+from p2pfl.comm import Payload, Weights
+from p2pfl.training import SGDSettings, StepTerms, local_steps
 
 
 @dataclass(frozen=True)
@@ -64,13 +63,11 @@ class FedAvg(ServerAlgorithm):
 
     def local_train(self, round_index, clients, received, losses, terms=None) -> torch.Tensor:
         ctx = self.ctx
-        start = torch.stack([received[c].weights for c in clients])
-        trained = start.clone()
-        out = train_epochs(ctx.stack, trained, [ctx.shards[c] for c in clients], clients, ctx.data.train_x,
-                           ctx.data.train_y, self.sgd(), ctx.lr(round_index), ctx.cfg.seed, round_index, terms)
+        trained = torch.stack([received[c].weights for c in clients])
+        out = ctx.train(round_index, trained, clients, self.sgd(), terms)
         for i, c in enumerate(clients):
-            ctx.flat[self.row[c]] = trained[i]
-            losses[self.row[c]] = out[i]
+            ctx.flat[ctx.row[c]] = trained[i]
+            losses[ctx.row[c]] = out[i]
         return trained
 
     def sgd(self) -> SGDSettings:
@@ -113,7 +110,7 @@ class Scaffold(FedAvg):
     name = "scaffold"
     summary = "SCAFFOLD: control variates correct client drift"
     Download, Upload = ScaffoldDownload, ScaffoldUpload
-    peer_state, server_state = ("c_local",), ("c_global",)
+    state = {"c_local": "peer", "c_global": "server"}
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -126,7 +123,7 @@ class Scaffold(FedAvg):
 
     def client_work(self, round_index, clients, received, losses):
         ctx, opt = self.ctx, self.sgd()
-        rows = [self.row[c] for c in clients]
+        rows = [ctx.row[c] for c in clients]
         c_global = torch.stack([received[c].control for c in clients])
         start = torch.stack([received[c].weights for c in clients])
         trained = self.local_train(round_index, clients, received, losses,
@@ -187,8 +184,7 @@ class Centralized(FedAvg):
         ctx = self.ctx
         union = torch.cat([ctx.shards[c] for c in clients])
         w = ctx.global_weights[None].clone()
-        train_epochs(ctx.stack, w, [union], [self.server], ctx.data.train_x, ctx.data.train_y, self.sgd(),
-                     ctx.lr(round_index), ctx.cfg.seed, round_index)
+        ctx.train(round_index, w, [self.server], self.sgd(), shards=[union])
         return w[0]
 
 
@@ -198,14 +194,14 @@ class DataShare(FedAvg):
     phase 'share'); each round a client trains on its shard plus as many samples drawn from it."""
 
     name = "datashare"
-    peer_state = ("has_share",)  # which clients the one-time share reached (simulated faults)
+    state = {"has_share": "peer"}  # which clients the one-time share reached (simulated faults)
     summary = "FedAvg with a shared global set mixed into local training"
     Settings = DataShareSettings
 
     def __init__(self, ctx):
         super().__init__(ctx)
         union = torch.cat(ctx.shards).unique()
-        rng = numpy_rng(ctx.cfg.seed, "share")
+        rng = ctx.rng("share")
         size = max(1, int(round(self.settings.share_fraction * len(union))))
         self.shared = torch.from_numpy(np.sort(rng.choice(union.numpy(), size, replace=False)))
         self.has_share = torch.zeros(len(ctx.peers), dtype=torch.bool, device=ctx.device)
@@ -218,17 +214,16 @@ class DataShare(FedAvg):
     def send_shared(self):
         ctx = self.ctx
         payload = Samples(*ctx.rows(self.shared))
-        msgs = [Message(self.server, c, payload) for c in range(ctx.cfg.peers)] if self.is_server else []
-        inbox = ctx.transport.exchange("share", 0, msgs, [(self.server, c) for c in ctx.peers], Samples)
-        self.has_share = torch.tensor([self.server in inbox[c] for c in ctx.peers], dtype=torch.bool, device=ctx.device)
+        reached = self.broadcast("share", 0, range(ctx.cfg.peers), lambda c: payload, Samples)
+        self.has_share = torch.tensor([c in reached for c in ctx.peers], dtype=torch.bool, device=ctx.device)
 
     def local_train(self, round_index, clients, received, losses, terms=None):
         ctx, original = self.ctx, self.ctx.shards
         mixed = list(original)
         for c in clients:
-            if not self.has_share[self.row[c]]:  # the share did not reach it (simulated faults)
+            if not self.has_share[ctx.row[c]]:  # the share did not reach it (simulated faults)
                 continue
-            rng = numpy_rng(ctx.cfg.seed, "share-mix", round_index, c)
+            rng = ctx.rng("share-mix", round_index, c)
             extra = self.shared[rng.choice(len(self.shared), min(len(original[c]), len(self.shared)), False)]
             mixed[c] = torch.cat([original[c], extra])
         ctx.shards = mixed

@@ -21,12 +21,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from p2pfl.algorithms.base import Round
 from p2pfl.algorithms.star.fedavg import FedAvg, FedAvgSettings
 from p2pfl.options import non_negative, option, positive, positive_ints
 from p2pfl.errors import UserError
 from p2pfl.report import plot_fine_tuning, plot_linear_run, plot_similarity
-from p2pfl.seeding import numpy_rng, torch_generator
-from p2pfl.training import SGDSettings, evaluate, train_epochs
+from p2pfl.training import SGDSettings, evaluate
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class FedAvgFT(FedAvg):
     Settings = FedAvgFTSettings
     setting_defaults = {"clients_per_round": 0, "local_steps": 2}
     training = {"lr": 0.1, "batch_size": 50, "local_epochs": 1, "momentum": 0.0}
-    server_state = ("history",)  # the rep_dist and grad_norm curve its figures draw
+    state = {"history": "server"}  # the rep_dist and grad_norm curve its figures draw
 
     @classmethod
     def prepare_data(cls, data, cfg):
@@ -127,7 +127,7 @@ class FedAvgFT(FedAvg):
             self.B_star, self.w_star = self.truth["B"], self.truth["w"]  # on the run's device (Dataset.to)
             if self.is_server:  # the theorem's start: sqrt(lr) B0 orthonormal, w0 = 0
                 views = ctx.stack.layout.views(ctx.global_weights)
-                q, _ = torch.linalg.qr(torch.randn(views["B"].shape, generator=torch_generator(ctx.cfg.seed, "B0")))
+                q, _ = torch.linalg.qr(torch.randn(views["B"].shape, generator=ctx.generator("B0")))
                 views["B"].copy_(q / math.sqrt(ctx.cfg.lr))  # copy_ moves it to the run's device
                 views["w"].zero_()
 
@@ -143,8 +143,8 @@ class FedAvgFT(FedAvg):
         B, w = linear_gd(views["B"], views["w"], grad, ctx.lr(round_index), self.settings.local_steps or 1, g0)
         trained = torch.cat([B.reshape(len(clients), -1), w], 1)
         for i, c in enumerate(clients):
-            ctx.flat[self.row[c]] = trained[i]
-            losses[self.row[c]] = self.client_loss(c, views["B"][i], views["w"][i], g0[i])
+            ctx.flat[ctx.row[c]] = trained[i]
+            losses[ctx.row[c]] = self.client_loss(c, views["B"][i], views["w"][i], g0[i])
         return trained
 
     def residual_gradient(self, clients):
@@ -166,7 +166,13 @@ class FedAvgFT(FedAvg):
             return 0.5 * (g * g).sum()
         return 0.5 * (residuals(*self.ctx.samples(client), (B * w).sum(1)) ** 2).mean()
 
-    def row_fields(self, round_index):
+    def round(self, round_index) -> Round:
+        result = super().round(round_index)
+        result.fields.update(self.representation(round_index))
+        return result
+
+    def representation(self, round_index) -> dict:
+        """linear-rep: dist(B, B*) of the server's model and the norm of the global loss's gradient (rank 0)."""
         if self.truth is None or not self.is_server:
             return {}
         views = self.ctx.stack.layout.views(self.ctx.global_weights)
@@ -218,7 +224,7 @@ class FedAvgFT(FedAvg):
         d, k = views["B"].shape
         errors: dict[int, list[float]] = {n: [] for n in s.ft_new_samples}
         for trial, j in self.new_clients():
-            gen = torch_generator(ctx.cfg.seed, "fine-tune", trial, j)
+            gen = ctx.generator("fine-tune", trial, j)
             w_new = torch.randn(k, generator=gen, dtype=torch.float64)
             beta = self.B_star.double().cpu() @ w_new
             for n in s.ft_new_samples:
@@ -241,12 +247,12 @@ class FedAvgFT(FedAvg):
         opt = SGDSettings(ctx.cfg.batch_size, s.ft_epochs, ctx.cfg.momentum, ctx.cfg.weight_decay)
         scores: dict[int, list[float]] = {n: [] for n in s.ft_new_samples}
         for trial, j in self.new_clients():
-            rng = numpy_rng(ctx.cfg.seed, "fine-tune", trial, j)
+            rng = ctx.rng("fine-tune", trial, j)
             for n in s.ft_new_samples:
                 chosen = torch.from_numpy(np.sort(rng.choice(len(held["y"]), min(n, len(held["y"])), replace=False)))
                 flat = ctx.global_weights[None].clone()
-                train_epochs(ctx.stack, flat, [chosen], [ctx.cfg.peers + 1 + j], held["x"], held["y"], opt,
-                             lr, ctx.cfg.seed, 1_000_000 + trial)
+                ctx.train(1_000_000 + trial, flat, [ctx.cfg.peers + 1 + j], opt, shards=[chosen],
+                          data=(held["x"], held["y"]), lr=lr)
                 scores[n].append(float(evaluate(ctx.stack, flat, held["test_x"], held["test_y"])["acc"][0]))
         return summarise(scores)
 

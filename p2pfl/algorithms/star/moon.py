@@ -28,7 +28,7 @@ class Moon(FedAvg):
     summary = "MOON: FedAvg with a model-contrastive loss on the representation"
     Settings = MoonSettings
     training = {"lr": 0.01, "batch_size": 32, "local_epochs": 5, "momentum": 0.0}
-    peer_state = ("trained",)
+    state = {"trained": "peer"}
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -36,8 +36,8 @@ class Moon(FedAvg):
 
     def terms(self, clients, received) -> StepTerms:
         global_weights = torch.stack([received[c].weights for c in clients])
-        previous = torch.stack([self.ctx.flat[self.row[c]] if self.trained[self.row[c]] else received[c].weights
+        previous = torch.stack([self.ctx.flat[self.ctx.row[c]] if self.trained[self.ctx.row[c]] else received[c].weights
                                 for c in clients])
-        self.trained[[self.row[c] for c in clients]] = True
+        self.trained[[self.ctx.row[c] for c in clients]] = True
         return StepTerms(contrast=Contrast(global_weights, previous, self.settings.moon_mu,
                                            self.settings.moon_temperature))

@@ -25,15 +25,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from p2pfl.algorithms.ntk_options import NTKOptions, check_memory, make_codec, project_inputs
+from p2pfl.algorithms.base import Round
+from p2pfl.algorithms.ntk_options import NTKOptions, announce_compiling, make_codec, project_inputs
 from p2pfl.algorithms.server import ServerAlgorithm, ServerOptions, clients_per_round
 from p2pfl.errors import UserError
 from p2pfl.options import fraction, option, positive
 from p2pfl.comm import Payload
-from p2pfl.ntk.codec import tau_histogram
+from p2pfl.metrics import histogram
+from p2pfl.ntk.plan import check_memory
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.ntk.step import ntk_step
-from p2pfl.seeding import numpy_rng, torch_generator
 from p2pfl.training import candidate_losses
 
 
@@ -69,20 +70,20 @@ class NTKFL(ServerAlgorithm):
     trains_locally = False
     shuffle = False  # CP-NTK-FL's shuffling server
     Upload = NTKUpload
-    pooled_state = ("taus_chosen",)
+    state = {"taus_chosen": "pooled"}
 
     def __init__(self, ctx):
         super().__init__(ctx)
         self.step_settings = self.settings.step_settings()
         self.codec = make_codec(ctx, self.settings)
+        announce_compiling(ctx, self.settings)
         self.beta = self.sampling_rate()
         self.taus_chosen: list[int] = []
-        self.round_t: tuple[int | None, int | None] = (None, None)  # (round, the t chosen in it), for its row
         self.held_out = self.validation_clients()
         if self.held_out and self.is_server:  # their samples on the server's device, once
             self.validation = ctx.rows(torch.cat([ctx.shards[c] for c in self.held_out]))
         largest = sorted(len(s) for s in ctx.shards)[-self.per_round:]
-        check_memory(self.codec, self.settings, ctx.data.n_classes, sum(math.ceil(self.beta * n) for n in largest))
+        check_memory(self.codec, self.settings.ntk_memory_gb, ctx.data.n_classes, sum(math.ceil(self.beta * n) for n in largest))
 
     @classmethod
     def prepare_data(cls, data, cfg):
@@ -94,16 +95,16 @@ class NTKFL(ServerAlgorithm):
         if s.ntk_selection == "own":
             raise UserError(f"--ntk-selection own is NTK-DFL's (a peer's own samples); {cls.name} has network, "
                             "linearized or validation")
-        if s.ntk_selection == "validation" and clients_per_round(cfg) > cfg.peers - s.ntk_validation_clients:
+        if s.ntk_selection == "validation" and clients_per_round(s, cfg.peers) > cfg.peers - s.ntk_validation_clients:
             raise UserError(f"--ntk-validation-clients {s.ntk_validation_clients} held out of {cfg.peers} clients "
-                            f"leaves fewer than the {clients_per_round(cfg)} sampled each round; hold out fewer, "
+                            f"leaves fewer than the {clients_per_round(s, cfg.peers)} sampled each round; hold out fewer, "
                             "or sample fewer (--clients-per-round)")
 
     def validation_clients(self) -> list[int]:
         """The held-out clients of --ntk-selection validation (seeded; none for the other rules)."""
         if self.settings.ntk_selection != "validation":
             return []
-        rng = numpy_rng(self.ctx.cfg.seed, "validation-clients")
+        rng = self.ctx.rng("validation-clients")
         return sorted(rng.choice(self.ctx.cfg.peers, self.settings.ntk_validation_clients, replace=False).tolist())
 
     def sample(self, round_index: int) -> list[int]:
@@ -111,7 +112,7 @@ class NTKFL(ServerAlgorithm):
         if not self.held_out:
             return super().sample(round_index)
         pool = np.setdiff1d(np.arange(self.ctx.cfg.peers), self.held_out)
-        rng = numpy_rng(self.ctx.cfg.seed, "clients", round_index)
+        rng = self.ctx.rng("clients", round_index)
         return sorted(pool[rng.choice(len(pool), self.per_round, replace=False)].tolist())
 
     def sampling_rate(self) -> float:
@@ -122,7 +123,7 @@ class NTKFL(ServerAlgorithm):
         shard = self.ctx.shards[client].numpy()
         if self.beta < 1:
             keep = max(1, int(round(self.beta * len(shard))))
-            shard = np.sort(numpy_rng(self.ctx.cfg.seed, "cp-sample", round_index, client).choice(shard, keep, False))
+            shard = np.sort(self.ctx.rng("cp-sample", round_index, client).choice(shard, keep, False))
         return torch.from_numpy(shard)
 
     def client_work(self, round_index, clients, received, losses):
@@ -131,7 +132,7 @@ class NTKFL(ServerAlgorithm):
             index = self.samples(round_index, c)
             x, y = ctx.rows(index)
             jac, f = self.codec.compute(received[c].weights, x)
-            ctx.flat[self.row[c]] = received[c].weights
+            ctx.flat[ctx.row[c]] = received[c].weights
             out[c] = (NTKUpload(f.detach(), y, index, self.codec.to_wire(jac)), self.codec.dense_bytes(f, y))
         return out
 
@@ -146,7 +147,7 @@ class NTKFL(ServerAlgorithm):
         labels = torch.cat([p[2] for p in parts])
         index = torch.cat([uploads[c].index for c in clients])
         if self.shuffle:
-            order = torch.randperm(len(labels), generator=torch_generator(ctx.cfg.seed, "shuffler", round_index))
+            order = torch.randperm(len(labels), generator=ctx.generator("shuffler", round_index))
             jac, f0, labels, index = jac.rows(order.to(f0.device)), f0[order], labels[order], index[order]
         x, y, pixels = ctx.rows(index)[0], labels, getattr(jac, "pixels", None)
         if self.held_out:  # the held-out clients' samples instead of the round's (eq. 11a's alternative)
@@ -155,18 +156,20 @@ class NTKFL(ServerAlgorithm):
                           self.step_settings, lambda cands: candidate_losses(ctx.stack, cands, x, y,
                                                                              self.settings.ntk_loss, pixels))
         self.taus_chosen.append(result.tau)
-        self.round_t = (round_index, result.tau)
         return result.weights
 
-    def row_fields(self, round_index):
-        """ntk_t: the t the server chose this round (none where it heard no client)."""
-        done, tau = self.round_t
-        return {"ntk_t": tau} if done == round_index else {}
+    def round(self, round_index) -> Round:
+        """ServerAlgorithm's round; the row's ntk_t is the t the server chose (none where it heard no client)."""
+        chosen = len(self.taus_chosen)
+        result = super().round(round_index)
+        if len(self.taus_chosen) > chosen:
+            result.fields["ntk_t"] = self.taus_chosen[-1]
+        return result
 
     def finish(self, run_dir):
         if not self.is_server:
             return None
-        return {"tau_histogram": tau_histogram(self.taus_chosen)}
+        return {"tau_histogram": histogram(self.taus_chosen)}
 
 
 class CPNTKFL(NTKFL):

@@ -1,0 +1,116 @@
+"""A run's parts on this rank, built once: the device, the data and its partition, the model and its
+peers' parameters, the transport and its simulated faults, the topology, and the algorithm."""
+from __future__ import annotations
+
+import torch
+from topologies import TopologySchedule
+
+from p2pfl.algorithms.context import RunContext
+from p2pfl.comm import make_transport
+from p2pfl.configure import check_data_fit, check_model_memory
+from p2pfl.config import RunConfig
+from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file
+from p2pfl.data.partition_file import through_origin
+from p2pfl.errors import OutOfGPUMemory, UserError
+from p2pfl.faults import Faults
+from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
+from p2pfl.seeding import graph_seeds
+from p2pfl.tasks import TASKS
+from p2pfl.threads import ranks_on_this_machine
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    """The rank's device, decided once: auto is a GPU where there is one, else the CPU; auto and cuda
+    spread the ranks of a machine over its GPUs by local rank; cuda:N is that GPU for every rank. A GPU
+    becomes the process's current device, so that no library opens a context on GPU 0 beside it."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if choice == "auto":
+        choice = "cuda" if gpus else "cpu"
+    if choice == "cpu":
+        return torch.device("cpu")
+    if not gpus:
+        raise UserError(f"--device {choice}: no CUDA device is available here (torch {torch.__version__} sees "
+                        "none); use --device cpu or auto")
+    index = local_rank % gpus if choice == "cuda" else int(choice.split(":", 1)[1])
+    if index >= gpus:
+        raise UserError(f"--device {choice}: this machine has {gpus} GPU{'s' if gpus > 1 else ''} "
+                        f"(cuda:0{f' to cuda:{gpus - 1}' if gpus > 1 else ''})")
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    return device
+
+
+def _ranks_per_gpu(choice: str) -> int:
+    """The local ranks that share each GPU: all of them on a GPU named by its index, else the ranks
+    spread over the GPUs by local rank (rounded up)."""
+    local = ranks_on_this_machine() or 1
+    return local if choice.startswith("cuda:") else -(-local // torch.cuda.device_count())
+
+
+def _gpu_share(device: torch.device, choice: str, peers_here: int) -> tuple[str, int, int] | None:
+    """(device, its bytes, the peers of the ranks that share it) for a GPU; None for the CPU."""
+    if device.type != "cuda":
+        return None
+    return str(device), torch.cuda.get_device_properties(device).total_memory, peers_here * _ranks_per_gpu(choice)
+
+
+def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
+    """Everything a round needs, for this rank's peers."""
+    device = pick_device(cfg.device, local_rank)
+    cls = cfg.algorithm
+    data = load_dataset(cfg.dataset, DataRequest(cfg.data_dir, cfg.labels, cfg.peers, cfg.samples_per_peer, cfg.seed))
+    if cfg.train_samples:
+        data.keep_training_samples(cfg.train_samples, cfg.seed)
+    check_data_fit(cfg, len(data.train_y), len(data.test_y))
+    # a partition file's indices name samples of the training set as loaded: read before the algorithm
+    # drops any (FedAvg-FT's held-out classes), then mapped to the samples kept
+    written = read_partition_file(cfg.partition_file, cfg.peers, len(data.train_y)) if cfg.partition_file else None
+    cls.prepare_data(data, cfg)
+    transport = make_transport(cfg.peers, 1 if cls.centralized else 0, cfg.comm_timeout, device)
+    faults = Faults(cfg.seed, cfg.peers, cfg.drop_peers, cfg.drop_links, cfg.slow_peers, cfg.slow_factor,
+                    cfg.round_deadline)
+    transport.faults = faults if faults.active else None
+    peers = transport.placement.peers_of(transport.rank)
+    with torch.device("meta"):  # counted before it is allocated
+        n_params = count_parameters(build_model(cfg.model, data.input_shape, data.n_classes, cfg))
+    check_model_memory(cfg, n_params, len(peers) * (ranks_on_this_machine() or 1), _gpu_share(device, cfg.device, len(peers)))
+    if written is not None:
+        shards = through_origin(written, data.train_origin, cfg.partition_file)
+    else:
+        shards = partition(data.train_y.numpy(), data.train_classes, cfg.peers, cfg.partition,
+                           per_peer=cfg.samples_per_peer, alpha=cfg.alpha, classes=cfg.classes_per_peer,
+                           style=cfg.dirichlet_style, classes_style=cfg.classes_style, groups=data.groups,
+                           seed=cfg.seed)
+    model = build_model(cfg.model, data.input_shape, data.n_classes, cfg)
+    flat = initial_parameters(model, peers, cfg.seed, cfg.init, device)
+    data.to(device)
+    stack = PeerStack(model.to(device), cfg.batch, TASKS[data.task])
+    if device.type == "cuda":  # the ranks that share a GPU share its free memory for their batches
+        stack.memory_share /= _ranks_per_gpu(cfg.device)
+    ctx = RunContext(cfg=cfg, transport=transport, data=data, shards=[torch.from_numpy(s) for s in shards],
+                     schedule=TopologySchedule(cfg.topology, cfg.peers + cls.centralized, cfg.kappa,
+                                               graph_seeds(cfg.seed), cfg.static),
+                     stack=stack, peers=peers, flat=flat, device=device, faults=transport.faults)
+    return ctx, cls(ctx)
+
+
+def device_note(devices: list[str]) -> str:
+    """Which device each rank got, for the run header: 'device cpu', or 'devices cuda:0 (ranks 0, 2), ...'."""
+    ranks: dict[str, list[int]] = {}
+    for r, d in enumerate(devices):
+        ranks.setdefault(d, []).append(r)
+    named = {d: f"{d} ({torch.cuda.get_device_name(torch.device(d))})" if d.startswith("cuda") else d for d in ranks}
+    if len(ranks) == 1:
+        return f"device {named[devices[0]]}" + (f" on all {len(devices)} ranks" if len(devices) > 1 else "")
+    return "devices " + "; ".join(f"{named[d]} on rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}"
+                                  for d, r in ranks.items())
+
+
+def out_of_gpu_memory(cfg: RunConfig, size: int, device: str) -> OutOfGPUMemory:
+    per_rank = -(-cfg.peers // size)
+    if device.startswith("cuda"):
+        device += f" ({torch.cuda.get_device_properties(torch.device(device)).total_memory / 2**30:.0f} GiB)"
+    return OutOfGPUMemory(
+        f"out of GPU memory on {device} with {per_rank} peers on a rank: use fewer peers per "
+        f"rank (more ranks: mpirun -n, or fewer --peers), fewer samples (--samples-per-peer, --train-samples, "
+        f"--test-samples), a smaller model (--model, --hidden), or --device cpu")

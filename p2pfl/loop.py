@@ -1,0 +1,127 @@
+"""The round loop: round k, its row, what observes it (the edges file, TensorBoard, the progress bar),
+the checkpoint turn; after the last round the algorithm's closing results and the reported model."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from p2pfl.algorithms.base import check_round_result
+from p2pfl.checkpointing import Checkpoints, StopRequest
+from p2pfl.errors import Interrupted
+from p2pfl.metrics import MetricsLog, aggregate, synchronize
+from p2pfl.run_folder import edges_line, plot_rows, resume_hint, save_final
+from p2pfl.tracking import TensorBoardLog
+
+
+def run_rounds(ctx, algorithm, log: MetricsLog, first: int, run_dir: Path | None, write: bool):
+    """Rounds first.. to the last on this rank; returns (final.json's results, the model's state dict) on
+    rank 0. A stop (Interrupted) saves what the run holds; the plot of the rows so far is drawn anyway."""
+    cfg, rank = ctx.cfg, ctx.transport.rank
+    observers = watching(ctx, run_dir, first, write)
+    stop, saves = StopRequest(rank, ctx.transport), Checkpoints(ctx, algorithm, run_dir, write, first)
+    shape, k = tuple(ctx.flat.shape), first
+    round_start = time.perf_counter()  # each row's round_s runs from the previous row: the rows add up to the loop
+    try:
+        for k in range(first, cfg.rounds):
+            ctx.transport.round_index = k
+            synchronize(ctx.device)
+            start = time.perf_counter()
+            result = check_round_result(algorithm, ctx, k, algorithm.round(k), shape)
+            synchronize(ctx.device)  # the round's queued GPU work is part of its time
+            row = log.record(k, result, time.perf_counter() - start, round_start, ctx.evaluates(k))
+            round_start = time.perf_counter()
+            for observer in observers:
+                observer.observe(k, row)
+            if k < cfg.rounds - 1:
+                saves.after_round(k, log.rows, result.resumable, stop.requested)
+        final = algorithm.finish(run_dir if rank == 0 else None)
+        state = final_model(ctx, log, algorithm) if rank == 0 else None
+        if rank == 0 and write:
+            save_final(run_dir, final, state)
+        return final, state
+    except KeyboardInterrupt:
+        saved = saves.save_held()
+        raise Interrupted(f"stopped in round {k + 1} by {stop.by}; {resume_hint(run_dir, saved)}",
+                          130 if stop.by == "Ctrl-C" else 143) from None
+    finally:
+        stop.uninstall()
+        for observer in observers:
+            observer.close()
+        if rank == 0 and log.rows and write:
+            plot_rows(cfg, log.rows, ctx.stack.task, run_dir)
+
+
+def watching(ctx, run_dir: Path | None, first: int, write: bool) -> list:
+    """The loop's observers on this rank: rank 0 writes the edges file and TensorBoard's log where asked
+    (into the run folder) and draws the progress bar."""
+    cfg, root = ctx.cfg, ctx.transport.rank == 0
+    edges = EdgesFile(ctx, run_dir, first) if root and cfg.save_edges and write else None
+    board = Board(run_dir) if root and cfg.tensorboard and write else None
+    return [o for o in (edges, board) if o is not None] + [ProgressBar(ctx, first, root and cfg.progress)]
+
+
+class EdgesFile:
+    """edges.jsonl: each round's graph (--save-edges); a resumed run's rewritten to the rounds done."""
+
+    def __init__(self, ctx, run_dir: Path, first: int):
+        self.ctx, self.path = ctx, run_dir / "edges.jsonl"
+        if ctx.cfg.resume:
+            self.path.write_text("".join(edges_line(ctx, k) for k in range(first)))
+
+    def observe(self, k: int, row: dict | None) -> None:
+        with self.path.open("a") as fh:
+            fh.write(edges_line(self.ctx, k))
+
+    def close(self) -> None:
+        pass
+
+
+class Board(TensorBoardLog):
+    """TensorBoard's log of the rows (--tensorboard)."""
+
+    def observe(self, k: int, row: dict | None) -> None:
+        if row:
+            self.add(row)
+
+
+class ProgressBar:
+    """Rounds done, with the last evaluation's aggregated and mean client headline metric."""
+
+    def __init__(self, ctx, first: int, shown: bool):
+        self.task = ctx.stack.task
+        self.bar = tqdm(desc=f"{ctx.cfg.algo} {ctx.cfg.peers} peers", disable=not shown, unit="round",
+                        file=sys.stderr, initial=first, total=ctx.cfg.rounds)
+
+    def observe(self, k: int, row: dict | None) -> None:
+        head = self.task.headline
+        if row and f"test_{head}" in row:
+            self.bar.set_postfix({head: self.task.format(row[f"test_{head}"]),
+                                  "clients": self.task.format(row[f"client_{head}_mean"])}, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def reported_model(ctx, weights: torch.Tensor, algorithm) -> torch.Tensor:
+    """The model a run reports: a star's server model, else the algorithm's own aggregate of all peers'
+    weights where it has one, else their --aggregate average."""
+    if ctx.global_weights is not None:
+        return ctx.global_weights
+    own = algorithm.aggregate_model(weights.to(ctx.device))
+    if own is not None:
+        return own
+    return aggregate(weights.to(ctx.device), ctx.sample_counts, ctx.cfg.aggregate)
+
+
+def final_model(ctx, log: MetricsLog, algorithm) -> dict[str, torch.Tensor] | None:
+    """The aggregated model's state dict on the CPU (rank 0), where a round was evaluated or a star's
+    server holds it."""
+    if log.last_weights is None and ctx.global_weights is None:  # a star's server model needs no gather
+        return None
+    model = reported_model(ctx, log.last_weights, algorithm)
+    return {k: v.cpu().clone() for k, v in ctx.stack.layout.views(model).items()}  # loadable anywhere

@@ -1,0 +1,134 @@
+"""A run's folder and its files: made (or taken back for --resume) under a lock, its header (config.toml,
+the partition, the topology), each round's edges, the closing files (final.json, model.pt), the metric
+plot and the summary line. Algorithms add their own products in finish()."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+
+import torch
+from topologies.drawing import draw_graph
+
+from p2pfl import checkpoint
+from p2pfl.algorithms.server import clients_per_round
+from p2pfl.config import RunConfig
+from p2pfl.configure import resolved_dict, write_toml
+from p2pfl.data import summary
+from p2pfl.errors import UserError
+from p2pfl.models import count_parameters
+from p2pfl.paths import FolderLock
+from p2pfl.report import plot_metric, plot_partition
+
+LOCKS: list[FolderLock] = []  # the run folders this process writes, locked until execute() ends
+# What a run writes into its folder: an overwritten run's are removed first, so that one folder never
+# holds two runs (an NTK-DFL run's final.json beside a DFedAvg run's metrics). The algorithms' own
+# products (TCT's linear model, the figures of final averaging) are files of these kinds too.
+RUN_FILES = ("config.toml", "metrics.jsonl", "edges.jsonl", "*.json", "*.pt", "*.png", "checkpoint", "tensorboard")
+
+
+def made_or_refused(cfg: RunConfig) -> Path | UserError:
+    try:
+        return make_run_dir(cfg)
+    except UserError as exc:
+        return exc
+
+
+def make_run_dir(cfg: RunConfig) -> Path:
+    if cfg.resume:
+        LOCKS.append(FolderLock(Path(cfg.resume)))
+        return Path(cfg.resume)
+    if cfg.out:
+        path = Path(cfg.out)
+    else:
+        path = Path("runs") / f"{cfg.algorithm.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        suffix = 1
+        while path.exists():
+            path = path.with_name(f"{path.name.split('~')[0]}~{suffix}")
+            suffix += 1
+    path.mkdir(parents=True, exist_ok=True)
+    LOCKS.append(FolderLock(path))  # before anything in it changes: a run writing it now is not disturbed
+    for product in sorted({p for pattern in RUN_FILES for p in path.glob(pattern)}):  # --overwrite: all of them
+        if product.is_dir() and not product.is_symlink():
+            shutil.rmtree(product, ignore_errors=True)
+        else:
+            product.unlink(missing_ok=True)
+    return path
+
+
+def write_run_header(ctx, run_dir: Path, notes: list[str]) -> None:
+    cfg = ctx.cfg
+    write_toml(resolved_dict(cfg), run_dir / "config.toml",
+               (f"model {cfg.model}: {count_parameters(ctx.stack.model):,} parameters, "
+                f"{ctx.stack.layout.size - ctx.stack.layout.trainable:,} state values (batch norm statistics)", *notes))
+    parts = summary([s.numpy() for s in ctx.shards], ctx.data.train_y.cpu().numpy(), ctx.data.n_classes)
+    (run_dir / "partition.json").write_text(json.dumps(parts))
+    if "classes" in parts[0]:
+        with naming(run_dir / "partition.png"):
+            plot_partition(parts, run_dir / "partition.png", ctx.data.class_names)
+    if cfg.algorithm.centralized:
+        title = (f"star: the server (node {cfg.peers}) and {cfg.peers} clients, "
+                 f"{clients_per_round(cfg.settings, cfg.peers)} sampled each round")
+    else:
+        title = (f"{cfg.topology} ({'static' if cfg.static else 'round 1 of a new graph each round'}), "
+                 f"{cfg.peers} peers")
+    with naming(run_dir / "topology.png"):
+        draw_graph(ctx.schedule.graph(0), run_dir / "topology.png", title)
+
+
+@contextmanager
+def naming(path: Path):
+    """An OSError while writing path names it (a plotting library's may not)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename:
+            raise
+        raise OSError(exc.errno or 5, exc.strerror or str(exc), str(path)) from exc
+
+
+def edges_line(ctx, k: int) -> str:
+    return json.dumps({"round": k + 1, "edges": sorted(ctx.schedule.graph(k).edges)}) + "\n"
+
+
+def save_final(run_dir: Path, final: dict | None, state: dict[str, torch.Tensor] | None) -> None:
+    """final.json (the algorithm's closing results) and model.pt (the aggregated model's state dict); a
+    finished run needs no checkpoint."""
+    if final:
+        (run_dir / "final.json").write_text(json.dumps(final, indent=1))
+    if state is not None:
+        checkpoint.atomic_write(run_dir / "model.pt", lambda path: torch.save(state, path))
+    shutil.rmtree(run_dir / checkpoint.FOLDER, ignore_errors=True)
+
+
+def plot_rows(cfg: RunConfig, rows: list[dict], task, run_dir: Path) -> None:
+    """The headline metric over the rounds; a failure to draw it is a line, not the run's error."""
+    graph = "star" if cfg.topology == "star" else f"{cfg.topology} kappa={cfg.kappa:g}"
+    title = (f"{cfg.algo}: {cfg.peers} peers, {graph}, {cfg.model} on {cfg.dataset} {cfg.partition}"
+             + (f" alpha={cfg.alpha:g}" if cfg.partition == "dirichlet" else ""))
+    try:
+        plot_metric(rows, task, run_dir, title)
+    except OSError as exc:  # a full disk or a read-only folder: the run's own error says so, not this
+        print(f"p2pfl: the plot was not drawn ({exc.strerror or exc})", file=sys.stderr)
+
+
+def resume_hint(run_dir: Path | None, saved: int) -> str:
+    if run_dir is None:
+        return "the run wrote no folder (out=None), so there is nothing to resume"
+    if not saved:
+        return f"no checkpoint was written; run folder: {run_dir}"
+    return f"checkpoint after round {saved}; continue with: python -m p2pfl.run --resume {run_dir}"
+
+
+def summary_line(rows: list[dict], task, run_dir: Path | None) -> str:
+    head, where = task.headline, f"run folder: {run_dir}" if run_dir else "no run folder"
+    evaluated = [r for r in rows if f"test_{head}" in r]
+    if not evaluated:
+        return where
+    last = evaluated[-1]
+    name = {"acc": "accuracy"}.get(head, head)
+    return (f"round {last['round']}: aggregated test {name} {task.format(last[f'test_{head}'])}, mean client "
+            f"{task.format(last[f'client_{head}_mean'])}; {where}")
