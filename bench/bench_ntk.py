@@ -37,7 +37,7 @@ from p2pfl.ntk.evolution import evolve_ce, tight_ce_sums
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.ntk.step import ntk_step
 from p2pfl.assemble import build
-from p2pfl.training import candidate_losses
+from p2pfl.forward import candidate_losses
 
 
 def round_seconds(args, ranks: int, device: str = "cpu") -> float:

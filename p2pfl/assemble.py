@@ -7,7 +7,7 @@ from topologies import TopologySchedule
 
 from p2pfl.algorithms.context import RunContext
 from p2pfl.comm import make_transport
-from p2pfl.configure import check_data_fit, check_model_memory
+from p2pfl.fit_checks import check_data_fit, check_model_memory
 from p2pfl.config import RunConfig
 from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file
 from p2pfl.data.partition_file import through_origin

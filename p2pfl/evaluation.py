@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from p2pfl.seeding import numpy_rng
-from p2pfl.training import evaluate
+from p2pfl.forward import evaluate
 
 
 def largest_remainder(share: np.ndarray, total: int) -> np.ndarray:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from p2pfl.seeding import torch_generator
-from p2pfl.training import evaluate
+from p2pfl.forward import evaluate
 
 ORDERS = ("high-to-low", "random", "low-to-high")
 

@@ -18,7 +18,7 @@ import torch
 from p2pfl.diagnostics import round_diagnostics
 from p2pfl.errors import DivergenceError
 from p2pfl.evaluation import PeerScores
-from p2pfl.training import evaluate
+from p2pfl.forward import evaluate
 
 
 def peak_gpu_mib(device: torch.device) -> float | None:

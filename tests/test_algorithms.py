@@ -3,7 +3,8 @@ import torch
 
 from p2pfl.algorithms.base import neighbour_average
 from p2pfl.run import main
-from p2pfl.training import gradients, sample_batch
+from p2pfl.gradients import gradients
+from p2pfl.training import sample_batch
 from tests.helpers import make_context, metric_lines
 from topologies import mixing_weights
 

@@ -7,7 +7,7 @@ import torch
 import p2pfl
 from p2pfl.evaluation import client_test_subset, subset_mean_error
 from p2pfl.testing import MACHINE_FACTS
-from p2pfl.training import evaluate
+from p2pfl.forward import evaluate
 from tests.helpers import make_context
 
 TINY = dict(dataset="synthetic", peers=6, kappa=2, rounds=3, local_epochs=1, progress=False)

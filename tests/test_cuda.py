@@ -15,7 +15,7 @@ import torch
 
 from p2pfl.configure import make_config, resolve
 from p2pfl.assemble import build
-from p2pfl.training import evaluate
+from p2pfl.forward import evaluate
 from tests.conftest import write_stripes
 
 WEIGHT_TOLERANCE = 1e-3

@@ -16,7 +16,7 @@ from p2pfl.ntk.batched_evolution import evolve_ce_batched
 from p2pfl.ntk.evolution import evolve_ce, tight_ce_sums
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.assemble import build
-from p2pfl.training import candidate_losses
+from p2pfl.forward import candidate_losses
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 TAUS = [100, 200, 300, 400, 500, 600, 700, 800]

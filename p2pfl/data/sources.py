@@ -15,11 +15,12 @@ import numpy as np
 import torch
 
 from p2pfl.data.cifar import find_cifar, read_cifar
+from p2pfl.data.dataset import DataRequest, Dataset
 from p2pfl.data.idx import read_idx
 from p2pfl.data.leaf import find_leaf, read_leaf
 from p2pfl.errors import UserError
 from p2pfl.plugins import call_plugin, is_reference, load_object
-from p2pfl.seeding import numpy_rng, torch_generator
+from p2pfl.seeding import torch_generator
 
 DEBIAN_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
 TORCHVISION_NAMES = {"fashion-mnist": "FashionMNIST", "mnist": "MNIST", "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
@@ -28,86 +29,8 @@ NORMALISATION = {  # per-channel mean and std of the training images (the refere
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
-CLASS_NAMES = {  # the datasets' own names for their classes, in label order
-    "fashion-mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                      "Ankle boot"),
-    "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"),
-}
 IDX_FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
              "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}
-
-
-@dataclass
-class Dataset:
-    name: str
-    train_x: torch.Tensor  # (N, *input_shape) float32, normalised
-    train_y: torch.Tensor  # (N,) int64 classes, or float32 regression targets
-    test_x: torch.Tensor
-    test_y: torch.Tensor
-    n_classes: int  # outputs of the model: classes, or 1 for regression
-    task: str = "classification"
-    groups: np.ndarray | None = None  # each training sample's natural owner (writer, client), if any
-    truth: dict | None = None  # a generated task's ground truth (linear-rep: B* and each client's w*)
-    held_out: dict | None = None  # classes kept out of training for new clients (FedAvg-FT): x, y, test_x, test_y
-    # (alpha, beta) where every input is alpha k + beta for 8-bit pixel levels k (one channel): NTK products
-    # then run in exact integer arithmetic (p2pfl.ntk.pixels); None where the inputs are not such
-    pixel_levels: tuple[float, float] | None = None
-    # each training sample's position in the set as loaded, once samples were dropped (None: none were):
-    # what a partition file's indices, written against the whole set, are mapped through
-    train_origin: np.ndarray | None = None
-
-    @property
-    def class_names(self) -> tuple[str, ...] | None:
-        """The dataset's names for its classes, where it has them (else figures show the labels)."""
-        names = CLASS_NAMES.get(self.name)
-        return names if names is not None and len(names) == self.n_classes else None
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.train_x.shape[1:])
-
-    @property
-    def train_classes(self) -> int:
-        """Classes the training set may hold: all but those held out for new clients (the last ones)."""
-        return self.n_classes - (len(self.held_out["classes"]) if self.held_out else 0)
-
-    def to(self, device: torch.device) -> None:
-        """Every tensor of the dataset onto the run's device, once: training and test sets, the ground
-        truth of a generated task and the held-out classes, so that no step copies samples."""
-        self.train_x, self.train_y = self.train_x.to(device), self.train_y.to(device)
-        self.test_x, self.test_y = self.test_x.to(device), self.test_y.to(device)
-        for extra in (self.truth, self.held_out):
-            for key, value in (extra or {}).items():
-                if isinstance(value, torch.Tensor):
-                    extra[key] = value.to(device)
-
-    def keep_training_samples(self, count: int, seed: int) -> None:
-        """A seeded random subset of `count` training samples, in their original order."""
-        if count > len(self.train_y):
-            raise UserError(f"--train-samples {count} exceeds the {len(self.train_y)} training samples of {self.name}")
-        self.select_training(np.sort(numpy_rng(seed, "train-samples").choice(len(self.train_y), count, replace=False)))
-
-    def select_training(self, keep) -> None:
-        """Keep these training samples (a boolean mask or sorted positions), in order."""
-        keep = np.asarray(keep)
-        if keep.dtype == bool:
-            keep = np.flatnonzero(keep)
-        origin = np.arange(len(self.train_y)) if self.train_origin is None else self.train_origin
-        self.train_x, self.train_y = self.train_x[keep], self.train_y[keep]
-        self.train_origin = origin[keep]
-        if self.groups is not None:
-            self.groups = self.groups[keep]
-
-
-@dataclass(frozen=True)
-class DataRequest:
-    """What a loader may need besides a folder: generated sets depend on the run's peers and seed."""
-
-    data_dir: str | None = None
-    labels: str = "fine"  # CIFAR-100: fine (100) or coarse (20 superclasses)
-    peers: int = 10
-    samples_per_peer: int = 200
-    seed: int = 0
 
 
 def _find_file(folder: Path, stem: str) -> Path | None:

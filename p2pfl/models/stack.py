@@ -41,7 +41,7 @@ class PeerStack:
         # ranks that share the GPU)
         self.memory_share = 0.5
         self.dropouts = {name: m for name, m in model.named_modules() if isinstance(m, PeerDropout)}
-        # a batched MLP trains through hand-written batched products (p2pfl.training._mlp_gradients)
+        # a batched MLP trains through hand-written batched products (p2pfl.gradients.mlp_gradients)
         self.mlp = _mlp_shape(model, self.layout) if self.batched else None
         self._scratch = threading.local()  # freed with its thread
         # batch norm couples the samples of a batch: padded rows must not enter its statistics

@@ -11,8 +11,8 @@ INPUTS_CACHE_BYTES = 256 * 2**20  # the inputs' codes or Grams a rank keeps (94 
 
 
 class InputsCache:
-    def __init__(self, pixel_levels, budget: int | None = None):
-        self.pixel_levels = pixel_levels
+    def __init__(self, data, budget: int | None = None):
+        self.data = data  # its pixel_levels: None where the inputs are not pixels
         self.budget = INPUTS_CACHE_BYTES if budget is None else budget
         self.kept: dict[tuple[int, bytes], PixelInputs | torch.Tensor] = {}  # by (peer, its sample indices)
         self.bytes = 0
@@ -29,7 +29,7 @@ class InputsCache:
         key = (peer, index.numpy().tobytes())
         kept = self.kept.get(key)
         if kept is None:
-            kept = PixelInputs.encode(jac.acts[0], self.pixel_levels)
+            kept = PixelInputs.encode(jac.acts[0], self.data.pixel_levels)
             if kept is None:
                 kept = jac.input_gram()
             if self.bytes + _nbytes(kept) <= self.budget:

@@ -24,7 +24,8 @@ from p2pfl.options import fraction, non_negative, option
 from p2pfl.comm import Payload
 from p2pfl.bitpack import pack_mask, unpack_mask
 from p2pfl.seeding import keyed_uniform
-from p2pfl.training import StepTerms, gradients
+from p2pfl.gradients import gradients
+from p2pfl.training import StepTerms
 
 
 @dataclass(frozen=True)

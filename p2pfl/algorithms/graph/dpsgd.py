@@ -2,7 +2,8 @@
 at its current weights, averages weights with its neighbours, then applies the gradient step to the
 average: x_i <- sum_j W_ij x_j - lr * g_i(x_i). One SGD step per gossip round."""
 from p2pfl.algorithms.base import Algorithm, Round, neighbour_average
-from p2pfl.training import apply_step, gradients
+from p2pfl.gradients import gradients
+from p2pfl.training import apply_step
 
 
 class DPSGD(Algorithm):

@@ -6,16 +6,11 @@ A round, each step a phase on the transport:
 2. 'weights': each peer sends its averaged weights back to its neighbours.
 3. 'jacobians': peer i sends neighbour j the Jacobian of f(X_i; w_j), its labels Y_i and outputs
    f(X_i; w_j), so j holds its whole neighbourhood's Jacobians taken at its own weights.
-4. each peer evolves its weights with the NTK of its neighbourhood and keeps the best candidate t.
-With Jacobian batching (--ntk-batches m1) steps 2-4 repeat m1 times per round, each on 1/m1 of
-every peer's samples; with data subsampling (--ntk-subsample m2) peers use 1/m2 of their samples,
-drawn anew each round.
-
-Selection of t (--ntk-selection): 'network' = the true network's cross-entropy on the neighbourhood's
-samples (the reference code; a simulator shortcut: it reads the neighbours' inputs from the shared
-dataset copy, which a deployment would have to send); 'linearized' = the loss of the evolved outputs
-(the paper's appendix-C wording; it falls with t, so it takes the largest candidate); 'own' = the true
-loss on the peer's own samples (no neighbour inputs needed).
+4. each peer evolves its weights with the NTK of its neighbourhood and keeps the best candidate t
+   (--ntk-selection; 'network', the reference code's, reads the neighbours' inputs from the shared
+   dataset copy, a simulator shortcut: a deployment would send them).
+With Jacobian batching (--ntk-batches m1) steps 2-4 repeat m1 times per round, each on 1/m1 of every
+peer's samples; with data subsampling (--ntk-subsample m2) peers use 1/m2 of theirs, drawn each round.
 """
 from __future__ import annotations
 
@@ -38,7 +33,7 @@ from p2pfl.ntk.step import NTKProblem, ntk_steps
 from p2pfl.comm import Message, Weights
 from p2pfl.options import option, positive
 from p2pfl.report import plot_final_averaging
-from p2pfl.training import candidate_losses
+from p2pfl.forward import candidate_losses
 
 
 @dataclass(frozen=True)
@@ -71,7 +66,7 @@ class NTKDFL(Algorithm):
         self.plan = JacobianPlan(self.codec, s.ntk_memory_gb, s.ntk_batches, s.ntk_subsample, ctx.sample_counts,
                                  ctx.data.n_classes, ctx.transport.size, ctx.stack, self.step_settings,
                                  max(d for _, d in ctx.schedule.graph(0).degree()), len(ctx.peers))
-        self.inputs = InputsCache(ctx.data.pixel_levels)
+        self.inputs = InputsCache(ctx.data)
         self.taus_chosen: list[int] = []  # every peer step's t, for final.json
 
     @classmethod

@@ -26,7 +26,8 @@ from p2pfl.algorithms.star.fedavg import FedAvg, FedAvgSettings
 from p2pfl.options import non_negative, option, positive, positive_ints
 from p2pfl.errors import UserError
 from p2pfl.report import plot_fine_tuning, plot_linear_run, plot_similarity
-from p2pfl.training import SGDSettings, evaluate
+from p2pfl.training import SGDSettings
+from p2pfl.forward import evaluate
 
 
 @dataclass(frozen=True)

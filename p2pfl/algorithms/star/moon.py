@@ -14,7 +14,8 @@ import torch
 
 from p2pfl.algorithms.star.fedavg import FedAvg, FedAvgSettings
 from p2pfl.options import non_negative, option, positive
-from p2pfl.training import Contrast, StepTerms
+from p2pfl.gradients import Contrast
+from p2pfl.training import StepTerms
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from p2pfl.metrics import histogram
 from p2pfl.ntk.plan import check_memory
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.ntk.step import ntk_step
-from p2pfl.training import candidate_losses
+from p2pfl.forward import candidate_losses
 
 
 @dataclass(frozen=True)
