@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from p2pfl.algorithms.star.fedavg import ScaffoldUpload
+from p2pfl.algorithms.star.scaffold import ScaffoldUpload
 from p2pfl.data import DataRequest, load_dataset, partition
 from p2pfl.errors import UserError
 from p2pfl.models import MODELS, PeerStack, build_model, count_parameters, initial_parameters

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from p2pfl.algorithms.star.fedavg import FedAvg, FedProx, FedProxSettings, Scaffold
+from p2pfl.algorithms.star.fedavg import FedAvg
+from p2pfl.algorithms.star.fedprox import FedProx, FedProxSettings
+from p2pfl.algorithms.star.scaffold import Scaffold
 from p2pfl.algorithms.star.moon import Moon, MoonSettings
 from p2pfl.algorithms.base import Round
 from p2pfl.algorithms.server import ServerAlgorithm

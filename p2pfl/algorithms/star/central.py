@@ -1,0 +1,36 @@
+"""The centralized-training upper bound on the star: the sampled clients upload their data."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from p2pfl.algorithms.star.fedavg import FedAvg
+from p2pfl.comm import Payload
+
+
+@dataclass
+class Samples(Payload):
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+class Centralized(FedAvg):
+    """The upper bound: the sampled clients upload their raw data and the server trains the global
+    model on the union, with the same local settings."""
+
+    name = "central"
+    summary = "upper bound: the server trains on the sampled clients' data"
+    trains_locally = False
+    Upload = Samples
+
+    def client_work(self, round_index, clients, received, losses):
+        ctx = self.ctx
+        return {c: (Samples(*ctx.samples(c)), None) for c in clients}
+
+    def server_update(self, round_index, clients, uploads):
+        ctx = self.ctx
+        union = torch.cat([ctx.shards[c] for c in clients])
+        w = ctx.global_weights[None].clone()
+        ctx.train(round_index, w, [self.server], self.sgd(), shards=[union])
+        return w[0]
