@@ -30,8 +30,7 @@ from p2pfl.tracking import check_available
 from p2pfl.config import FIELDS, TRAINING_FALLBACK, RunConfig, machine_memory
 
 __all__ = ["RunConfig", "TRAINING_FALLBACK", "machine_memory", "make_config", "parse_config", "resolve",
-           "resolved_dict", "validate", "write_toml"]
-
+           "resolved_dict", "validate"]
 
 
 CONFIG_HELP = "TOML file of settings (keys are the flags' names); flags given here override it"
@@ -307,18 +306,3 @@ def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
 
 REPLACED_BY_PARTITION_FILE = ("partition", "alpha", "dirichlet_style", "classes_per_peer", "classes_style",
                               "samples_per_peer")
-
-
-def write_toml(values: dict[str, Any], path: Path, comments: tuple[str, ...] = ()) -> None:
-    """config.toml: comment lines first (facts of the run that are not settings), then the values written
-    by tomli-w, the writer that pairs with tomllib, so that every value reads back as it was (a folder name
-    with a newline or a control character too)."""
-    import tomli_w
-
-    notes = "".join(f"# {_printable(c)}\n" for c in comments)
-    path.write_text(notes + tomli_w.dumps(values))
-
-
-def _printable(text: str) -> str:
-    """One comment line: control characters (a newline would end the comment) as escapes."""
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in str(text))

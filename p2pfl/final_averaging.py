@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from p2pfl.errors import UserError
 from p2pfl.seeding import torch_generator
 from p2pfl.forward import evaluate
 
@@ -19,6 +20,13 @@ ORDERS = ("high-to-low", "random", "low-to-high")
 def grid(m: int, points: int = 60) -> list[int]:
     step = max(1, m // points)
     return sorted(set(list(range(1, min(m, 20) + 1)) + list(range(step, m + 1, step)) + [m]))
+
+
+def check_test_halves(test_samples: int | None) -> None:
+    """Final averaging splits the test samples into validation and test halves: it needs at least 2."""
+    if test_samples is not None and test_samples < 2:
+        raise UserError(f"--test-samples {test_samples}: NTK-DFL's final averaging splits the test samples "
+                        "into validation and test halves and needs at least 2")
 
 
 def final_averaging(ctx) -> dict | None:

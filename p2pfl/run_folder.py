@@ -9,6 +9,7 @@ import sys
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import torch
 from topologies.drawing import draw_graph
@@ -16,7 +17,7 @@ from topologies.drawing import draw_graph
 from p2pfl import checkpoint
 from p2pfl.algorithms.server import clients_per_round
 from p2pfl.config import RunConfig
-from p2pfl.configure import resolved_dict, write_toml
+from p2pfl.configure import resolved_dict
 from p2pfl.data import summary
 from p2pfl.errors import UserError
 from p2pfl.models import count_parameters
@@ -132,3 +133,18 @@ def summary_line(rows: list[dict], task, run_dir: Path | None) -> str:
     name = {"acc": "accuracy"}.get(head, head)
     return (f"round {last['round']}: aggregated test {name} {task.format(last[f'test_{head}'])}, mean client "
             f"{task.format(last[f'client_{head}_mean'])}; {where}")
+
+
+def write_toml(values: dict[str, Any], path: Path, comments: tuple[str, ...] = ()) -> None:
+    """config.toml: comment lines first (facts of the run that are not settings), then the values written
+    by tomli-w, the writer that pairs with tomllib, so that every value reads back as it was (a folder name
+    with a newline or a control character too)."""
+    import tomli_w
+
+    notes = "".join(f"# {_printable(c)}\n" for c in comments)
+    path.write_text(notes + tomli_w.dumps(values))
+
+
+def _printable(text: str) -> str:
+    """One comment line: control characters (a newline would end the comment) as escapes."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in str(text))

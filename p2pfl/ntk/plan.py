@@ -34,20 +34,24 @@ class JacobianPlan:
     the receiver groups whose dense Jacobians fit the cap, and the evolution chunk. A run whose largest
     neighbourhood of the first graph cannot fit is refused before it starts."""
 
-    def __init__(self, codec: JacobianCodec, memory_gb: float, batches: int, subsample: int, shard_sizes: list[int],
-                 n_classes: int, ranks: int, stack, step_settings, degree: int, peers_here: int):
-        self.codec, self.memory_gb, self.n_classes = codec, memory_gb, n_classes
-        self.batches, self.subsample, self.sizes = batches, subsample, shard_sizes
+    def __init__(self, ctx, codec: JacobianCodec, settings):
+        """ctx: the run's (its shards, data, transport, stack, graph and peers); settings: NTK-DFL's."""
+        self.codec, self.memory_gb, self.n_classes = codec, settings.ntk_memory_gb, ctx.data.n_classes
+        self.batches, self.subsample = batches, subsample = settings.ntk_batches, settings.ntk_subsample
+        self.sizes = shard_sizes = ctx.sample_counts
+        n_classes, memory_gb, stack = self.n_classes, self.memory_gb, ctx.stack
+        degree = max(d for _, d in ctx.schedule.graph(0).degree())
         smallest = min(shard_sizes)
         if batches * subsample > smallest:
             raise UserError(f"--ntk-batches {batches} x --ntk-subsample {subsample} exceeds the {smallest} "
                             "samples of the smallest peer: every Jacobian batch needs at least one sample")
         largest_hood = (degree + 1) * math.ceil(max(shard_sizes) // subsample / batches)
-        self.copies = JACOBIAN_COPIES_ONE_RANK if ranks == 1 else JACOBIAN_COPIES
+        self.copies = JACOBIAN_COPIES_ONE_RANK if ctx.transport.size == 1 else JACOBIAN_COPIES
         check_memory(codec, memory_gb, n_classes, largest_hood, self.copies,
                      "one neighbourhood's (the largest of the first round's graph)")
         stacked = largest_hood * n_classes * codec.n_params * 4 if codec.path == "dense" else 0
-        self.chunk = evolve_chunk(step_settings, KERNEL_COPIES * 4 * largest_hood ** 2 + stacked, peers_here, stack)
+        self.chunk = evolve_chunk(settings.step_settings(), KERNEL_COPIES * 4 * largest_hood**2 + stacked,
+                                  len(ctx.peers), stack)
 
     def batch_size(self, peer: int) -> int:
         """How many samples peer uses in each of a round's Jacobian batches (the largest of them)."""

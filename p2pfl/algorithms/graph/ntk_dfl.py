@@ -17,23 +17,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from p2pfl.algorithms.base import Algorithm, RunContext, Round, neighbour_average
 from p2pfl.algorithms.ntk_options import (JacobianMessage, NTKOptions, announce_compiling, make_codec,
                                          project_inputs)
 from p2pfl.errors import UserError
-from p2pfl.final_averaging import final_averaging
+from p2pfl.final_averaging import check_test_halves, final_averaging
 from p2pfl.metrics import histogram
 from p2pfl.ntk.inputs_cache import InputsCache, on_device
-from p2pfl.ntk.pixels import PixelInputs
+from p2pfl.ntk.neighbourhood import neighbourhood_problem, round_samples
 from p2pfl.ntk.plan import JacobianPlan
 from p2pfl.ntk.step import NTKProblem, ntk_steps
 from p2pfl.comm import Message, Weights
 from p2pfl.options import option, positive
 from p2pfl.report import plot_final_averaging
-from p2pfl.forward import candidate_losses
 
 
 @dataclass(frozen=True)
@@ -56,16 +54,11 @@ class NTKDFL(Algorithm):
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
-        s, cfg = self.settings, ctx.cfg
-        if cfg.test_samples is not None and cfg.test_samples < 2:
-            raise UserError(f"--test-samples {cfg.test_samples}: NTK-DFL's final averaging splits the test samples "
-                            "into validation and test halves and needs at least 2")
-        self.step_settings = s.step_settings()
-        self.codec = make_codec(ctx, s)
-        announce_compiling(ctx, s)
-        self.plan = JacobianPlan(self.codec, s.ntk_memory_gb, s.ntk_batches, s.ntk_subsample, ctx.sample_counts,
-                                 ctx.data.n_classes, ctx.transport.size, ctx.stack, self.step_settings,
-                                 max(d for _, d in ctx.schedule.graph(0).degree()), len(ctx.peers))
+        check_test_halves(ctx.cfg.test_samples)
+        self.step_settings = self.settings.step_settings()
+        self.codec = make_codec(ctx, self.settings)
+        announce_compiling(ctx, self.settings)
+        self.plan = JacobianPlan(ctx, self.codec, self.settings)
         self.inputs = InputsCache(ctx.data)
         self.taus_chosen: list[int] = []  # every peer step's t, for final.json
 
@@ -87,13 +80,8 @@ class NTKDFL(Algorithm):
         return {p: sorted([*graph.neighbors(p), p]) for p in range(self.ctx.cfg.peers)}
 
     def samples(self, round_index: int, peer: int) -> list[torch.Tensor]:
-        """The peer's training indices used this round, split into the m1 Jacobian batches."""
-        shard, batches = self.ctx.shards[peer].numpy(), self.settings.ntk_batches
-        if self.settings.ntk_subsample > 1:
-            keep = max(1, len(shard) // self.settings.ntk_subsample)
-            shard = np.sort(self.ctx.rng("subsample", round_index, peer).choice(shard, keep, False))
-        parts = np.array_split(shard, min(batches, len(shard)))
-        return [torch.from_numpy(parts[b % len(parts)]) for b in range(batches)]
+        s, shard = self.settings, self.ctx.shards[peer].numpy()
+        return round_samples(shard, s.ntk_batches, s.ntk_subsample, self.ctx.rng("subsample", round_index, peer))
 
     def round(self, round_index: int) -> Round:
         """Average, then per Jacobian batch: send weights, exchange Jacobians, evolve, keep the best t."""
@@ -104,33 +92,32 @@ class NTKDFL(Algorithm):
         losses, taus = None, []
         for b in range(self.settings.ntk_batches):
             batch = {p: d[b] for p, d in data.items()}
-            heard = ctx.neighbour_exchange("weights", round_index, Weights,
-                                           {p: Weights(weights[ctx.row[p]]) for p in ctx.peers})
-            losses = self.evolve(round_index, hood, weights, heard, batch, on_device(batch, ctx.device), taus)
+            sends = {p: Weights(weights[ctx.row[p]]) for p in ctx.peers}
+            heard = ctx.neighbour_exchange("weights", round_index, Weights, sends)
+            losses = self.evolve(round_index, hood, weights, heard, (batch, on_device(batch, ctx.device)), taus)
             weights = ctx.flat
         self.taus_chosen += taus
         return Round(losses, pooled={"ntk_t_hist": taus})
 
-    def evolve(self, round_index, hood, weights, heard, data, placed, taus) -> torch.Tensor:
+    def evolve(self, round_index, hood, weights, heard, samples, taus) -> torch.Tensor:
         """One Jacobian batch: each group of receivers gets its neighbours' Jacobians and evolves, a chunk of
-        peers at a time. data: each peer's sample indices (on the CPU: the inputs cache's keys); placed:
-        the same on the device."""
+        peers at a time. samples: each peer's sample indices on the CPU (the inputs cache's keys) and the
+        same on the device."""
         ctx, eta = self.ctx, self.ctx.lr(round_index)
         online = [ctx.peers[i] for i in ctx.online_rows(round_index)]
         new = ctx.flat.clone()
         losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)  # NaN: offline this round
         for group in self.plan.groups(hood):
-            own, inbox = self.exchange_jacobians(round_index, weights, heard, placed, online, group)
+            own, inbox = self.exchange_jacobians(round_index, weights, heard, samples[1], online, group)
             receivers = [p for p in online if p in group]
             for chunk in range(0, len(receivers), self.plan.chunk):
                 peers = receivers[chunk:chunk + self.plan.chunk]
-                problems = [self.problem(p, [j for j in hood[p] if j == p or j in inbox[p]], own, inbox,
-                                         weights[ctx.row[p]], data, placed) for p in peers]  # what arrived
-                for p, result in zip(peers, ntk_steps(problems, self.codec.shape, ctx.data.n_classes, eta,
-                                                      self.step_settings)):
+                problems = [self.problem(p, hood[p], own, inbox, weights, samples) for p in peers]
+                results = ntk_steps(problems, self.codec.shape, ctx.data.n_classes, eta, self.step_settings)
+                for p, result in zip(peers, results):
                     new[ctx.row[p]], losses[ctx.row[p]] = result.weights, result.losses.min()
                     taus.append(result.tau)
-                del problems  # a chunk's stacked Jacobians go before the next chunk's are stacked
+                del problems, results  # a chunk's stacked Jacobians go before the next chunk's are stacked
             del own, inbox  # this group's Jacobians go before the next group's come
         ctx.flat = new
         return losses
@@ -152,23 +139,13 @@ class NTKDFL(Algorithm):
                     msgs.append(Message(i, j, payload, dense_nbytes=dense))
         return own, ctx.neighbour_exchange("jacobians", round_index, JacobianMessage, msgs, group, answering="weights")
 
-    def problem(self, peer, hood, own, inbox, w, data, placed) -> NTKProblem:
-        """Peer's evolution over its neighbourhood: its own Jacobian and the ones it received, stacked."""
-        ctx = self.ctx
-        parts = [own[peer] if j == peer else inbox[peer][j].read(self.codec) for j in hood]
-        blocks = [self.inputs.block(j, part[0], data[j]) for j, part in zip(hood, parts)] \
-            if self.codec.path == "factored" else [None] * len(hood)
-        pixels = PixelInputs.cat(blocks) if all(isinstance(b, PixelInputs) for b in blocks) else None
-        grams = None if pixels is not None else [b if isinstance(b, torch.Tensor) else None for b in blocks]
-        jac = self.codec.cat([part[0] for part in parts], grams, pixels)
-        f0, labels = torch.cat([part[1] for part in parts]), torch.cat([part[2] for part in parts])
-        # the selection's samples are the neighbourhood's, or the peer's own block of them
-        own_only = self.settings.ntk_selection == "own"
-        selection_pixels = None if pixels is None else blocks[hood.index(peer)] if own_only else pixels
-        index = torch.cat([placed[j] for j in ([peer] if own_only else hood)])
-        x, y = ctx.rows(index) if selection_pixels is None else (None, ctx.data.train_y[index.to(ctx.device)])
-        return NTKProblem(jac, w, f0, labels, lambda cands: candidate_losses(
-            ctx.stack, cands, x, y, self.settings.ntk_loss, selection_pixels))
+    def problem(self, peer, hood, own, inbox, weights, samples) -> NTKProblem:
+        """Peer's evolution over its neighbourhood (the members whose Jacobians arrived): its own Jacobian
+        and the ones it received, stacked."""
+        ctx, members = self.ctx, [j for j in hood if j == peer or j in inbox[peer]]
+        parts = [own[peer] if j == peer else inbox[peer][j].read(self.codec) for j in members]
+        w = weights[ctx.row[peer]]
+        return neighbourhood_problem(ctx, self.codec, self.inputs, self.settings, peer, members, parts, w, samples)
 
     def finish(self, run_dir) -> dict | None:
         result = final_averaging(self.ctx)

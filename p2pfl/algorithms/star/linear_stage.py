@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from p2pfl.comm import Payload
+from p2pfl.errors import UserError
 
 POWER_ITERATIONS = 30  # for each client's lambda_max (an estimate from below: the share leaves room)
 FEATURE_WORKING_SET = 2 * 2**30  # the per-sample gradients entk_features holds for a chunk (its memory_gb)
@@ -17,6 +18,38 @@ FEATURE_WORKING_SET = 2 * 2**30  # the per-sample gradients entk_features holds 
 def n_space(solver: str, n: int, p: int) -> bool:
     """Whether a client of n samples steps in n-space (--tct-solver; auto: where n < p)."""
     return solver == "n-space" or (solver == "auto" and n < p)
+
+
+def feature_notes(model: str, features: int, total: int, network: int, samples: int, need: int) -> list[str]:
+    """The run header's lines: how many eNTK coordinates are kept, and what stage 2 will hold."""
+    if features >= total:
+        kept = (f"tct: the convexified {model} has {total:,} parameters (head of 1 logit), not more than "
+                f"--tct-features {features:,}: all of them are kept, no subsampling")
+    else:
+        kept = f"tct: eNTK features: {features:,} of the convexified {model}'s {total:,} parameters (the network has {network:,})"
+    return [kept, f"tct: stage 2 holds the features of {samples:,} samples on the busiest rank: about "
+                  f"{need / 2**30:.1f} GiB (n x p x 2 bytes, with the Grams where n < p and the server's test "
+                  f"features); --train-samples and --tct-features shrink it"]
+
+
+def check_feature_memory(samples: int, need: int, where: str, have: int) -> None:
+    """Refuse, before stage 1 is spent, a run whose stage-2 features cannot fit the rank's memory."""
+    if need > have:
+        raise UserError(f"tct: the eNTK features of {samples:,} samples would take about {need / 2**30:,.1f} GiB "
+                        f"on one rank, more than {where}'s {have / 2**30:,.1f} GiB: use --train-samples (fewer "
+                        "samples), --tct-features (fewer coordinates) or more ranks")
+
+
+def linear_scores(test_features: StandardFeatures, server: torch.Tensor, clients: torch.Tensor, y: torch.Tensor):
+    """Test accuracy and loss of the server's linear model (p + 1, C) and each client's (K, p + 1, C):
+    ({metric: float}, {metric: (K,)})."""
+    C = server.shape[1]
+    models = torch.cat([server[None], clients])
+    out = test_features.matmul(torch.cat(list(models), 1)).view(len(y), len(models), C)
+    target = centred_one_hot(y, C)
+    acc = (out.argmax(2) == y[:, None]).double().mean(0)
+    loss = 0.5 * ((out - target[:, None]) ** 2).sum(2).double().mean(0)
+    return {"acc": float(acc[0]), "loss": float(loss[0])}, {"acc": acc[1:], "loss": loss[1:]}
 
 
 def feature_memory(sizes: list[int], p: int, solver: str, tests: int) -> tuple[int, int]:

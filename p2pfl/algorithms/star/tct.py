@@ -18,9 +18,10 @@ from tqdm import tqdm
 from p2pfl.algorithms.base import Round
 from p2pfl.algorithms.server import ServerAlgorithm
 from p2pfl.algorithms.star.fedavg import FedAvg, FedAvgSettings
-from p2pfl.algorithms.star.linear_stage import (Moments, Scalar, StandardFeatures, Standardisation, centred_one_hot,
-                                                client_round, feature_memory, global_standardisation,
-                                                largest_curvature, n_space, no_standardisation)
+from p2pfl.algorithms.star.linear_stage import Moments, Scalar, StandardFeatures, Standardisation, centred_one_hot
+from p2pfl.algorithms.star.linear_stage import check_feature_memory, client_round, feature_memory, feature_notes
+from p2pfl.algorithms.star.linear_stage import global_standardisation, largest_curvature, linear_scores, n_space
+from p2pfl.algorithms.star.linear_stage import no_standardisation
 from p2pfl.comm import Weights
 from p2pfl.config import machine_memory
 from p2pfl.errors import DivergenceError, UserError
@@ -74,37 +75,20 @@ class TCT(ServerAlgorithm):
         self.test_features = self.linear = None
         self.lr = None if s.tct_lr == "auto" else s.tct_lr  # stage 2's; auto: agreed at convexify
         self.convexified_params = self.convexified(torch.zeros(ctx.stack.layout.size))[1].trainable
-        self.check_feature_memory()
+        check_feature_memory(*self.feature_memory(), *machine_memory(ctx.device))
 
     def notes(self):
-        s, cfg, total = self.settings, self.ctx.cfg, self.convexified_params
-        if s.tct_features >= total:
-            kept = (f"tct: the convexified {cfg.model} has {total:,} parameters (head of 1 logit), not more than "
-                    f"--tct-features {s.tct_features:,}: all of them are kept, no subsampling")
-        else:
-            kept = (f"tct: eNTK features: {s.tct_features:,} of the convexified {cfg.model}'s {total:,} parameters "
-                    f"(the network has {self.ctx.stack.layout.trainable:,})")
-        samples, need = self.feature_memory()
-        return [kept, f"tct: stage 2 holds the features of {samples:,} samples on the busiest rank: about "
-                      f"{need / 2**30:.1f} GiB (n x p x 2 bytes, with the Grams where n < p and the server's test "
-                      f"features); --train-samples and --tct-features shrink it"]
+        s, cfg = self.settings, self.ctx.cfg
+        return feature_notes(cfg.model, s.tct_features, self.convexified_params, self.ctx.stack.layout.trainable,
+                             *self.feature_memory())
 
     def feature_memory(self) -> tuple[int, int]:
         """(samples, bytes) of what stage 2 keeps on this rank: its clients' (the server is a node, not a
         peer) and, on the server's rank, the test samples'."""
         ctx = self.ctx
         tests = (ctx.cfg.test_samples or len(ctx.data.test_x)) if self.is_server else 0
-        return feature_memory([len(ctx.shards[c]) for c in ctx.peers], min(self.settings.tct_features,
-                              self.convexified_params), self.settings.tct_solver, tests)
-
-    def check_feature_memory(self) -> None:
-        """Refuse, before stage 1 is spent, a run whose stage-2 features cannot fit this machine."""
-        samples, need = self.feature_memory()
-        where, have = machine_memory(self.ctx.device)
-        if need > have:
-            raise UserError(f"tct: the eNTK features of {samples:,} samples would take about {need / 2**30:,.1f} GiB "
-                            f"on one rank, more than {where}'s {have / 2**30:,.1f} GiB: use --train-samples (fewer "
-                            "samples), --tct-features (fewer coordinates) or more ranks")
+        p = min(self.settings.tct_features, self.convexified_params)
+        return feature_memory([len(ctx.shards[c]) for c in ctx.peers], p, self.settings.tct_solver, tests)
 
     def convexified(self, network: torch.Tensor):
         cfg = self.ctx.cfg
@@ -134,8 +118,9 @@ class TCT(ServerAlgorithm):
         clients = list(range(ctx.cfg.peers))
         network = ctx.global_weights if self.is_server else None
         raw: dict[int, torch.Tensor] = {}
-        bar = tqdm(total=self.feature_memory()[0], desc="tct: eNTK features", unit="sample", leave=False,
-                   disable=ctx.transport.rank != 0 or not ctx.cfg.progress)
+        shown = ctx.transport.rank == 0 and ctx.cfg.progress
+        total = self.feature_memory()[0]
+        bar = tqdm(total=total, desc="tct: eNTK features", unit="sample", leave=False, disable=not shown)
 
         def features_of(mine, received):
             out = {}
@@ -199,6 +184,8 @@ class TCT(ServerAlgorithm):
         losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)  # NaN: no download (faults)
         shape = (self.test_features.raw.shape[1] + 1, self.C) if self.is_server else None
 
+        steps, scaffold = s.tct_local_steps, s.tct_stage2 == "scaffold"
+
         def local(mine, received):
             out = {}
             for c in mine:
@@ -206,9 +193,10 @@ class TCT(ServerAlgorithm):
                 theta = received[c].weights.view(Z.raw.shape[1] + 1, self.C)
                 residual = Z.matmul(theta) - Y
                 losses[self.ctx.row[c]] = 0.5 * (residual**2).sum(1).mean()
-                W, self.h[c] = client_round(Z, self.grams.get(c), Y, theta, self.h.get(c, torch.zeros_like(theta)),
-                                            self.previous.get(c), self.lr, s.tct_local_steps,
-                                            s.tct_stage2 == "scaffold", residual)
+                h = self.h.get(c, torch.zeros_like(theta))
+                W, self.h[c] = client_round(
+                    Z, self.grams.get(c), Y, theta, h, self.previous.get(c), self.lr, steps, scaffold, residual
+                )
                 self.previous[c] = W
                 out[c] = (Weights(W.reshape(-1)), None)
             return out
@@ -235,15 +223,10 @@ class TCT(ServerAlgorithm):
         clients = ctx.transport.gather_rows(mine)
         if not self.is_server:
             return {}, {}
-        models = torch.cat([self.linear[None], clients.view(len(clients), *self.linear.shape)])
-        out = self.test_features.matmul(torch.cat(list(models), 1)).view(len(y), len(models), self.C)
-        target = centred_one_hot(y, self.C)
-        acc = (out.argmax(2) == y[:, None]).double().mean(0)
-        loss = 0.5 * ((out - target[:, None]) ** 2).sum(2).double().mean(0)
-        return {"acc": float(acc[0]), "loss": float(loss[0])}, {"acc": acc[1:], "loss": loss[1:]}
+        return linear_scores(self.test_features, self.linear, clients.view(len(clients), *self.linear.shape), y)
 
     def finish(self, run_dir):
         if run_dir is not None and self.linear is not None:
-            torch.save({"weight": self.linear[:-1].T.contiguous().cpu(), "bias": self.linear[-1].cpu()},
-                       run_dir / "tct_linear.pt")
+            model = {"weight": self.linear[:-1].T.contiguous().cpu(), "bias": self.linear[-1].cpu()}
+            torch.save(model, run_dir / "tct_linear.pt")
         return None
