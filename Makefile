@@ -41,12 +41,13 @@ data:
 run: install
 	$(PY) -m p2pfl.run
 
-# The layers contract (.importlinter: imports point down only), ruff's check, then the tests on a worker per core,
+# The layers contract (.importlinter: imports point down only), ruff's check and its formatting, then the tests on a worker per core,
 # at most 4 (on 2 cores: 9m41s against 10m27s on one); worksteal keeps the long ones from ending last
 # on one worker.
 test: install
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check p2pfl topologies analysis launch bench tests examples
+	$(VENV)/bin/ruff format --check p2pfl topologies analysis launch bench tests examples
 	P2PFL_NO_DOWNLOAD=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist worksteal --durations=25 tests
 
 # What a contributor runs while working: every test but those that start mpirun or a fresh interpreter

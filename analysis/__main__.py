@@ -1,9 +1,10 @@
 """python -m analysis COMMAND ...: compare runs, draw the papers' figures, draw topologies.
 
-    python -m analysis compare RUN_DIR... [--by algo] [--out FILE]
-    python -m analysis figures RUNS_DIR [--out DIR]
-    python -m analysis topology RUN_DIR|CONFIG.toml [--out DIR]
+python -m analysis compare RUN_DIR... [--by algo] [--out FILE]
+python -m analysis figures RUNS_DIR [--out DIR]
+python -m analysis topology RUN_DIR|CONFIG.toml [--out DIR]
 """
+
 from __future__ import annotations
 
 import importlib

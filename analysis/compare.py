@@ -8,6 +8,7 @@ aggregated model solid and the mean client dotted. A table (Markdown and CSV) gi
 accuracy and the rounds and bytes it took to reach each target. Only config.toml and metrics.jsonl of
 each folder are read.
 """
+
 from __future__ import annotations
 
 import csv
@@ -23,9 +24,20 @@ from analysis.toolkit import Parser, guarded, output_file, read_run
 from p2pfl.errors import UserError
 
 # Settings that do not change a run's numbers: never a reason to split groups.
-NOT_RESULTS = {"seed", "progress", "device", "comm_timeout", "checkpoint_every", "save_edges", "batch", "batched",
-               "resume", "tensorboard", "client_test_samples"}
-MIB = 2 ** 20
+NOT_RESULTS = {
+    "seed",
+    "progress",
+    "device",
+    "comm_timeout",
+    "checkpoint_every",
+    "save_edges",
+    "batch",
+    "batched",
+    "resume",
+    "tensorboard",
+    "client_test_samples",
+}
+MIB = 2**20
 
 
 @dataclass
@@ -83,8 +95,10 @@ def load_run(folder: Path) -> Run:
     config, rows = read_run(folder)
     if not any("test_acc" in r or "test_loss" in r for r in rows):
         every = config.get("eval_every")
-        raise UserError(f"{folder} has no evaluated round yet ({len(rows)} rounds done"
-                        f"{f', --eval-every {every}' if isinstance(every, int) and every > 1 else ''})")
+        raise UserError(
+            f"{folder} has no evaluated round yet ({len(rows)} rounds done"
+            f"{f', --eval-every {every}' if isinstance(every, int) and every > 1 else ''})"
+        )
     return Run(Path(folder), config, rows)
 
 
@@ -133,8 +147,11 @@ def label_keys(runs: list[Run], keys: list[str]) -> list[str]:
     by_algo: dict[str, list[Run]] = {}
     for run in runs:
         by_algo.setdefault(run.config.get("algo"), []).append(run)
-    follows = {k for k in varying if k != "algo"
-               and all(len({repr(r.config.get(k)) for r in part}) == 1 for part in by_algo.values())}
+    follows = {
+        k
+        for k in varying
+        if k != "algo" and all(len({repr(r.config.get(k)) for r in part}) == 1 for part in by_algo.values())
+    }
     return [k for k in varying if k not in follows]
 
 
@@ -166,21 +183,28 @@ def table(groups: list[Group], metric: str, targets: list[float]) -> list[dict]:
         finals = np.array([run.final(key) for run in group.runs])
         client_key = f"client_{metric}_mean"
         clients = [run.final(client_key) for run in group.runs if run.curve(client_key)]
-        row = {"group": group.label, "runs": len(group.runs),
-               f"final_{metric}_mean": finals.mean(), f"final_{metric}_std": finals.std(),
-               f"final_{metric}_min": finals.min(), f"final_{metric}_max": finals.max(),
-               f"final_client_{metric}_mean": float(np.mean(clients)) if clients else None,
-               "rounds": max(run.rows[-1]["round"] for run in group.runs),
-               "mib_sent": float(np.mean([run.cumulative("bytes_sent")[run.rows[-1]["round"]] for run in group.runs])) / MIB,
-               "s_per_round": float(np.mean([np.mean([round_seconds(r) for r in run.rows]) for run in group.runs])),
-               "s_counts": "training" if any(run.training_time_only for run in group.runs) else "whole round"}
+        row = {
+            "group": group.label,
+            "runs": len(group.runs),
+            f"final_{metric}_mean": finals.mean(),
+            f"final_{metric}_std": finals.std(),
+            f"final_{metric}_min": finals.min(),
+            f"final_{metric}_max": finals.max(),
+            f"final_client_{metric}_mean": float(np.mean(clients)) if clients else None,
+            "rounds": max(run.rows[-1]["round"] for run in group.runs),
+            "mib_sent": float(np.mean([run.cumulative("bytes_sent")[run.rows[-1]["round"]] for run in group.runs]))
+            / MIB,
+            "s_per_round": float(np.mean([np.mean([round_seconds(r) for r in run.rows]) for run in group.runs])),
+            "s_counts": "training" if any(run.training_time_only for run in group.runs) else "whole round",
+        }
         for target in targets:
             reached = [(run, first_reaching(run, key, target, higher)) for run in group.runs]
             reached = [(run, k) for run, k in reached if k is not None]
             row[f"reached_{target:g}"] = f"{len(reached)}/{len(group.runs)}"
             row[f"rounds_to_{target:g}"] = float(np.mean([k for _, k in reached])) if reached else None
-            row[f"mib_to_{target:g}"] = (float(np.mean([run.cumulative("bytes_sent")[k] for run, k in reached])) / MIB
-                                         if reached else None)
+            row[f"mib_to_{target:g}"] = (
+                float(np.mean([run.cumulative("bytes_sent")[k] for run, k in reached])) / MIB if reached else None
+            )
         out.append(row)
     return out
 
@@ -202,9 +226,11 @@ def markdown(rows: list[dict], metric: str) -> str:
     for row in rows:
         lines.append("| " + " | ".join(_cell(row[h], percent and (h.startswith("final_"))) for h in header) + " |")
     unit = "final_* accuracies in %; " if percent else ""
-    return "\n".join(lines) + (f"\n\n{unit}rounds_to_X and mib_to_X average the runs that reached X "
-                               "(reached_X says how many); mib = MiB sent by all peers; s_per_round = a round's wall time, "
-                               "evaluation included (s_counts says training where runs predate round_s).\n")
+    return "\n".join(lines) + (
+        f"\n\n{unit}rounds_to_X and mib_to_X average the runs that reached X "
+        "(reached_X says how many); mib = MiB sent by all peers; s_per_round = a round's wall time, "
+        "evaluation included (s_counts says training where runs predate round_s).\n"
+    )
 
 
 def draw(groups: list[Group], metric: str, band: str, path: Path, title: str, targets: list[float] = ()) -> None:
@@ -225,16 +251,20 @@ def draw(groups: list[Group], metric: str, band: str, path: Path, title: str, ta
             low, high = mean - values.std(0), mean + values.std(0)
         else:
             low, high = values.min(0), values.max(0)
-        xs = [np.array(rounds, dtype=float), group.stack("bytes_sent", rounds, True).mean(0) / MIB,
-              group.stack("round_s", rounds, True).mean(0)]
+        xs = [
+            np.array(rounds, dtype=float),
+            group.stack("bytes_sent", rounds, True).mean(0) / MIB,
+            group.stack("round_s", rounds, True).mean(0),
+        ]
         client_rounds = group.rounds(f"client_{metric}_mean")
         for ax, x in zip(axes, xs):
             ax.plot(x, mean, AGGREGATED, color=color, label=f"{group.label} (n={len(group.runs)})")
             if len(group.runs) > 1:
                 ax.fill_between(x, low, high, color=color, alpha=0.18)
             if client_rounds == rounds:
-                ax.plot(x, scale * group.stack(f"client_{metric}_mean", rounds).mean(0), MEAN_CLIENT, color=color,
-                        lw=1.2)
+                ax.plot(
+                    x, scale * group.stack(f"client_{metric}_mean", rounds).mean(0), MEAN_CLIENT, color=color, lw=1.2
+                )
     names = {"acc": "test accuracy (%)", "loss": "test loss"}
     older = any(run.training_time_only for group in groups for run in group.runs)
     clock = "wall time (s, cumulative" + ("; training only for runs without round_s)" if older else ")")
@@ -260,8 +290,11 @@ def subtitle(groups: list[Group], metric: str, band: str) -> str:
     and what the band is (none where every group is one run)."""
     runs = [run for group in groups for run in group.runs]
     told_apart = groups[0].settings
-    shared = {k: runs[0].config.get(k) for k in ("algo", "dataset", "peers", "model")
-              if k not in told_apart and len({repr(r.config.get(k)) for r in runs}) == 1 and k in runs[0].config}
+    shared = {
+        k: runs[0].config.get(k)
+        for k in ("algo", "dataset", "peers", "model")
+        if k not in told_apart and len({repr(r.config.get(k)) for r in runs}) == 1 and k in runs[0].config
+    }
     what = f"test {'accuracy' if metric == 'acc' else metric}"
     what += f" of {len(groups)} groups by {', '.join(told_apart)}" if told_apart else f" of {len(groups)} group(s)"
     if shared:
@@ -274,15 +307,23 @@ def subtitle(groups: list[Group], metric: str, band: str) -> str:
     return what + f"; band: {spread} over {seeds} runs (seeds)"
 
 
-def compare(folders: list[Path], by: list[str] | None = None, targets: list[float] | None = None,
-            band: str = "minmax", out: Path = Path("comparison.png"), title: str = "") -> list[dict]:
+def compare(
+    folders: list[Path],
+    by: list[str] | None = None,
+    targets: list[float] | None = None,
+    band: str = "minmax",
+    out: Path = Path("comparison.png"),
+    title: str = "",
+) -> list[dict]:
     """Draws out (PNG) and writes out.md and out.csv; returns the table rows."""
     runs = [load_run(f) for f in folders]
     metric = headline(runs)
     kinds = {headline([run]): run for run in runs}
     if len(kinds) > 1:
-        raise UserError(f"{kinds['acc'].folder} is a classification run (test_acc) and {kinds['loss'].folder} is not "
-                        "(test_loss only): their curves do not share an axis; compare runs of one task")
+        raise UserError(
+            f"{kinds['acc'].folder} is a classification run (test_acc) and {kinds['loss'].folder} is not "
+            "(test_loss only): their curves do not share an axis; compare runs of one task"
+        )
     lacking = [str(run.folder) for run in runs if not run.curve(f"test_{metric}")]
     if lacking:
         raise UserError(f"{lacking[0]} has no test_{metric} in any round; compare runs of one task")
@@ -327,13 +368,18 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     p = Parser(prog="python -m analysis compare", description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="run folders, or folders holding run folders")
-    p.add_argument("--by", help="comma-separated settings that name a group (e.g. algo); default: every "
-                                "setting but the seed")
+    p.add_argument(
+        "--by", help="comma-separated settings that name a group (e.g. algo); default: every setting but the seed"
+    )
     p.add_argument("--target", help="comma-separated target accuracies (fractions) for the table; default 0.8")
     p.add_argument("--band", choices=("minmax", "std"), default="minmax", help="band over seeds")
-    p.add_argument("--out", type=Path, default=None,
-                   help="figure path; the table goes beside it as .md and .csv (default: compare.png in the "
-                        "folder that holds all the runs, as a sweep writes it)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="figure path; the table goes beside it as .md and .csv (default: compare.png in the "
+        "folder that holds all the runs, as a sweep writes it)",
+    )
     p.add_argument("--title", default="")
     args = p.parse_args(argv)
     try:
@@ -344,8 +390,7 @@ def _main(argv: list[str] | None) -> int:
         p.error(f"--target takes finite numbers, got {args.target!r}")
     folders = run_folders(args.runs)
     out = output_file(args.out if args.out is not None else beside_runs(folders))
-    rows = compare(folders, args.by.split(",") if args.by else None, targets, args.band, out,
-                   args.title)
+    rows = compare(folders, args.by.split(",") if args.by else None, targets, args.band, out, args.title)
     print(out.with_suffix(".md").read_text(), end="")
     print(f"figure: {out}; table: {out.with_suffix('.md')}, {out.with_suffix('.csv')} ({len(rows)} groups)")
     return 0

@@ -6,6 +6,7 @@ RUNS_DIR holds the runs that `launch.figures` makes (`make figures`, `make figur
 per name of `figure_runs()`; a figure whose runs are missing is skipped with a note. Each PNG carries a
 caption naming the runs it came from, and OUT/captions.md lists them all (default OUT: RUNS_DIR/figures).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,11 @@ from analysis.toolkit import Parser, guarded
 from p2pfl.errors import UserError
 
 BASELINES = ("dfedavg", "dfedavgm", "dpsgd", "dispfl")
-SPLITS = {"alpha0.1": {"partition": "dirichlet", "alpha": 0.1}, "alpha0.5": {"partition": "dirichlet", "alpha": 0.5},
-          "iid": {"partition": "iid"}}
+SPLITS = {
+    "alpha0.1": {"partition": "dirichlet", "alpha": 0.1},
+    "alpha0.5": {"partition": "dirichlet", "alpha": 0.5},
+    "iid": {"partition": "iid"},
+}
 KAPPAS = (2, 3, 8)  # with the base kappa 5
 TOPOLOGIES = {"erdos-renyi": {"topology": "erdos-renyi"}, "ring": {"topology": "ring"}}
 BATCHES = (2, 4)  # Jacobian batching m1
@@ -29,14 +33,22 @@ SUBSAMPLES = (2, 4)  # data subsampling m2
 # and quantisation act on dense Jacobians (3.2 MB a sample for the 784-input MLP), which a CPU holds for
 # few samples; the random projection shrinks them. "dense" is the lossless factored message, whose
 # bytes_dense is what the uncompressed Jacobians would weigh.
-COMPRESSION = {"dense": {"algo": "ntk-dfl"}, "dfedavg": {"algo": "dfedavg"},
-               "proj100": {"algo": "ntk-dfl", "ntk-projection": 100},
-               "proj100+quant8": {"algo": "ntk-dfl", "ntk-projection": 100, "ntk-quant-bits": 8},
-               "proj100+topk0.1": {"algo": "ntk-dfl", "ntk-projection": 100, "ntk-topk": 0.1},
-               "proj100+topk0.1+sub2": {"algo": "ntk-dfl", "ntk-projection": 100, "ntk-topk": 0.1, "ntk-subsample": 2}}
+COMPRESSION = {
+    "dense": {"algo": "ntk-dfl"},
+    "dfedavg": {"algo": "dfedavg"},
+    "proj100": {"algo": "ntk-dfl", "ntk-projection": 100},
+    "proj100+quant8": {"algo": "ntk-dfl", "ntk-projection": 100, "ntk-quant-bits": 8},
+    "proj100+topk0.1": {"algo": "ntk-dfl", "ntk-projection": 100, "ntk-topk": 0.1},
+    "proj100+topk0.1+sub2": {"algo": "ntk-dfl", "ntk-projection": 100, "ntk-topk": 0.1, "ntk-subsample": 2},
+}
 FAMILY = "compression/"
-COLORS = {"ntk-dfl": "tab:red", "dfedavg": "tab:blue", "dfedavgm": "tab:green", "dpsgd": "tab:purple",
-          "dispfl": "tab:orange"}
+COLORS = {
+    "ntk-dfl": "tab:red",
+    "dfedavg": "tab:blue",
+    "dfedavgm": "tab:green",
+    "dpsgd": "tab:purple",
+    "dispfl": "tab:orange",
+}
 
 
 def figure_runs() -> dict[str, dict]:
@@ -90,8 +102,10 @@ class Figures:
 
     def scale(self, run: Run) -> str:
         c = run.config
-        return (f"{c['peers']} peers x {c.get('samples_per_peer')} samples, {c['dataset']}, {c['rounds']} rounds, "
-                f"seed {c['seed']}")
+        return (
+            f"{c['peers']} peers x {c.get('samples_per_peer')} samples, {c['dataset']}, {c['rounds']} rounds, "
+            f"seed {c['seed']}"
+        )
 
     def save(self, fig, name: str, caption: str) -> None:
         for ax in fig.axes:  # rounds and kappa count: whole-number ticks
@@ -110,15 +124,24 @@ class Figures:
         for ax, split in zip(axes, SPLITS):
             for algo in ("ntk-dfl", *BASELINES):
                 curve = runs[f"{split}/{algo}"].curve("test_acc")
-                ax.plot(list(curve), [100 * v for v in curve.values()], color=COLORS[algo], label=algo,
-                        lw=2 if algo == "ntk-dfl" else 1.2)
+                ax.plot(
+                    list(curve),
+                    [100 * v for v in curve.values()],
+                    color=COLORS[algo],
+                    label=algo,
+                    lw=2 if algo == "ntk-dfl" else 1.2,
+                )
             ax.set_title(split.replace("alpha", "alpha = "))
             ax.set_xlabel("round")
             ax.grid(alpha=0.3)
         axes[0].set_ylabel("aggregated model test accuracy (%)")
         axes[0].legend(loc="lower right")
-        self.save(fig, "fig2_convergence", "Fig. 2: aggregated-model test accuracy per round. Runs: "
-                  f"{{alpha0.1,alpha0.5,iid}}/{{ntk-dfl,{','.join(BASELINES)}}} ({self.scale(runs[names[0]])}).")
+        self.save(
+            fig,
+            "fig2_convergence",
+            "Fig. 2: aggregated-model test accuracy per round. Runs: "
+            f"{{alpha0.1,alpha0.5,iid}}/{{ntk-dfl,{','.join(BASELINES)}}} ({self.scale(runs[names[0]])}).",
+        )
 
     # fig. 3 (paper fig. 4): aggregated model against mean, min and max client
     def aggregation_gain(self) -> None:
@@ -140,9 +163,13 @@ class Figures:
             ax.grid(alpha=0.3)
         axes[0].set_ylabel("test accuracy (%)")
         axes[0].legend(loc="lower right", fontsize=8)
-        self.save(fig, "fig3_aggregated_vs_clients", "Aggregated model (solid) against the mean client (dotted) "
-                  "and the clients' min-max (band). Runs: {alpha0.1,alpha0.5,iid}/{ntk-dfl,dfedavg} "
-                  f"({self.scale(runs[names[0]])}).")
+        self.save(
+            fig,
+            "fig3_aggregated_vs_clients",
+            "Aggregated model (solid) against the mean client (dotted) "
+            "and the clients' min-max (band). Runs: {alpha0.1,alpha0.5,iid}/{ntk-dfl,dfedavg} "
+            f"({self.scale(runs[names[0]])}).",
+        )
 
     # fig. 4 (paper figs. 3, 11, 12): topologies, sparsity kappa, heterogeneity
     def topology_and_sparsity(self) -> None:
@@ -159,8 +186,16 @@ class Figures:
             for algo in algos:
                 curve = runs[f"{topo}/{algo}"].curve("test_acc")
                 label = "regular kappa=5" if topo == "alpha0.1" else topo
-                axes[0].plot(list(curve), [100 * v for v in curve.values()], AGGREGATED, marker=marker, ms=4,
-                             markevery=max(1, len(curve) // 8), color=COLORS[algo], label=f"{algo}, {label}")
+                axes[0].plot(
+                    list(curve),
+                    [100 * v for v in curve.values()],
+                    AGGREGATED,
+                    marker=marker,
+                    ms=4,
+                    markevery=max(1, len(curve) // 8),
+                    color=COLORS[algo],
+                    label=f"{algo}, {label}",
+                )
         axes[0].set(xlabel="round", ylabel="aggregated test accuracy (%)", title="topologies (alpha = 0.1)")
         kappas = sorted((*KAPPAS, 5))
         for algo in algos:
@@ -169,19 +204,29 @@ class Figures:
             client = [100 * runs[folder[k]].final("client_acc_mean") for k in kappas]
             axes[1].plot(kappas, final, "o" + AGGREGATED, color=COLORS[algo], label=f"{algo} aggregated")
             axes[1].plot(kappas, client, "o" + MEAN_CLIENT, color=COLORS[algo], label=f"{algo} mean client")
-        axes[1].set(xlabel="neighbours kappa (regular graph)", ylabel="final test accuracy (%)",
-                    title="sparsity (alpha = 0.1)")
+        axes[1].set(
+            xlabel="neighbours kappa (regular graph)", ylabel="final test accuracy (%)", title="sparsity (alpha = 0.1)"
+        )
         for algo in ("ntk-dfl", *BASELINES):
-            axes[2].plot(range(3), [100 * runs[f"{s}/{algo}"].final("test_acc") for s in SPLITS], "o-",
-                         color=COLORS[algo], label=algo)
+            axes[2].plot(
+                range(3),
+                [100 * runs[f"{s}/{algo}"].final("test_acc") for s in SPLITS],
+                "o-",
+                color=COLORS[algo],
+                label=algo,
+            )
         axes[2].set_xticks(range(3), ["alpha 0.1", "alpha 0.5", "IID"])
         axes[2].set(ylabel="final aggregated test accuracy (%)", title="heterogeneity")
         for ax in axes:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7, loc="lower right")
-        self.save(fig, "fig4_topology_sparsity", "Topologies (left), kappa (middle, final round) and heterogeneity "
-                  "(right, final round). Runs: {alpha0.1,erdos-renyi,ring,kappa2,kappa3,kappa8}/{ntk-dfl,dfedavg}, "
-                  f"{{alpha0.1,alpha0.5,iid}}/{{ntk-dfl,{','.join(BASELINES)}}} ({self.scale(runs[names[0]])}).")
+        self.save(
+            fig,
+            "fig4_topology_sparsity",
+            "Topologies (left), kappa (middle, final round) and heterogeneity "
+            "(right, final round). Runs: {alpha0.1,erdos-renyi,ring,kappa2,kappa3,kappa8}/{ntk-dfl,dfedavg}, "
+            f"{{alpha0.1,alpha0.5,iid}}/{{ntk-dfl,{','.join(BASELINES)}}} ({self.scale(runs[names[0]])}).",
+        )
 
     # fig. 5: final averaging with selection
     def final_averaging(self) -> None:
@@ -196,7 +241,8 @@ class Figures:
             "Fig. 5: test accuracy (half of the test set) of the average of the first n peers, ordered by their "
             "accuracy on the other half (high-to-low, the paper's selection), at random, or low-to-high; right: "
             f"how many peers' own models reach each validation accuracy. Selected: {sel['peers']} peers, "
-            f"{100 * sel['test_acc']:.2f}%. Run: alpha0.1/ntk-dfl ({self.scale(run['alpha0.1/ntk-dfl'])}).")
+            f"{100 * sel['test_acc']:.2f}%. Run: alpha0.1/ntk-dfl ({self.scale(run['alpha0.1/ntk-dfl'])})."
+        )
         plot_final_averaging(result, self.out / "fig5_final_averaging.png", caption)
         self.captions["fig5_final_averaging"] = caption
 
@@ -206,20 +252,27 @@ class Figures:
         if runs is None:
             return
         fig, ax = plt.subplots(figsize=(8, 4.8))
-        for name, color, label in (("alpha0.1/ntk-dfl", "tab:red", "with per-round averaging"),
-                                   ("no-avg/ntk-dfl", "tab:blue", "without (--ntk-no-avg)")):
+        for name, color, label in (
+            ("alpha0.1/ntk-dfl", "tab:red", "with per-round averaging"),
+            ("no-avg/ntk-dfl", "tab:blue", "without (--ntk-no-avg)"),
+        ):
             run = runs[name]
             rounds = sorted(run.curve("client_acc_mean"))
             get = lambda key: [100 * run.curve(key)[k] for k in rounds]  # noqa: E731
             ax.fill_between(rounds, get("client_acc_min"), get("client_acc_max"), color=color, alpha=0.15)
-            ax.plot(rounds, get("client_acc_mean"), MEAN_CLIENT, color=color,
-                    label=f"{label}: mean client, min-max band")
+            ax.plot(
+                rounds, get("client_acc_mean"), MEAN_CLIENT, color=color, label=f"{label}: mean client, min-max band"
+            )
             ax.plot(rounds, get("test_acc"), AGGREGATED, color=color, lw=1, label=f"{label}: aggregated model")
         ax.set(xlabel="round", ylabel="test accuracy (%)", title="per-round averaging ablation (alpha = 0.1)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
-        self.save(fig, "fig6_per_round_averaging", "Fig. 6: the spread of the clients' own models with and without "
-                  f"per-round averaging. Runs: alpha0.1/ntk-dfl, no-avg/ntk-dfl ({self.scale(runs['no-avg/ntk-dfl'])}).")
+        self.save(
+            fig,
+            "fig6_per_round_averaging",
+            "Fig. 6: the spread of the clients' own models with and without "
+            f"per-round averaging. Runs: alpha0.1/ntk-dfl, no-avg/ntk-dfl ({self.scale(runs['no-avg/ntk-dfl'])}).",
+        )
 
     # fig. 7: inter-model variance against final accuracy
     def variance(self) -> None:
@@ -232,27 +285,44 @@ class Figures:
         seen = set()
         for name, run in runs.items():
             algo = run.config["algo"]
-            ax.scatter(run.final("variance"), 100 * run.final("test_acc"), color=COLORS.get(algo, "grey"),
-                       label=None if algo in seen else algo, s=25)
+            ax.scatter(
+                run.final("variance"),
+                100 * run.final("test_acc"),
+                color=COLORS.get(algo, "grey"),
+                label=None if algo in seen else algo,
+                s=25,
+            )
             seen.add(algo)
         ax.set_xscale("log")
-        ax.set(xlabel="inter-model variance V at the last round (eq. 6)", ylabel="final aggregated test accuracy (%)",
-               title="variance and accuracy")
+        ax.set(
+            xlabel="inter-model variance V at the last round (eq. 6)",
+            ylabel="final aggregated test accuracy (%)",
+            title="variance and accuracy",
+        )
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-        self.save(fig, "fig7_variance", f"Fig. 7: one point per run ({len(runs)} runs: every run of this figure set "
-                  f"but the compression runs, which have a scale of their own; {self.scale(next(iter(runs.values())))}).")
+        self.save(
+            fig,
+            "fig7_variance",
+            f"Fig. 7: one point per run ({len(runs)} runs: every run of this figure set "
+            f"but the compression runs, which have a scale of their own; {self.scale(next(iter(runs.values())))}).",
+        )
 
     # figs. 13-14: Jacobian batching and data subsampling
     def batching(self) -> None:
-        names = ["alpha0.1/ntk-dfl", *(f"batches{m}/ntk-dfl" for m in BATCHES),
-                 *(f"subsample{m}/ntk-dfl" for m in SUBSAMPLES)]
+        names = [
+            "alpha0.1/ntk-dfl",
+            *(f"batches{m}/ntk-dfl" for m in BATCHES),
+            *(f"subsample{m}/ntk-dfl" for m in SUBSAMPLES),
+        ]
         runs = self.need("fig13_batching_subsampling", names)
         if runs is None:
             return
         fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), sharey=True)
-        for col, kind, values, title in ((0, "batches", BATCHES, "Jacobian batching m1"),
-                                         (1, "subsample", SUBSAMPLES, "data subsampling m2")):
+        for col, kind, values, title in (
+            (0, "batches", BATCHES, "Jacobian batching m1"),
+            (1, "subsample", SUBSAMPLES, "data subsampling m2"),
+        ):
             for m in (1, *values):
                 run = runs["alpha0.1/ntk-dfl" if m == 1 else f"{kind}{m}/ntk-dfl"]
                 curve = run.curve("test_acc")
@@ -267,9 +337,13 @@ class Figures:
                 ax.legend(loc="lower right")
         for ax in axes[:, 0]:
             ax.set_ylabel("aggregated test accuracy (%)")
-        self.save(fig, "fig13_batching_subsampling", "Figs. 13-14: NTK-DFL with m1 Jacobian batches per round (left) "
-                  "and 1/m2 of the samples per round (right), by round (top) and by bytes sent (bottom). Runs: "
-                  f"alpha0.1/ntk-dfl, batches{{2,4}}/ntk-dfl, subsample{{2,4}}/ntk-dfl ({self.scale(runs[names[0]])}).")
+        self.save(
+            fig,
+            "fig13_batching_subsampling",
+            "Figs. 13-14: NTK-DFL with m1 Jacobian batches per round (left) "
+            "and 1/m2 of the samples per round (right), by round (top) and by bytes sent (bottom). Runs: "
+            f"alpha0.1/ntk-dfl, batches{{2,4}}/ntk-dfl, subsample{{2,4}}/ntk-dfl ({self.scale(runs[names[0]])}).",
+        )
 
     # figs. 15-16: compression against bytes, and bytes to accuracy thresholds
     def compression(self) -> None:
@@ -286,40 +360,65 @@ class Figures:
             curves[label] = ([run.cumulative("bytes_sent")[k] / MIB for k in rounds], acc)
             if label == "dense":
                 curves["dense"] = ([run.cumulative("bytes_dense")[k] / MIB for k in rounds], acc)
-                curves["dense, factored message (lossless)"] = ([run.cumulative("bytes_sent")[k] / MIB for k in rounds], acc)
+                curves["dense, factored message (lossless)"] = (
+                    [run.cumulative("bytes_sent")[k] / MIB for k in rounds],
+                    acc,
+                )
         palette = iter(["tab:green", "tab:purple", "tab:brown", "tab:olive", "tab:cyan", "tab:pink", "tab:gray"])
         fixed = {"dense": "tab:red", "dense, factored message (lossless)": "tab:orange", "dfedavg": "tab:blue"}
         for label, (mib, acc) in curves.items():
-            axes[0].plot(mib, [100 * a for a in acc], "o-", ms=3, label=label,
-                         color=fixed.get(label) or next(palette))
+            axes[0].plot(mib, [100 * a for a in acc], "o-", ms=3, label=label, color=fixed.get(label) or next(palette))
         axes[0].set_xscale("log")
-        axes[0].set(xlabel="MiB sent by all peers (cumulative, log)", ylabel="aggregated test accuracy (%)",
-                    title="NTK-DFL variants by traffic")
+        axes[0].set(
+            xlabel="MiB sent by all peers (cumulative, log)",
+            ylabel="aggregated test accuracy (%)",
+            title="NTK-DFL variants by traffic",
+        )
         finals = [curves[k][1][-1] for k in ("dense", "dfedavg")]
         thresholds = np.linspace(0.6 * min(finals), min(finals), 4).round(3)
         width = 0.38
         for i, (label, color) in enumerate((("dense", "tab:red"), ("dfedavg", "tab:blue"))):
             mib, acc = curves[label]
             reached = [next((m for m, a in zip(mib, acc) if a >= t), np.nan) for t in thresholds]
-            axes[1].bar(np.arange(len(thresholds)) + (i - 0.5) * width, reached, width, color=color,
-                        label="ntk-dfl (dense Jacobians)" if label == "dense" else label)
+            axes[1].bar(
+                np.arange(len(thresholds)) + (i - 0.5) * width,
+                reached,
+                width,
+                color=color,
+                label="ntk-dfl (dense Jacobians)" if label == "dense" else label,
+            )
         axes[1].set_xticks(range(len(thresholds)), [f"{100 * t:.1f}%" for t in thresholds])
         axes[1].set_yscale("log")
-        axes[1].set(xlabel="accuracy threshold", ylabel="MiB sent to reach it (log)",
-                    title="traffic to a threshold: NTK-DFL vs DFedAvg")
+        axes[1].set(
+            xlabel="accuracy threshold",
+            ylabel="MiB sent to reach it (log)",
+            title="traffic to a threshold: NTK-DFL vs DFedAvg",
+        )
         for ax in axes:
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=8)
-        self.save(fig, "fig15_compression_bytes", "Figs. 15-16: NTK-DFL uncompressed (dense Jacobians; the factored "
-                  "message carries the same information), with inputs projected to 100 dimensions, 8-bit quantisation, "
-                  "top-k 10% and data subsampling m2 = 2, against DFedAvg, by bytes sent. Runs: "
-                  f"compression/{{{','.join(COMPRESSION)}}} ({self.scale(runs[names[0]])}, "
-                  f"kappa {runs[names[0]].config['kappa']:g}).")
+        self.save(
+            fig,
+            "fig15_compression_bytes",
+            "Figs. 15-16: NTK-DFL uncompressed (dense Jacobians; the factored "
+            "message carries the same information), with inputs projected to 100 dimensions, 8-bit quantisation, "
+            "top-k 10% and data subsampling m2 = 2, against DFedAvg, by bytes sent. Runs: "
+            f"compression/{{{','.join(COMPRESSION)}}} ({self.scale(runs[names[0]])}, "
+            f"kappa {runs[names[0]].config['kappa']:g}).",
+        )
 
     def draw_all(self) -> dict[str, str]:
         self.out.mkdir(parents=True, exist_ok=True)
-        for draw in (self.convergence, self.aggregation_gain, self.topology_and_sparsity, self.final_averaging,
-                     self.averaging_ablation, self.variance, self.batching, self.compression):
+        for draw in (
+            self.convergence,
+            self.aggregation_gain,
+            self.topology_and_sparsity,
+            self.final_averaging,
+            self.averaging_ablation,
+            self.variance,
+            self.batching,
+            self.compression,
+        ):
             draw()
         lines = [f"- **{name}.png**: {caption}" for name, caption in self.captions.items()]
         lines += [f"- {name}: skipped, missing {', '.join(missing)}" for name, missing in self.skipped.items()]
@@ -341,8 +440,10 @@ def _main(argv: list[str] | None) -> int:
     if not runs_dir.is_dir():
         raise UserError(f"{runs_dir} is not a folder of figure runs (python -m launch.figures makes one)")
     if not any((runs_dir / name / "metrics.jsonl").is_file() for name in figure_runs()):
-        raise UserError(f"{runs_dir} holds none of the figures' runs (such as {next(iter(figure_runs()))}/); "
-                        "python -m launch.figures makes them")
+        raise UserError(
+            f"{runs_dir} holds none of the figures' runs (such as {next(iter(figure_runs()))}/); "
+            "python -m launch.figures makes them"
+        )
     figures = Figures(runs_dir, out or runs_dir / "figures")
     drawn = figures.draw_all()
     for name in drawn:

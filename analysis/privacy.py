@@ -11,6 +11,7 @@ factored message (the default path for MLPs), which carries the first layer's in
 Writes OUT/privacy.md and .csv (SSIM between true and recovered images, scikit-image's
 structural_similarity on [0, 1] pixels) and OUT/privacy.png (true images, then one row per condition).
 """
+
 from __future__ import annotations
 
 import csv
@@ -44,8 +45,18 @@ def victim_context(settings: dict, path: str, seed: int):
     from p2pfl.configure import make_config, resolve
     from p2pfl.assemble import build
 
-    values = {"algo": "ntk-dfl", "dataset": "fashion-mnist", "peers": 2, "kappa": 1, "samples_per_peer": 64,
-              "seed": seed, "progress": False, "ntk_jacobian": path, "ntk_memory_gb": 16.0, **settings}
+    values = {
+        "algo": "ntk-dfl",
+        "dataset": "fashion-mnist",
+        "peers": 2,
+        "kappa": 1,
+        "samples_per_peer": 64,
+        "seed": seed,
+        "progress": False,
+        "ntk_jacobian": path,
+        "ntk_memory_gb": 16.0,
+        **settings,
+    }
     ctx, _ = build(resolve(make_config(values), 1), 0, 1, 0)
     return ctx
 
@@ -72,8 +83,9 @@ def received(ctx, x_sent: torch.Tensor):
     return J, mask, message
 
 
-def invert(ctx, J: torch.Tensor, mask: torch.Tensor, projection: torch.Tensor | None, steps: int,
-           box: tuple[float, float]) -> torch.Tensor:
+def invert(
+    ctx, J: torch.Tensor, mask: torch.Tensor, projection: torch.Tensor | None, steps: int, box: tuple[float, float]
+) -> torch.Tensor:
     """Dummy images (n, 784) whose Jacobians match J (n, C, D) on mask: Adam on each image's relative
     squared error, projected onto the valid pixel range after every step, from a mid-grey start (an
     all-zero start has every ReLU off and no gradient). The dummy Jacobians are built from the MLP's
@@ -126,9 +138,17 @@ def study(images: int = 16, steps: int = 300, seed: int = 0, out: Path = Path("r
         images_back = pixels(guess, mean, std)
         ssim = np.array([structural_similarity(t, r, data_range=1.0) for t, r in zip(truth, images_back)])
         recovered[name] = images_back
-        rows.append({"condition": name, "bytes_per_image": round(message_bytes(message) / images),
-                     "ssim_mean": float(ssim.mean()), "ssim_std": float(ssim.std()), "ssim_min": float(ssim.min()),
-                     "ssim_max": float(ssim.max()), "seconds": round(time.perf_counter() - start, 1)})
+        rows.append(
+            {
+                "condition": name,
+                "bytes_per_image": round(message_bytes(message) / images),
+                "ssim_mean": float(ssim.mean()),
+                "ssim_std": float(ssim.std()),
+                "ssim_min": float(ssim.min()),
+                "ssim_max": float(ssim.max()),
+                "seconds": round(time.perf_counter() - start, 1),
+            }
+        )
         print(f"{name}: SSIM {ssim.mean():.3f} (min {ssim.min():.3f}), {rows[-1]['seconds']} s", flush=True)
     write(rows, truth, recovered, out, images, steps)
     return rows
@@ -148,14 +168,16 @@ def write(rows: list[dict], truth: np.ndarray, recovered: dict, out: Path, image
         lines.append("| " + " | ".join(f"{v:.3f}" if k.startswith("ssim") else str(v) for k, v in r.items()) + " |")
     (out / "privacy.md").write_text(
         f"Gradient inversion of {images} Fashion-MNIST training images from NTK-DFL Jacobian messages "
-        f"(Adam, {steps} steps; SSIM 1 = perfect recovery)\n\n" + "\n".join(lines) + "\n")
+        f"(Adam, {steps} steps; SSIM 1 = perfect recovery)\n\n" + "\n".join(lines) + "\n"
+    )
     with (out / "privacy.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=header)
         writer.writeheader()
         writer.writerows(rows)
     shown = min(images, 8)
-    fig, axes = plt.subplots(len(recovered) + 1, shown, figsize=(1.3 * shown + 2.2, 1.3 * (len(recovered) + 1)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(recovered) + 1, shown, figsize=(1.3 * shown + 2.2, 1.3 * (len(recovered) + 1)), squeeze=False
+    )
     ssim = {r["condition"]: r["ssim_mean"] for r in rows}
     for row, (label, imgs) in enumerate([("true images", truth), *recovered.items()]):
         for col in range(shown):
@@ -183,8 +205,10 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--out", type=Path, default=Path("runs/privacy"))
     args = p.parse_args(argv)
     if not 1 <= args.images <= MAX_IMAGES or args.steps < 1:
-        p.error(f"--images must be in [1, {MAX_IMAGES}] (each holds 3.2 MB of dense Jacobians a step) and --steps "
-                "at least 1")
+        p.error(
+            f"--images must be in [1, {MAX_IMAGES}] (each holds 3.2 MB of dense Jacobians a step) and --steps "
+            "at least 1"
+        )
     if not 0 <= args.seed < 2**63:
         p.error(f"--seed must be in [0, 2^63), got {args.seed}")
     writable(output_folder(args.out))

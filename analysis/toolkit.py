@@ -1,5 +1,6 @@
 """What the tools beside the run share: the run's contract for bad input (one line `TOOL: error: ...`,
 exit 2, nothing written) and careful readers of run folders and output paths."""
+
 from __future__ import annotations
 
 import argparse

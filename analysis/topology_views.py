@@ -7,6 +7,7 @@ the graphs of its rounds (a pure function of seed and round, so nothing needs to
 adjacency matrix of round 1 ordered by peer, the first rounds as small multiples, the degree and
 spectral-gap histograms over the rounds, and one peer's neighbourhood across rounds.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,19 +48,24 @@ def _main(argv: list[str] | None) -> int:
     if not 0 <= args.peer < cfg.peers:
         raise UserError(f"--peer must be in [0, {cfg.peers})")
     schedule = TopologySchedule(cfg.topology, cfg.peers, cfg.kappa, graph_seeds(cfg.seed), cfg.static)
-    out = output_folder(args.out or (args.source / "topology" if args.source.is_dir() else
-                                     Path(f"topology-{config.stem}")))
-    title = (f"{cfg.topology} kappa={cfg.kappa:g}, {cfg.peers} peers, "
-             f"{'static' if cfg.static else 'new graph each round'}, seed {cfg.seed}")
+    out = output_folder(
+        args.out or (args.source / "topology" if args.source.is_dir() else Path(f"topology-{config.stem}"))
+    )
+    title = (
+        f"{cfg.topology} kappa={cfg.kappa:g}, {cfg.peers} peers, "
+        f"{'static' if cfg.static else 'new graph each round'}, seed {cfg.seed}"
+    )
     counts = None
     if cfg.mixing == "sample-weighted":  # the weights need every peer's sample count: a run folder has them
         partition = args.source / "partition.json"
         if not partition.exists():
-            raise UserError("--mixing sample-weighted needs the peers' sample counts: give a run folder "
-                            "(partition.json)")
+            raise UserError(
+                "--mixing sample-weighted needs the peers' sample counts: give a run folder (partition.json)"
+            )
         counts = [peer["samples"] for peer in json.loads(partition.read_text())]
-    paths = draw_views(schedule.graph, rounds, lambda g: spectral_gap(mixing_matrix(g, cfg.mixing, counts)), out,
-                       title, args.peer)
+    paths = draw_views(
+        schedule.graph, rounds, lambda g: spectral_gap(mixing_matrix(g, cfg.mixing, counts)), out, title, args.peer
+    )
     for path in paths:
         print(f"drew {path}")
     return 0

@@ -12,6 +12,7 @@ Runs take vmap where it is faster: on a GPU, not on the CPU (see PeerStack); thi
 Usage: python bench/bench_cnn.py [--clients 100] [--per-round 10] [--epochs 5] [--repeats 2] [--device all]
        [--tct-stage1]
 """
+
 import argparse
 
 import torch
@@ -23,12 +24,28 @@ from p2pfl.assemble import build
 
 
 def seconds_per_round(batched: bool, args, device: str) -> tuple[float, torch.Tensor, int]:
-    cfg = resolve(make_config({"algo": "fedavg", "model": "simple-cnn", "dataset": args.dataset,
-                               "peers": args.clients, "clients_per_round": args.per_round,
-                               "partition": "dirichlet", "dirichlet_style": "per-class", "alpha": 0.1,
-                               "samples_per_peer": args.samples, "local_epochs": args.epochs,
-                               "batch_size": args.batch, "lr": 0.01, "batched": batched, "device": device,
-                               "progress": False}), 1)
+    cfg = resolve(
+        make_config(
+            {
+                "algo": "fedavg",
+                "model": "simple-cnn",
+                "dataset": args.dataset,
+                "peers": args.clients,
+                "clients_per_round": args.per_round,
+                "partition": "dirichlet",
+                "dirichlet_style": "per-class",
+                "alpha": 0.1,
+                "samples_per_peer": args.samples,
+                "local_epochs": args.epochs,
+                "batch_size": args.batch,
+                "lr": 0.01,
+                "batched": batched,
+                "device": device,
+                "progress": False,
+            }
+        ),
+        1,
+    )
     ctx, algo = build(cfg, 0, 1, 0)
     ctx.stack.batched = batched  # conv nets run one client at a time on the CPU; measure vmap anyway
     reset_gpu_peak(device)
@@ -45,24 +62,34 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--dataset", default="fashion-mnist")
-    p.add_argument("--device", default="all", help="all (the CPU, and the GPU where CUDA is present), gpu (that GPU only), cpu or cuda")
+    p.add_argument(
+        "--device",
+        default="all",
+        help="all (the CPU, and the GPU where CUDA is present), gpu (that GPU only), cpu or cuda",
+    )
     p.add_argument("--tct-stage1", action="store_true", help="TCT's stage 1 at paper scale (10 x 6,000, batch 64)")
     args = p.parse_args()
     if args.tct_stage1:
         args.clients, args.per_round, args.samples, args.batch = 10, 10, 6000, 64
-    print(f"FedAvg + simple-cnn, {args.clients} clients of {args.samples} samples, {args.per_round} per round, "
-          f"{args.epochs} local epochs, batch {args.batch}, {torch.get_num_threads()} threads")
+    print(
+        f"FedAvg + simple-cnn, {args.clients} clients of {args.samples} samples, {args.per_round} per round, "
+        f"{args.epochs} local epochs, batch {args.batch}, {torch.get_num_threads()} threads"
+    )
     reference = None
     for device in devices(args.device):
         batched, w_batched, params = seconds_per_round(True, args, device)
         loop, w_loop, _ = seconds_per_round(False, args, device)
         reference = reference if reference is not None else (loop, w_loop)
-        print(f"  {device}: vmap over clients {batched:8.2f} s/round, one client at a time {loop:8.2f} s/round "
-              f"(vmap {loop / batched:.2f}x; {params:,} parameters){gpu_peak_gb(device)}")
+        print(
+            f"  {device}: vmap over clients {batched:8.2f} s/round, one client at a time {loop:8.2f} s/round "
+            f"(vmap {loop / batched:.2f}x; {params:,} parameters){gpu_peak_gb(device)}"
+        )
         print(f"  {device}: max weight difference vmap vs loop {float((w_batched - w_loop).abs().max()):.2e}")
         if device != "cpu":
-            print(f"  {device} vmap against the cpu's one-at-a-time: {reference[0] / batched:.1f}x "
-                  f"(max weight difference {float((w_batched - reference[1]).abs().max()):.2e})")
+            print(
+                f"  {device} vmap against the cpu's one-at-a-time: {reference[0] / batched:.1f}x "
+                f"(max weight difference {float((w_batched - reference[1]).abs().max()):.2e})"
+            )
 
 
 if __name__ == "__main__":

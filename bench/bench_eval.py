@@ -9,6 +9,7 @@ the whole test set's).
 
     python bench/bench_eval.py [--clients 100,300] [--rounds 6] [--device cpu]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,15 +34,29 @@ def main() -> None:
     args = p.parse_args()
     print("evaluation beside training, FedAvg, MLP, 200 samples x 5 epochs a client, all clients a round:")
     for clients in [int(c) for c in args.clients.split(",")]:
-        flags = ["--algo", "fedavg", "--peers", str(clients), "--clients-per-round", str(clients),
-                 "--samples-per-peer", "200", "--rounds", str(args.rounds), "--device", args.device]
+        flags = [
+            "--algo",
+            "fedavg",
+            "--peers",
+            str(clients),
+            "--clients-per-round",
+            str(clients),
+            "--samples-per-peer",
+            "200",
+            "--rounds",
+            str(args.rounds),
+            "--device",
+            args.device,
+        ]
         subset = [] if args.subset is None else ["--client-test-samples", str(args.subset)]
         for name, extra in (("client subset", subset), ("every test sample", ["--client-test-samples", "0"])):
             rows = run_rounds(flags + extra)[0][1:]  # round 1 holds one-off costs
             se = max((r.get("client_acc_se", 0.0) for r in rows), default=0.0)
-            print(f"  {clients} clients, {name}: training {mean(rows, 'train_s'):.2f} s, evaluation "
-                  f"{mean(rows, 'eval_s'):.2f} s ({mean(rows, 'eval_s') / mean(rows, 'train_s'):.2f}x the training), "
-                  f"round {mean(rows, 'round_s'):.2f} s; largest client_acc_se {100 * se:.2f} points")
+            print(
+                f"  {clients} clients, {name}: training {mean(rows, 'train_s'):.2f} s, evaluation "
+                f"{mean(rows, 'eval_s'):.2f} s ({mean(rows, 'eval_s') / mean(rows, 'train_s'):.2f}x the training), "
+                f"round {mean(rows, 'round_s'):.2f} s; largest client_acc_se {100 * se:.2f} points"
+            )
 
 
 if __name__ == "__main__":

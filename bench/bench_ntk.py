@@ -19,6 +19,7 @@
 Usage: python bench/bench_ntk.py [--peers 300] [--rounds 2] [--ranks 1,2] [--skip-round] [--skip-dense]
        [--device all]
 """
+
 import argparse
 import os
 import time
@@ -42,24 +43,47 @@ from p2pfl.forward import candidate_losses
 
 def round_seconds(args, ranks: int, device: str = "cpu") -> float:
     """A real run's rounds; returns its fastest round's seconds."""
-    rows, total = run_rounds(["--algo", "ntk-dfl", "--peers", str(args.peers), "--kappa", "5", "--alpha", "0.1",
-                              "--rounds", str(args.rounds), "--device", device], ranks)
+    rows, total = run_rounds(
+        [
+            "--algo",
+            "ntk-dfl",
+            "--peers",
+            str(args.peers),
+            "--kappa",
+            "5",
+            "--alpha",
+            "0.1",
+            "--rounds",
+            str(args.rounds),
+            "--device",
+            device,
+        ],
+        ranks,
+    )
     peak = max(r["peak_rss_mb"] for r in rows) / 1024  # summed over ranks by the run itself
     gpu = max((r.get("peak_gpu_mb", 0) for r in rows), default=0) / 1024
     for r in rows:
-        print(f"  round {r['round']}: {r['train_s']:.2f} s (aggregated accuracy {100 * r['test_acc']:.1f}%, "
-              f"sent {r['bytes_sent'] / 1e6:.0f} MB, dense-equivalent {r['bytes_dense'] / 1e9:.0f} GB, "
-              f"t chosen {r.get('ntk_t_hist')})")
-    print(f"  whole job {total:.0f} s with start-up and evaluation; peak memory {peak:.2f} GB"
-          + (f", peak GPU memory {gpu:.2f} GB" if gpu else ""))
+        print(
+            f"  round {r['round']}: {r['train_s']:.2f} s (aggregated accuracy {100 * r['test_acc']:.1f}%, "
+            f"sent {r['bytes_sent'] / 1e6:.0f} MB, dense-equivalent {r['bytes_dense'] / 1e9:.0f} GB, "
+            f"t chosen {r.get('ntk_t_hist')})"
+        )
+    print(
+        f"  whole job {total:.0f} s with start-up and evaluation; peak memory {peak:.2f} GB"
+        + (f", peak GPU memory {gpu:.2f} GB" if gpu else "")
+    )
     return min(r["train_s"] for r in rows)
 
 
 def batched_evolutions(args, device: str) -> None:
     """The evolutions of every neighbourhood of round 1 as one batch on the device (what a GPU run does),
     timed; and one of them against the tight ODE solution and against the CPU's split method."""
-    cfg = resolve(make_config({"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1,
-                               "progress": False, "device": "cpu"}), 1)
+    cfg = resolve(
+        make_config(
+            {"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1, "progress": False, "device": "cpu"}
+        ),
+        1,
+    )
     ctx, _ = build(cfg, 0, 1, 0)  # on the CPU: the kernels are made there and moved to device
     graph, shape = ctx.schedule.graph(0), MLPShape.of(ctx.stack.model, ctx.stack.layout)
     count = args.peers if device != "cpu" else 2  # on the CPU this path is slow by design: two for the check
@@ -73,16 +97,22 @@ def batched_evolutions(args, device: str) -> None:
     taus, eta = list(cfg.settings.ntk_taus), 0.01
     reset_gpu_peak(device)
     seconds = min(timed(lambda: evolve_ce_batched(kernels, f0s, targets, eta, taus), device) for _ in range(2))
-    print(f"  {device}: {count} neighbourhoods (up to {max(len(k) for k in kernels)} samples) evolved as one batch "
-          f"in {seconds:.3f} s{gpu_peak_gb(device)}")
+    print(
+        f"  {device}: {count} neighbourhoods (up to {max(len(k) for k in kernels)} samples) evolved as one batch "
+        f"in {seconds:.3f} s{gpu_peak_gb(device)}"
+    )
     H, f0, Y = kernels[0].cpu(), f0s[0].cpu(), targets[0].cpu()
     truth = tight_ce_sums(H, f0, Y, eta, taus)
     batched = evolve_ce_batched(kernels[:1], f0s[:1], targets[:1], eta, taus)[0].residual_sums.cpu().double()
     split = evolve_ce(H, f0, Y, eta, taus).residual_sums.double()
-    off = {name: float(((s - truth).norm(dim=(1, 2)) / truth.norm(dim=(1, 2))).max())
-           for name, s in (("batched", batched), ("split", split))}
-    print(f"  peer 0's residual sums against the tight solution: batched off by {off['batched']:.1e}, "
-          f"split (the CPU's) by {off['split']:.1e}")
+    off = {
+        name: float(((s - truth).norm(dim=(1, 2)) / truth.norm(dim=(1, 2))).max())
+        for name, s in (("batched", batched), ("split", split))
+    }
+    print(
+        f"  peer 0's residual sums against the tight solution: batched off by {off['batched']:.1e}, "
+        f"split (the CPU's) by {off['split']:.1e}"
+    )
 
 
 def one_step(ctx, path: str, peer: int = 0):
@@ -109,8 +139,12 @@ def one_step(ctx, path: str, peer: int = 0):
 
 
 def factored_vs_dense(args) -> None:
-    cfg = resolve(make_config({"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1,
-                               "progress": False, "device": "cpu"}), 1)
+    cfg = resolve(
+        make_config(
+            {"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1, "progress": False, "device": "cpu"}
+        ),
+        1,
+    )
     ctx, _ = build(cfg, 0, 1, 0)
     fac_s, fac, n = one_step(ctx, "factored")
     fac_s = min(fac_s, one_step(ctx, "factored")[0])
@@ -119,9 +153,13 @@ def factored_vs_dense(args) -> None:
     if args.skip_dense:
         return
     dense_s, dense, _ = one_step(ctx, "dense")
-    print(f"  dense:    {dense_s:8.3f} s per peer step (dense Jacobian {n * 10 * ctx.stack.layout.size * 4 / 1e9:.1f} GB)")
-    print(f"  speed-up factored vs dense: {dense_s / fac_s:.0f}x; same t picked: {fac.tau == dense.tau}; "
-          f"max weight difference {float((fac.weights - dense.weights).abs().max()):.1e}")
+    print(
+        f"  dense:    {dense_s:8.3f} s per peer step (dense Jacobian {n * 10 * ctx.stack.layout.size * 4 / 1e9:.1f} GB)"
+    )
+    print(
+        f"  speed-up factored vs dense: {dense_s / fac_s:.0f}x; same t picked: {fac.tau == dense.tau}; "
+        f"max weight difference {float((fac.weights - dense.weights).abs().max()):.1e}"
+    )
 
 
 def alternating(variants: dict, repeats: int = 10) -> dict:
@@ -140,8 +178,12 @@ def kernel_and_selection(args) -> None:
     each peer's inputs Gram given, and by blocks with the inputs as pixel codes (NTK-DFL's default on
     Fashion-MNIST: it keeps the codes across neighbourhoods and rounds); its 8 candidates' losses by vmap
     of functional_call, by the batched MLP products and with the codes; their weights likewise."""
-    cfg = resolve(make_config({"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1,
-                               "progress": False, "device": "cpu"}), 1)
+    cfg = resolve(
+        make_config(
+            {"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1, "progress": False, "device": "cpu"}
+        ),
+        1,
+    )
     ctx, _ = build(cfg, 0, 1, 0)
     hood = sorted(list(ctx.schedule.graph(0).neighbors(0)) + [0])
     w, shape = ctx.flat[0], MLPShape.of(ctx.stack.model, ctx.stack.layout)
@@ -153,46 +195,72 @@ def kernel_and_selection(args) -> None:
     x, y = ctx.data.train_x[index], ctx.data.train_y[index]
     pixels = PixelInputs.encode(x, ctx.data.pixel_levels)
     coded = FactoredJacobian.cat(parts, pixels=pixels)
-    kernels = {"one product": lambda: single.kernel(shape, w), "by blocks": lambda: stacked.kernel(shape, w),
-               "by blocks, inputs Grams given": lambda: given.kernel(shape, w),
-               "by blocks, pixel codes": lambda: coded.kernel(shape, w)}
+    kernels = {
+        "one product": lambda: single.kernel(shape, w),
+        "by blocks": lambda: stacked.kernel(shape, w),
+        "by blocks, inputs Grams given": lambda: given.kernel(shape, w),
+        "by blocks, pixel codes": lambda: coded.kernel(shape, w),
+    }
     best = alternating(kernels)
     for name, seconds in best.items():
         print(f"  kernel {name:30s} {1000 * seconds:6.1f} ms ({best['one product'] / seconds:.2f}x)")
     wide = FactoredJacobian([a.double() for a in stacked.acts], [g.double() for g in stacked.gates])
     exact = wide.kernel(shape, w.double())
-    errors = {name: float((jac.kernel(shape, w).double() - exact).abs().max() / exact.abs().max())
-              for name, jac in (("one product", single), ("Grams given", given), ("pixel codes", coded))}
-    print("  kernels' largest error against float64 (relative to the largest entry): "
-          + ", ".join(f"{name} {error:.1e}" for name, error in errors.items()))
+    errors = {
+        name: float((jac.kernel(shape, w).double() - exact).abs().max() / exact.abs().max())
+        for name, jac in (("one product", single), ("Grams given", given), ("pixel codes", coded))
+    }
+    print(
+        "  kernels' largest error against float64 (relative to the largest entry): "
+        + ", ".join(f"{name} {error:.1e}" for name, error in errors.items())
+    )
     cands = w + 0.01 * torch.randn(len(cfg.settings.ntk_taus), len(w), generator=torch.Generator().manual_seed(0))
 
     def by_vmap():
         outputs = ctx.stack.forward(cands, x, shared_input=True)
         return ctx.stack.task.losses(outputs, y.expand(len(cands), *y.shape)).mean(1)
 
-    best = alternating({"vmap": by_vmap, "batched products": lambda: candidate_losses(ctx.stack, cands, x, y),
-                        "pixel codes": lambda: candidate_losses(ctx.stack, cands, x, y, pixels=pixels)})
+    best = alternating(
+        {
+            "vmap": by_vmap,
+            "batched products": lambda: candidate_losses(ctx.stack, cands, x, y),
+            "pixel codes": lambda: candidate_losses(ctx.stack, cands, x, y, pixels=pixels),
+        }
+    )
     gap = float((by_vmap() - candidate_losses(ctx.stack, cands, x, y)).abs().max())
     coded_gap = float((candidate_losses(ctx.stack, cands, x, y, pixels=pixels) - by_vmap()).abs().max())
-    print(f"  {len(cands)} candidates' losses on {len(y)} samples: vmap {1000 * best['vmap']:.1f} ms, batched "
-          f"products {1000 * best['batched products']:.1f} ms ({best['vmap'] / best['batched products']:.2f}x), "
-          f"pixel codes {1000 * best['pixel codes']:.1f} ms ({best['vmap'] / best['pixel codes']:.2f}x); "
-          f"largest difference from vmap {gap:.1e} and {coded_gap:.1e}")
+    print(
+        f"  {len(cands)} candidates' losses on {len(y)} samples: vmap {1000 * best['vmap']:.1f} ms, batched "
+        f"products {1000 * best['batched products']:.1f} ms ({best['vmap'] / best['batched products']:.2f}x), "
+        f"pixel codes {1000 * best['pixel codes']:.1f} ms ({best['vmap'] / best['pixel codes']:.2f}x); "
+        f"largest difference from vmap {gap:.1e} and {coded_gap:.1e}"
+    )
     S = torch.randn(len(cands), len(y), ctx.data.n_classes, generator=torch.Generator().manual_seed(1))
-    best = alternating({"float32": lambda: stacked.transpose_apply(shape, w, S),
-                        "pixel codes": lambda: coded.transpose_apply(shape, w, S)})
+    best = alternating(
+        {
+            "float32": lambda: stacked.transpose_apply(shape, w, S),
+            "pixel codes": lambda: coded.transpose_apply(shape, w, S),
+        }
+    )
     exact = wide.transpose_apply(shape, w.double(), S.double())
-    errors = {name: float((jac.transpose_apply(shape, w, S).double() - exact).abs().max() / exact.abs().max())
-              for name, jac in (("float32", stacked), ("pixel codes", coded))}
-    print(f"  {len(cands)} candidates' J^T S: float32 {1000 * best['float32']:.1f} ms, pixel codes "
-          f"{1000 * best['pixel codes']:.1f} ms ({best['float32'] / best['pixel codes']:.2f}x); largest error against "
-          f"float64 {errors['float32']:.1e} and {errors['pixel codes']:.1e} (relative to the largest entry)")
+    errors = {
+        name: float((jac.transpose_apply(shape, w, S).double() - exact).abs().max() / exact.abs().max())
+        for name, jac in (("float32", stacked), ("pixel codes", coded))
+    }
+    print(
+        f"  {len(cands)} candidates' J^T S: float32 {1000 * best['float32']:.1f} ms, pixel codes "
+        f"{1000 * best['pixel codes']:.1f} ms ({best['float32'] / best['pixel codes']:.2f}x); largest error against "
+        f"float64 {errors['float32']:.1e} and {errors['pixel codes']:.1e} (relative to the largest entry)"
+    )
 
 
 def ode_methods(args) -> None:
-    cfg = resolve(make_config({"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1,
-                               "progress": False, "device": "cpu"}), 1)
+    cfg = resolve(
+        make_config(
+            {"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1, "progress": False, "device": "cpu"}
+        ),
+        1,
+    )
     ctx, _ = build(cfg, 0, 1, 0)
     graph = ctx.schedule.graph(0)
     hood = sorted(list(graph.neighbors(0)) + [0])
@@ -215,8 +283,10 @@ def ode_methods(args) -> None:
             evo = evolve_ce(H, f0, Y, eta, taus, method)
             seconds.append(time.perf_counter() - start)
         error = float(((update(evo.residual_sums) - truth).norm(dim=1) / truth.norm(dim=1)).max())
-        print(f"  {method:9s} {1000 * min(seconds):6.0f} ms per peer step, weight update off by {error:.1e}"
-              f"{'  (default)' if method == cfg.settings.ntk_ode else ''}")
+        print(
+            f"  {method:9s} {1000 * min(seconds):6.0f} ms per peer step, weight update off by {error:.1e}"
+            f"{'  (default)' if method == cfg.settings.ntk_ode else ''}"
+        )
     evolution_threads(H, f0, Y, eta, taus)
     ssprk_vs_rk3(H, f0, Y, eta, taus, update)
 
@@ -245,8 +315,10 @@ def ssprk_vs_rk3(H, f0, Y, eta, taus, update, rates=(None, 6.0, 7.0)) -> None:
                 errors[wide] = float(((update(evo.residual_sums) - truth).norm(dim=1) / truth.norm(dim=1)).max())
         evolution.SPLIT_WIDE = True
         for wide in (True, False):
-            print(f"    split, {'SSPRK(4,3) (default)' if wide else 'RK3':20s} {1000 * best[wide]:4.0f} ms, "
-                  f"weight update off by {errors[wide]:.1e}")
+            print(
+                f"    split, {'SSPRK(4,3) (default)' if wide else 'RK3':20s} {1000 * best[wide]:4.0f} ms, "
+                f"weight update off by {errors[wide]:.1e}"
+            )
         print(f"    SSPRK(4,3) vs RK3: {best[False] / best[True]:.2f}x faster")
 
 
@@ -263,8 +335,10 @@ def evolution_threads(H, f0, Y, eta, taus, count: int = 8) -> None:
         start = time.perf_counter()
         list(pool.map(lambda _: evolve_ce(H, f0, Y, eta, taus), range(count)))
         pooled = time.perf_counter() - start
-    print(f"  {count} default evolutions: {alone:.2f} s one after another, {pooled:.2f} s on {threads} threads "
-          f"({alone / pooled:.2f}x)")
+    print(
+        f"  {count} default evolutions: {alone:.2f} s one after another, {pooled:.2f} s on {threads} threads "
+        f"({alone / pooled:.2f}x)"
+    )
 
 
 def main() -> None:
@@ -274,7 +348,11 @@ def main() -> None:
     p.add_argument("--ranks", default="1,2", help="MPI rank counts to time the round with, comma-separated")
     p.add_argument("--skip-round", action="store_true")
     p.add_argument("--skip-dense", action="store_true")
-    p.add_argument("--device", default="all", help="all (the CPU, and the GPU where CUDA is present), gpu (that GPU only), cpu or cuda")
+    p.add_argument(
+        "--device",
+        default="all",
+        help="all (the CPU, and the GPU where CUDA is present), gpu (that GPU only), cpu or cuda",
+    )
     args = p.parse_args()
     on = devices(args.device)
     print(f"NTK-DFL step on one neighbourhood ({torch.get_num_threads()} threads)")
@@ -289,9 +367,11 @@ def main() -> None:
     if not args.skip_round:
         seconds = {}
         for device in on:
-            for ranks in ((int(r) for r in args.ranks.split(",")) if device == "cpu" else (1,)):
-                print(f"NTK-DFL round on {device}: {args.peers} peers on {ranks} rank(s), kappa 5, Fashion-MNIST "
-                      "alpha 0.1, 200 samples per peer")
+            for ranks in (int(r) for r in args.ranks.split(",")) if device == "cpu" else (1,):
+                print(
+                    f"NTK-DFL round on {device}: {args.peers} peers on {ranks} rank(s), kappa 5, Fashion-MNIST "
+                    "alpha 0.1, 200 samples per peer"
+                )
                 seconds[device, ranks] = round_seconds(args, ranks, device)
         if ("cuda", 1) in seconds:
             print(f"  fastest round, cuda against cpu (1 rank each): {seconds['cpu', 1] / seconds['cuda', 1]:.1f}x")

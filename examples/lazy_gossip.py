@@ -4,6 +4,7 @@ model and takes the rest from the neighbourhood average.
     python -m p2pfl.run --algo lazy_gossip:LazyGossip --keep 0.5 --dataset synthetic   # PYTHONPATH=examples
     p2pfl.simulate(algo=LazyGossip, keep=0.5, dataset="synthetic")
 """
+
 from dataclasses import dataclass
 
 import p2pfl

@@ -5,6 +5,7 @@
 It writes one run folder per (keep, seed) and compare.png, .md and .csv beside them (analysis.compare:
 each setting's mean over the seeds with its min-max band).
 """
+
 import argparse
 from pathlib import Path
 
@@ -22,9 +23,19 @@ def main() -> None:
     for keep in (0.0, 0.5, 0.9):
         for seed in (0, 1, 2):
             folder = out / f"keep={keep}" / f"seed{seed}"
-            result = p2pfl.simulate(algo=LazyGossip, keep=keep, seed=seed, rounds=args.rounds, dataset="synthetic",
-                                    peers=12, kappa=3, samples_per_peer=60, progress=False, out=folder,
-                                    overwrite=True)
+            result = p2pfl.simulate(
+                algo=LazyGossip,
+                keep=keep,
+                seed=seed,
+                rounds=args.rounds,
+                dataset="synthetic",
+                peers=12,
+                kappa=3,
+                samples_per_peer=60,
+                progress=False,
+                out=folder,
+                overwrite=True,
+            )
             print(f"keep {keep} seed {seed}: test accuracy {result.rows[-1]['test_acc']:.3f}")
             folders.append(folder)
     compare(folders, by=["keep"], out=out / "compare.png", title="lazy gossip: the share kept")

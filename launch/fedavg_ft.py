@@ -9,6 +9,7 @@ grad_norm.png = fig. 3 left, finetune_error.png = fig. 3 right; networks: fine_t
 feature_similarity.png = fig. 4), a Markdown table (table.md) and the issue's targets checked in the
 runs' own numbers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,11 +46,23 @@ def beats(a: dict, b: dict, lower_is_better: bool) -> bool:
 
 def runs_of(preset: dict, out: Path) -> list[dict]:
     """The two runs (FedAvg and its baseline): their folders and command lines."""
-    return [{"column": "", "method": m, "lr": None, "folder": out / m,
-             "argv": run_command(["--algo", "fedavg-ft", *flags({**preset.get("common", {}),
-                                                                  **{k: v for k, v in preset[m].items() if k != "label"}})],
-                                 out / m)}
-            for m in ("fedavg", "baseline")]
+    return [
+        {
+            "column": "",
+            "method": m,
+            "lr": None,
+            "folder": out / m,
+            "argv": run_command(
+                [
+                    "--algo",
+                    "fedavg-ft",
+                    *flags({**preset.get("common", {}), **{k: v for k, v in preset[m].items() if k != "label"}}),
+                ],
+                out / m,
+            ),
+        }
+        for m in ("fedavg", "baseline")
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,29 +88,50 @@ def main(argv: list[str] | None = None) -> int:
         plot_linear_run({labels[m]: (rows[m], finals[m]["fine_tuning"]) for m in methods}, out)
         lines += ["| n | " + " | ".join(f"{labels[m]} error (mean ± std)" for m in methods) + " |", "|---|---|---|"]
         lines += [f"| {n} | " + " | ".join(cell(finals[m]["fine_tuning"][n]) for m in methods) + " |" for n in fa]
-        checks = {f"{labels['fedavg']} dist(B_T, B*) = {finals['fedavg']['final_rep_dist']:.3g} < 1e-3":
-                  finals["fedavg"]["final_rep_dist"] < 1e-3,
-                  f"{labels['baseline']} dist(B_T, B*) = {finals['baseline']['final_rep_dist']:.3g} > 0.9":
-                  finals["baseline"]["final_rep_dist"] > 0.9,
-                  "fine-tuning error of FedAvg below the baseline's at every n":
-                  all(beats(fa[n], base[n], lower_is_better=True) for n in fa)}
+        checks = {
+            f"{labels['fedavg']} dist(B_T, B*) = {finals['fedavg']['final_rep_dist']:.3g} < 1e-3": finals["fedavg"][
+                "final_rep_dist"
+            ]
+            < 1e-3,
+            f"{labels['baseline']} dist(B_T, B*) = {finals['baseline']['final_rep_dist']:.3g} > 0.9": finals[
+                "baseline"
+            ]["final_rep_dist"]
+            > 0.9,
+            "fine-tuning error of FedAvg below the baseline's at every n": all(
+                beats(fa[n], base[n], lower_is_better=True) for n in fa
+            ),
+        }
     else:
         for m in methods:
-            plot_similarity(np.array(finals[m]["feature_similarity"]), out / f"feature_similarity_{m}.png",
-                            f"{labels[m]}: feature cosine similarity by class")
+            plot_similarity(
+                np.array(finals[m]["feature_similarity"]),
+                out / f"feature_similarity_{m}.png",
+                f"{labels[m]}: feature cosine similarity by class",
+            )
         if fa:
-            plot_fine_tuning({labels[m]: finals[m]["fine_tuning"] for m in methods}, out / "fine_tuning.png",
-                             "accuracy")
+            plot_fine_tuning(
+                {labels[m]: finals[m]["fine_tuning"] for m in methods}, out / "fine_tuning.png", "accuracy"
+            )
         lines += ["| n | " + " | ".join(f"{labels[m]} accuracy (mean ± std)" for m in methods) + " |", "|---|---|---|"]
-        lines += [f"| {n} | " + " | ".join(cell(finals[m]["fine_tuning"][n], 100, ".2f") for m in methods) + " |"
-                  for n in fa]
-        checks = {"fine-tuned accuracy of FedAvg above the baseline's at every n":
-                  all(beats(fa[n], base[n], lower_is_better=False) for n in fa)} if fa else {}
+        lines += [
+            f"| {n} | " + " | ".join(cell(finals[m]["fine_tuning"][n], 100, ".2f") for m in methods) + " |" for n in fa
+        ]
+        checks = (
+            {
+                "fine-tuned accuracy of FedAvg above the baseline's at every n": all(
+                    beats(fa[n], base[n], lower_is_better=False) for n in fa
+                )
+            }
+            if fa
+            else {}
+        )
         for m in methods:
             sim = np.array(finals[m]["feature_similarity"])
             off = sim[~np.eye(len(sim), dtype=bool)]
-            lines.append(f"{labels[m]}: feature similarity within a class {np.nanmean(np.diag(sim)):.3f}, "
-                         f"between classes {np.nanmean(off):.3f}")
+            lines.append(
+                f"{labels[m]}: feature similarity within a class {np.nanmean(np.diag(sim)):.3f}, "
+                f"between classes {np.nanmean(off):.3f}"
+            )
     lines += ["", *[f"{'PASS' if ok else 'FAIL'}: {text}" for text, ok in checks.items()]]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

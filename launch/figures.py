@@ -8,6 +8,7 @@ each changes. Runs land in OUT/<name> (default runs/<experiment name>); a run
 that already finished is skipped, an unfinished one is run again. Then `python -m analysis figures OUT`
 draws OUT/figures/*.png with captions (OUT/figures/captions.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,14 +31,20 @@ def plan(experiment: dict, out: Path, ranks: int = 1) -> list[dict]:
     runs = []
     for name, settings in figure_runs().items():
         scale = {**experiment["common"], **(experiment.get("compression", {}) if name.startswith(FAMILY) else {})}
-        runs.append({"folder": out / name, "argv": run_command(flags({**scale, **settings}), out / name, ranks),
-                     "slow": settings["algo"] == "ntk-dfl"})
+        runs.append(
+            {
+                "folder": out / name,
+                "argv": run_command(flags({**scale, **settings}), out / name, ranks),
+                "slow": settings["algo"] == "ntk-dfl",
+            }
+        )
     return sorted(runs, key=lambda r: not r["slow"])
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.figures", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m launch.figures", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("experiment", type=Path, help="TOML with a [common] table: the scale")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
     p.add_argument("--ranks", type=int, default=1, help="MPI ranks per run (default 1)")
@@ -61,8 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = [str(r["folder"]) for r, code in zip(runs, codes) if code != 0]
     figures = Figures(out, out / "figures")
     drawn = figures.draw_all()
-    print(f"launch.figures: {len(runs) - len(failed)}/{len(runs)} runs done, {len(drawn)} figures in "
-          f"{out / 'figures'} ({time.monotonic() - start:.0f} s)")
+    print(
+        f"launch.figures: {len(runs) - len(failed)}/{len(runs)} runs done, {len(drawn)} figures in "
+        f"{out / 'figures'} ({time.monotonic() - start:.0f} s)"
+    )
     for name, missing in figures.skipped.items():
         print(f"skipped {name}: missing {', '.join(missing)}")
     for folder in failed:

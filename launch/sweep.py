@@ -10,6 +10,7 @@ interrupted sweep picks up where it stopped; an unfinished one without a checkpo
 start. A folder holding a run of other settings (another preset swept into the same OUT) is refused. At the end `python -m analysis compare` draws OUT/compare.png
 and writes OUT/compare.md and .csv, one group per combination.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -37,8 +38,10 @@ def preset_path(name: str) -> Path:
         known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.toml")))
         raise UserError(f"no preset {name!r} (a TOML file, or one of: {known})")
     if "columns" in read_toml(path, "preset"):
-        raise UserError(f"{name} is an experiment (it has [columns]): launch.table runs it; launch.sweep takes a run "
-                        "preset (one run's settings, e.g. launch/presets/*.toml)")
+        raise UserError(
+            f"{name} is an experiment (it has [columns]): launch.table runs it; launch.sweep takes a run "
+            "preset (one run's settings, e.g. launch/presets/*.toml)"
+        )
     return path
 
 
@@ -51,14 +54,22 @@ def parse_sets(items: list[str]) -> dict[str, list[str]]:
         if not sep or not key or not values.strip():
             raise UserError(f"--set takes key=v1,v2, got {item!r}")
         if key.replace("-", "_") in ("seed", "out", "resume", "overwrite"):
-            raise UserError(f"--set {key}: the sweep sets it itself ({'--seeds' if key == 'seed' else 'one folder a run'}); "
-                            f"{'give the seeds as --seeds ' + values.strip() if key == 'seed' else 'leave it out'}")
+            raise UserError(
+                f"--set {key}: the sweep sets it itself ({'--seeds' if key == 'seed' else 'one folder a run'}); "
+                f"{'give the seeds as --seeds ' + values.strip() if key == 'seed' else 'leave it out'}"
+            )
         grid[key] = [v.strip() for v in values.split(",") if v.strip()]
     return grid
 
 
-def plan(preset: Path, seeds: list[int], grid: dict[str, list[str]], out: Path, ranks: int = 1,
-         flags: list[str] | None = None) -> list[dict]:
+def plan(
+    preset: Path,
+    seeds: list[int],
+    grid: dict[str, list[str]],
+    out: Path,
+    ranks: int = 1,
+    flags: list[str] | None = None,
+) -> list[dict]:
     """Every (combination, seed) run: its folder and command line (launch.table's run records)."""
     runs = []
     for combo in itertools.product(*grid.values()):
@@ -66,8 +77,14 @@ def plan(preset: Path, seeds: list[int], grid: dict[str, list[str]], out: Path, 
         name = "_".join(f"{k}={v}" for k, v in settings.items()) or "base"
         for seed in seeds:
             folder = out / name / f"seed{seed}"
-            args = ["--config", str(preset), "--seed", str(seed),
-                    *(a for k, v in settings.items() for a in (f"--{k}", v)), *(flags or [])]
+            args = [
+                "--config",
+                str(preset),
+                "--seed",
+                str(seed),
+                *(a for k, v in settings.items() for a in (f"--{k}", v)),
+                *(flags or []),
+            ]
             runs.append({"folder": folder, "argv": run_command(args, folder, ranks)})
     return runs
 
@@ -79,7 +96,7 @@ def check_plan(runs: list[dict]) -> str | None:
     from p2pfl.errors import UserError
 
     for run in runs:
-        argv = run["argv"][run["argv"].index("p2pfl.run") + 1:]
+        argv = run["argv"][run["argv"].index("p2pfl.run") + 1 :]
         argv[argv.index("--out") + 1] = str(Path(run["folder"]).parent / "_check_")  # never made
         try:
             parse_config(argv)

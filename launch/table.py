@@ -11,6 +11,7 @@ a run whose metrics.jsonl already reaches its last round is not run again. Print
 OUT/table.md (the final values, then every evaluated round of each column) and OUT/results.json
 (best and every lr), and OUT/<column>/comparison.png (test accuracy per round, each method's best run).
 """
+
 from __future__ import annotations
 
 import json
@@ -66,8 +67,15 @@ def runs_of(preset: dict, columns: list[str], out: Path) -> list[dict]:
                 if lr is not None:
                     merged["lr"] = lr
                 folder = out / column / name
-                runs.append({"column": column, "method": method, "lr": lr, "folder": folder,
-                             "argv": run_command(flags(merged), folder)})
+                runs.append(
+                    {
+                        "column": column,
+                        "method": method,
+                        "lr": lr,
+                        "folder": folder,
+                        "argv": run_command(flags(merged), folder),
+                    }
+                )
     return runs
 
 
@@ -75,9 +83,9 @@ def _settings(argv: list[str], ranks: int) -> dict:
     """The resolved settings of a planned run's command line (without its folder and output flags)."""
     from p2pfl.configure import parse_config, resolve, resolved_dict
 
-    args = list(argv[argv.index("p2pfl.run") + 1:])
+    args = list(argv[argv.index("p2pfl.run") + 1 :])
     i = args.index("--out")
-    del args[i:i + 2]
+    del args[i : i + 2]
     return resolved_dict(resolve(parse_config([a for a in args if a not in ("--no-progress", "--overwrite")]), ranks))
 
 
@@ -101,7 +109,7 @@ def run_state(run: dict) -> str:
     folder, argv = Path(run["folder"]), run["argv"]
     if not (folder / "config.toml").is_file():
         return "new"
-    ranks = int(argv[argv.index("-n") + 1]) if "-n" in argv[:argv.index("p2pfl.run")] else 1
+    ranks = int(argv[argv.index("-n") + 1]) if "-n" in argv[: argv.index("p2pfl.run")] else 1
     planned = _settings(argv, ranks)
     try:
         stored = _stored(folder, ranks)
@@ -109,8 +117,10 @@ def run_state(run: dict) -> str:
         raise UserError(f"{folder} holds a run this p2pfl cannot read ({exc}); use another --out")
     k = first_difference(stored, planned, NEUTRAL)
     if k:
-        raise UserError(f"{folder} holds a run of other settings ({k} {stored.get(k)!r} there, {planned.get(k)!r} "
-                        "in this plan); use another --out")
+        raise UserError(
+            f"{folder} holds a run of other settings ({k} {stored.get(k)!r} there, {planned.get(k)!r} "
+            "in this plan); use another --out"
+        )
     try:
         rows = read_metrics(folder / "metrics.jsonl")
     except (OSError, ValueError):
@@ -136,7 +146,9 @@ def execute(run: dict) -> int:
 
 
 def final_value(folder: Path, key: str = "test_acc") -> float | None:
-    rows = [r for r in read_metrics(folder / "metrics.jsonl") if key in r] if (folder / "metrics.jsonl").exists() else []
+    rows = (
+        [r for r in read_metrics(folder / "metrics.jsonl") if key in r] if (folder / "metrics.jsonl").exists() else []
+    )
     return rows[-1][key] if rows else None
 
 
@@ -146,11 +158,16 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
 
 def per_round(results: dict, column: str, key: str) -> str:
     """Every evaluated round of a column: one row per round, one cell per method's best run."""
-    curves = {m: {r["round"]: r[key] for r in read_metrics(Path(e["folder"]) / "metrics.jsonl") if key in r}
-              for m, e in results[column].items() if "folder" in e}
+    curves = {
+        m: {r["round"]: r[key] for r in read_metrics(Path(e["folder"]) / "metrics.jsonl") if key in r}
+        for m, e in results[column].items()
+        if "folder" in e
+    }
     rounds = sorted({k for c in curves.values() for k in c})
-    return markdown(["round", *curves], [[str(k), *(f"{100 * c[k]:.2f}%" if k in c else "" for c in curves.values())]
-                                         for k in rounds])
+    return markdown(
+        ["round", *curves],
+        [[str(k), *(f"{100 * c[k]:.2f}%" if k in c else "" for c in curves.values())] for k in rounds],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,8 +183,10 @@ def _main(argv: list[str] | None) -> int:
     args = p.parse_args(argv)
     preset = read_toml(Path(args.preset), "experiment")
     if not isinstance(preset.get("columns"), dict) or not preset["columns"]:
-        raise UserError(f"{args.preset} is not an experiment (no [columns] table): launch.table takes one from "
-                        "launch/experiments/; a run preset goes to python -m p2pfl.run --config or launch.sweep")
+        raise UserError(
+            f"{args.preset} is not an experiment (no [columns] table): launch.table takes one from "
+            "launch/experiments/; a run preset goes to python -m p2pfl.run --config or launch.sweep"
+        )
     if args.jobs < 1:
         p.error("--jobs must be at least 1")
     columns = args.columns.split(",") if args.columns else list(preset["columns"])
@@ -188,22 +207,34 @@ def _main(argv: list[str] | None) -> int:
         value = final_value(run["folder"], keys[0]) if code == 0 else None
         entry["by_lr"][str(run["lr"])] = value
         if value is not None and value >= entry.get(keys[0], -1):
-            entry.update({key: final_value(run["folder"], key) for key in keys}, lr=run["lr"],
-                         folder=str(run["folder"]))
+            entry.update(
+                {key: final_value(run["folder"], key) for key in keys}, lr=run["lr"], folder=str(run["folder"])
+            )
     methods = list(dict.fromkeys(r["method"] for r in runs))
     sections = []
     for key in keys:
-        cells = [[method, *("failed" if results[c][method].get(key) is None else f"{100 * results[c][method][key]:.2f}%"
-                            for c in columns)] for method in methods]
+        cells = [
+            [
+                method,
+                *(
+                    "failed" if results[c][method].get(key) is None else f"{100 * results[c][method][key]:.2f}%"
+                    for c in columns
+                ),
+            ]
+            for method in methods
+        ]
         sections.append(f"final {key} (best lr of each grid by {keys[0]})\n\n{markdown(['method', *columns], cells)}")
     table = "\n\n".join(sections)
     title = preset.get("title", Path(args.preset).stem)
-    rounds = "\n\n".join(f"{column}: {keys[0]} at every evaluated round\n\n{per_round(results, column, keys[0])}"
-                          for column in columns)
+    rounds = "\n\n".join(
+        f"{column}: {keys[0]} at every evaluated round\n\n{per_round(results, column, keys[0])}" for column in columns
+    )
     (out / "table.md").write_text(f"{title}\n\n{table}\n\n{rounds}\n")
     (out / "results.json").write_text(json.dumps(results, indent=1))
     for column in columns:
-        best = {m: read_metrics(Path(e["folder"]) / "metrics.jsonl") for m, e in results[column].items() if "folder" in e}
+        best = {
+            m: read_metrics(Path(e["folder"]) / "metrics.jsonl") for m, e in results[column].items() if "folder" in e
+        }
         plot_comparison(best, out / column / "comparison.png", title=f"{title}: {column}")
     print(f"{title}\n\n{table}\n\n{out / 'table.md'}")
     return 0 if all(c == 0 for c in codes) else 1

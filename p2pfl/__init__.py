@@ -7,6 +7,7 @@ The public names below are loaded on first use, so that `python -m p2pfl.run` ca
 before torch starts (p2pfl.threads). docs/library.md describes them; docs/design.md has the Algorithm
 contract a new algorithm follows.
 """
+
 import importlib
 import os
 import sys
@@ -23,14 +24,26 @@ if "numpy" in sys.modules:  # numpy (or torch, which imports it) came first: its
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "simulate": "p2pfl.simulation", "Result": "p2pfl.simulation",  # running
-    "ConfigError": "p2pfl.errors", "DivergenceError": "p2pfl.errors", "Interrupted": "p2pfl.errors",
-    "Algorithm": "p2pfl.algorithms.base", "Round": "p2pfl.algorithms.base",  # writing an algorithm
-    "RunContext": "p2pfl.algorithms.context", "neighbour_average": "p2pfl.algorithms.base",
-    "ServerAlgorithm": "p2pfl.algorithms.server", "ServerOptions": "p2pfl.algorithms.server",
-    "Message": "p2pfl.comm", "Payload": "p2pfl.comm", "Weights": "p2pfl.comm",
-    "option": "p2pfl.options", "positive": "p2pfl.options", "non_negative": "p2pfl.options",
-    "fraction": "p2pfl.options", "at_least": "p2pfl.options", "probability": "p2pfl.options",
+    "simulate": "p2pfl.simulation",
+    "Result": "p2pfl.simulation",  # running
+    "ConfigError": "p2pfl.errors",
+    "DivergenceError": "p2pfl.errors",
+    "Interrupted": "p2pfl.errors",
+    "Algorithm": "p2pfl.algorithms.base",
+    "Round": "p2pfl.algorithms.base",  # writing an algorithm
+    "RunContext": "p2pfl.algorithms.context",
+    "neighbour_average": "p2pfl.algorithms.base",
+    "ServerAlgorithm": "p2pfl.algorithms.server",
+    "ServerOptions": "p2pfl.algorithms.server",
+    "Message": "p2pfl.comm",
+    "Payload": "p2pfl.comm",
+    "Weights": "p2pfl.comm",
+    "option": "p2pfl.options",
+    "positive": "p2pfl.options",
+    "non_negative": "p2pfl.options",
+    "fraction": "p2pfl.options",
+    "at_least": "p2pfl.options",
+    "probability": "p2pfl.options",
 }
 __all__ = sorted(_PUBLIC)
 

@@ -1,5 +1,6 @@
 """A run's parts on this rank, built once: the device, the data and its partition, the model and its
 peers' parameters, the transport and its simulated faults, the topology, and the algorithm."""
+
 from __future__ import annotations
 
 import torch
@@ -29,12 +30,16 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     if choice == "cpu":
         return torch.device("cpu")
     if not gpus:
-        raise UserError(f"--device {choice}: no CUDA device is available here (torch {torch.__version__} sees "
-                        "none); use --device cpu or auto")
+        raise UserError(
+            f"--device {choice}: no CUDA device is available here (torch {torch.__version__} sees "
+            "none); use --device cpu or auto"
+        )
     index = local_rank % gpus if choice == "cuda" else int(choice.split(":", 1)[1])
     if index >= gpus:
-        raise UserError(f"--device {choice}: this machine has {gpus} GPU{'s' if gpus > 1 else ''} "
-                        f"(cuda:0{f' to cuda:{gpus - 1}' if gpus > 1 else ''})")
+        raise UserError(
+            f"--device {choice}: this machine has {gpus} GPU{'s' if gpus > 1 else ''} "
+            f"(cuda:0{f' to cuda:{gpus - 1}' if gpus > 1 else ''})"
+        )
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)
     return device
@@ -67,30 +72,52 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     written = read_partition_file(cfg.partition_file, cfg.peers, len(data.train_y)) if cfg.partition_file else None
     cls.prepare_data(data, cfg)
     transport = make_transport(cfg.peers, 1 if cls.centralized else 0, cfg.comm_timeout, device)
-    faults = Faults(cfg.seed, cfg.peers, cfg.drop_peers, cfg.drop_links, cfg.slow_peers, cfg.slow_factor,
-                    cfg.round_deadline)
+    faults = Faults(
+        cfg.seed, cfg.peers, cfg.drop_peers, cfg.drop_links, cfg.slow_peers, cfg.slow_factor, cfg.round_deadline
+    )
     transport.faults = faults if faults.active else None
     peers = transport.placement.peers_of(transport.rank)
     with torch.device("meta"):  # counted before it is allocated
         n_params = count_parameters(build_model(cfg.model, data.input_shape, data.n_classes, cfg))
-    check_model_memory(cfg, n_params, len(peers) * (ranks_on_this_machine() or 1), _gpu_share(device, cfg.device, len(peers)))
+    check_model_memory(
+        cfg, n_params, len(peers) * (ranks_on_this_machine() or 1), _gpu_share(device, cfg.device, len(peers))
+    )
     if written is not None:
         shards = through_origin(written, data.train_origin, cfg.partition_file)
     else:
-        shards = partition(data.train_y.numpy(), data.train_classes, cfg.peers, cfg.partition,
-                           per_peer=cfg.samples_per_peer, alpha=cfg.alpha, classes=cfg.classes_per_peer,
-                           style=cfg.dirichlet_style, classes_style=cfg.classes_style, groups=data.groups,
-                           seed=cfg.seed)
+        shards = partition(
+            data.train_y.numpy(),
+            data.train_classes,
+            cfg.peers,
+            cfg.partition,
+            per_peer=cfg.samples_per_peer,
+            alpha=cfg.alpha,
+            classes=cfg.classes_per_peer,
+            style=cfg.dirichlet_style,
+            classes_style=cfg.classes_style,
+            groups=data.groups,
+            seed=cfg.seed,
+        )
     model = build_model(cfg.model, data.input_shape, data.n_classes, cfg)
     flat = initial_parameters(model, peers, cfg.seed, cfg.init, device)
     data.to(device)
     stack = PeerStack(model.to(device), cfg.batch, TASKS[data.task])
     if device.type == "cuda":  # the ranks that share a GPU share its free memory for their batches
         stack.memory_share /= _ranks_per_gpu(cfg.device)
-    ctx = RunContext(cfg=cfg, transport=transport, data=data, shards=[torch.from_numpy(s) for s in shards],
-                     schedule=TopologySchedule(cfg.topology, cfg.peers + cls.centralized, cfg.kappa,
-                                               graph_seeds(cfg.seed), cfg.static),
-                     stack=stack, peers=peers, flat=flat, device=device, faults=transport.faults)
+    ctx = RunContext(
+        cfg=cfg,
+        transport=transport,
+        data=data,
+        shards=[torch.from_numpy(s) for s in shards],
+        schedule=TopologySchedule(
+            cfg.topology, cfg.peers + cls.centralized, cfg.kappa, graph_seeds(cfg.seed), cfg.static
+        ),
+        stack=stack,
+        peers=peers,
+        flat=flat,
+        device=device,
+        faults=transport.faults,
+    )
     return ctx, cls(ctx)
 
 
@@ -102,8 +129,9 @@ def device_note(devices: list[str]) -> str:
     named = {d: f"{d} ({torch.cuda.get_device_name(torch.device(d))})" if d.startswith("cuda") else d for d in ranks}
     if len(ranks) == 1:
         return f"device {named[devices[0]]}" + (f" on all {len(devices)} ranks" if len(devices) > 1 else "")
-    return "devices " + "; ".join(f"{named[d]} on rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}"
-                                  for d, r in ranks.items())
+    return "devices " + "; ".join(
+        f"{named[d]} on rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}" for d, r in ranks.items()
+    )
 
 
 def out_of_gpu_memory(cfg: RunConfig, size: int, device: str) -> OutOfGPUMemory:
@@ -113,4 +141,5 @@ def out_of_gpu_memory(cfg: RunConfig, size: int, device: str) -> OutOfGPUMemory:
     return OutOfGPUMemory(
         f"out of GPU memory on {device} with {per_rank} peers on a rank: use fewer peers per "
         f"rank (more ranks: mpirun -n, or fewer --peers), fewer samples (--samples-per-peer, --train-samples, "
-        f"--test-samples), a smaller model (--model, --hidden), or --device cpu")
+        f"--test-samples), a smaller model (--model, --hidden), or --device cpu"
+    )

@@ -1,6 +1,7 @@
 """Bits as they travel: b-bit values (quantized Jacobian entries) and boolean masks (which entries a
 sparse message holds: top-k Jacobians, DisPFL's sparse models) packed into bytes, so that a message's
 byte count is what a real wire would carry."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +10,7 @@ import torch
 
 def pack_bits(q: np.ndarray, bits: int) -> np.ndarray:
     """Values below 2**bits (uint8) as a bit stream of bits bits each."""
-    return np.packbits(np.unpackbits(q.astype(np.uint8)[:, None], axis=1)[:, 8 - bits:].reshape(-1))
+    return np.packbits(np.unpackbits(q.astype(np.uint8)[:, None], axis=1)[:, 8 - bits :].reshape(-1))
 
 
 def unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:

@@ -9,6 +9,7 @@ and numbers (torch.load with weights_only=True, no unpickled objects) and picks 
 run resumes on any number of ranks. Random draws are keyed by (seed, purpose, round, peer)
 (p2pfl.seeding), so no generator state needs saving.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,9 +73,13 @@ def capture(ctx, algorithm, rows: list[dict], rounds_done: int, copy: bool = Tru
     own copies: the next round changes the run's tensors in place, and a stop by SIGTERM writes the
     last completed round's capture (run.py keeps one in memory)."""
     take = (lambda v: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v) if copy else _cpu
-    state = {"round": rounds_done, "peers": list(ctx.peers), "flat": take(ctx.flat),
-             "peer_state": {name: take(_get(algorithm, name)) for name in _names(algorithm, "peer")},
-             "pooled": {name: list(_get(algorithm, name)) for name in _names(algorithm, "pooled")}}
+    state = {
+        "round": rounds_done,
+        "peers": list(ctx.peers),
+        "flat": take(ctx.flat),
+        "peer_state": {name: take(_get(algorithm, name)) for name in _names(algorithm, "peer")},
+        "pooled": {name: list(_get(algorithm, name)) for name in _names(algorithm, "pooled")},
+    }
     if ctx.transport.rank == 0:
         state["server"] = {name: take(_get(algorithm, name)) for name in _names(algorithm, "server")}
         state["global_weights"] = take(ctx.global_weights)
@@ -145,8 +150,12 @@ def _latest(folder: Path) -> tuple[int, int, int]:
         raise _Damaged(f"{LATEST} cannot be read ({exc.__class__.__name__})")
     fields = meta if isinstance(meta, dict) else {}
     values = [fields.get(k) for k in ("round", "slot", "ranks")]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values) or values[1] not in (0, 1) \
-            or values[0] < 1 or values[2] < 1:
+    if (
+        not all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+        or values[1] not in (0, 1)
+        or values[0] < 1
+        or values[2] < 1
+    ):
         raise _Damaged(f"{LATEST} does not name a round, a slot (0 or 1) and a rank count")
     return values[0], values[1], values[2]
 
@@ -174,15 +183,26 @@ def _read_slot(folder: Path, slot: int, ranks: int) -> list[dict]:
 
 
 def _check_part(part, name: str, root: bool) -> None:
-    ok = isinstance(part, dict) and isinstance(part.get("round"), int) and part["round"] >= 1 \
-        and isinstance(part.get("peers"), list) and all(isinstance(p, int) for p in part["peers"]) \
-        and isinstance(part.get("flat"), torch.Tensor) and part["flat"].dim() == 2 \
-        and len(part["flat"]) == len(part["peers"]) \
-        and isinstance(part.get("peer_state"), dict) and isinstance(part.get("pooled"), dict)
+    ok = (
+        isinstance(part, dict)
+        and isinstance(part.get("round"), int)
+        and part["round"] >= 1
+        and isinstance(part.get("peers"), list)
+        and all(isinstance(p, int) for p in part["peers"])
+        and isinstance(part.get("flat"), torch.Tensor)
+        and part["flat"].dim() == 2
+        and len(part["flat"]) == len(part["peers"])
+        and isinstance(part.get("peer_state"), dict)
+        and isinstance(part.get("pooled"), dict)
+    )
     if ok and root:
-        ok = isinstance(part.get("server"), dict) and isinstance(part.get("rows"), list) \
-            and all(isinstance(row, dict) for row in part["rows"]) and len(part["rows"]) == part["round"] \
+        ok = (
+            isinstance(part.get("server"), dict)
+            and isinstance(part.get("rows"), list)
+            and all(isinstance(row, dict) for row in part["rows"])
+            and len(part["rows"]) == part["round"]
             and (part.get("global_weights") is None or isinstance(part.get("global_weights"), torch.Tensor))
+        )
     if not ok:
         raise _Damaged(f"{name} does not hold a checkpoint")
 
@@ -208,17 +228,24 @@ def read(run_dir: Path) -> Snapshot:
             if other == slot:
                 continue
             for path in sorted(folder.glob(f"slot{other}-rank0-of*.pt")):
-                count = path.name.rsplit("-of", 1)[1][:-len(".pt")]
+                count = path.name.rsplit("-of", 1)[1][: -len(".pt")]
                 try:
                     options.append((other, _read_slot(folder, other, int(count))))
                 except (_Damaged, ValueError) as exc:
                     problems.append(f"slot {other}: {exc}")
         if not options:
-            raise UserError(f"--resume {run_dir}: no checkpoint can be read: "
-                            f"{'; '.join(problems) or 'none was written'}")
+            raise UserError(
+                f"--resume {run_dir}: no checkpoint can be read: {'; '.join(problems) or 'none was written'}"
+            )
         chosen = max(options, key=lambda option: option[1][0]["round"])
-    note = None if not problems else (f"the newest checkpoint is damaged ({'; '.join(problems)}); resuming from "
-                                      f"the previous one, after round {chosen[1][0]['round']}")
+    note = (
+        None
+        if not problems
+        else (
+            f"the newest checkpoint is damaged ({'; '.join(problems)}); resuming from "
+            f"the previous one, after round {chosen[1][0]['round']}"
+        )
+    )
     return Snapshot(chosen[1][0]["round"], chosen[1], note)
 
 
@@ -231,13 +258,20 @@ def restore(ctx, algorithm, snapshot: Snapshot, run_dir: Path) -> None:
     if sorted(where) != list(range(ctx.cfg.peers)):
         problem = f"it holds {len(where)} peers, config.toml {ctx.cfg.peers}"
     elif any(part["flat"].shape[1] != ctx.stack.layout.size for part in parts):
-        problem = f"its models have {parts[0]['flat'].shape[1]:,} values, the configured model {ctx.stack.layout.size:,}"
-    elif any(set(part["peer_state"]) != set(_names(algorithm, "peer")) or set(part["pooled"]) != set(_names(algorithm, "pooled"))
-             for part in parts) or set(parts[0]["server"]) != set(_names(algorithm, "server")):
+        problem = (
+            f"its models have {parts[0]['flat'].shape[1]:,} values, the configured model {ctx.stack.layout.size:,}"
+        )
+    elif any(
+        set(part["peer_state"]) != set(_names(algorithm, "peer"))
+        or set(part["pooled"]) != set(_names(algorithm, "pooled"))
+        for part in parts
+    ) or set(parts[0]["server"]) != set(_names(algorithm, "server")):
         problem = f"its state is not {ctx.cfg.algo}'s"
     if problem:
-        raise UserError(f"--resume {run_dir}: the checkpoint does not fit the run's config.toml ({problem}); was "
-                        "config.toml edited?")
+        raise UserError(
+            f"--resume {run_dir}: the checkpoint does not fit the run's config.toml ({problem}); was "
+            "config.toml edited?"
+        )
 
     def rows_of(key: str, name: str | None = None) -> torch.Tensor:
         picked = [(part[key][name] if name else part[key])[i] for part, i in (where[p] for p in ctx.peers)]

@@ -1,6 +1,7 @@
 """When a run writes a checkpoint and how it stops: the ranks agree after every round whether a checkpoint
 is due (--checkpoint-every, or CHECKPOINT_SECONDS since the last) or a stop was asked for (Ctrl-C), and a
 stop at once (SIGTERM, a second Ctrl-C, another rank's) saves the last round every rank holds in memory."""
+
 from __future__ import annotations
 
 import _thread
@@ -31,8 +32,11 @@ class StopRequest:
         self.requested, self.rank, self.by, self.now, self.remote = False, rank, "Ctrl-C", False, None
         self.transport = transport
         in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
-        self.previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)} \
-            if in_main_thread else {}
+        self.previous = (
+            {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+            if in_main_thread
+            else {}
+        )
         self.watcher = stopping.SignalWatcher() if in_main_thread else None  # the long loops learn at once
         if in_main_thread and transport is not None:
             transport.watch_for_stops(self.on_remote_stop)
@@ -62,8 +66,10 @@ class StopRequest:
             raise KeyboardInterrupt
         self.requested = True
         if self.rank == 0:
-            print("\np2pfl: interrupted: finishing this round, then a checkpoint (Ctrl-C again stops at once)",
-                  file=sys.stderr)
+            print(
+                "\np2pfl: interrupted: finishing this round, then a checkpoint (Ctrl-C again stops at once)",
+                file=sys.stderr,
+            )
 
     def uninstall(self) -> None:
         if self.transport is not None:
@@ -108,8 +114,9 @@ class Checkpoints:
         try:
             with transport.emergency():  # apart from a collective the signal cut short
                 rounds = transport.gather([state["round"] for state in self.held])
-                common = transport.bcast(max(set.intersection(*map(set, rounds)), default=0) if rounds is not None
-                                         else None)
+                common = transport.bcast(
+                    max(set.intersection(*map(set, rounds)), default=0) if rounds is not None else None
+                )
                 if common <= self.saved:
                     return self.saved
                 checkpoint.write(next(s for s in self.held if s["round"] == common), self.run_dir, transport)

@@ -1,5 +1,6 @@
 """The p2pfl-run console script, as `python -m p2pfl.run`: the early stop handlers first (torch takes
 seconds to load, and a Ctrl-C then must not be lost), then the CLI."""
+
 import sys
 
 

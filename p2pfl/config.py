@@ -1,6 +1,7 @@
 """The run's own settings, declared once: default, help and check of each (p2pfl.options). The flags, the
 TOML keys, the per-setting checks and the docs' table are derived from these declarations; checks that
 relate settings to each other, to the algorithm or to the data are p2pfl.configure's."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,14 +17,22 @@ TOPOLOGIES = ("regular", "erdos-renyi", "ring", "star", "full", "chain")
 PARTITIONS = ("dirichlet", "iid", "classes", "writers")
 MIXINGS = ("uniform", "metropolis", "sample-weighted")
 AGGREGATES = ("uniform", "sample-weighted")
-TRAINING_FALLBACK = {"lr_decay": 0.0, "momentum": 0.0, "local_epochs": 1, "weight_decay": 0.0}  # where an algorithm names none
+TRAINING_FALLBACK = {
+    "lr_decay": 0.0,
+    "momentum": 0.0,
+    "local_epochs": 1,
+    "weight_decay": 0.0,
+}  # where an algorithm names none
 ALGORITHM_S = "the algorithm's"  # how --help states a training default that each algorithm sets
 CHECKPOINT_SECONDS = 30.0  # the default --checkpoint-every: after a round when this long has passed
 
 
 def _device(v) -> str | None:
-    return None if v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit()) else \
-        f"{v} is an unknown device; use auto, cpu, cuda or cuda:N"
+    return (
+        None
+        if v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit())
+        else f"{v} is an unknown device; use auto, cpu, cuda or cuda:N"
+    )
 
 
 def _seed(v) -> str | None:
@@ -57,53 +66,106 @@ def _deadline(v) -> str | None:
 @dataclass
 class RunConfig:
     algo: str = option("dfedavg", "the algorithm;")
-    peers: int | None = option(None, "number of peers; they sit on ranks in contiguous blocks", at_least(1), shown="MPI world size, or 10 without MPI")
-    rounds: int | None = option(None, "communication rounds", at_least(1),
-                                shown="the algorithm's, or what its stages add up to")
-    topology: str = option("regular", "the graph: regular, erdos-renyi, ring, star, full or chain", choices=TOPOLOGIES, noun="topology")
+    peers: int | None = option(
+        None,
+        "number of peers; they sit on ranks in contiguous blocks",
+        at_least(1),
+        shown="MPI world size, or 10 without MPI",
+    )
+    rounds: int | None = option(
+        None, "communication rounds", at_least(1), shown="the algorithm's, or what its stages add up to"
+    )
+    topology: str = option(
+        "regular", "the graph: regular, erdos-renyi, ring, star, full or chain", choices=TOPOLOGIES, noun="topology"
+    )
     kappa: float = option(5, "degree for regular, mean degree for erdos-renyi")
     static: bool = option(False, "one graph for the whole run instead of a new one each round")
-    mixing: str = option("uniform", "neighbour averaging weights: uniform 1/(deg+1), metropolis or sample-weighted", choices=MIXINGS, noun="mixing")
+    mixing: str = option(
+        "uniform",
+        "neighbour averaging weights: uniform 1/(deg+1), metropolis or sample-weighted",
+        choices=MIXINGS,
+        noun="mixing",
+    )
     dataset: str = option("fashion-mnist", "the dataset;")
     data_dir: str | None = option(None, "folder holding the dataset files", shown="the dataset's usual place")
-    labels: str = option("fine", "CIFAR-100 label set: fine (100 classes) or coarse (20)", choices=("fine", "coarse"),
-                         noun="label set")
-    partition: str | None = option(None, "how the training set is split among the peers: dirichlet, iid, classes or writers "
-                                   "(the dataset's natural split: FEMNIST writers, linear-rep clients)", choices=PARTITIONS,
-                                   noun="partition", shown="the dataset's: dirichlet, writers for femnist and linear-rep")
-    partition_file: str | None = option(None, "read each peer's training indices from this file instead of drawing "
-                                        "them: .json ({\"0\": [indices], ...} or a list of lists), .npz (an array per "
-                                        "peer) or the NTK-FL/NTK-DFL reference codes' pickled dict (read without running "
-                                        "code); the run's P peers take the file's peers 0..P-1", shown="none: drawn")
-    dirichlet_style: str = option("per-peer", "per-peer (NTK-FL/NTK-DFL: a label mix per peer, fixed size, samples "
-                                  "may repeat across peers), per-class (NIID-Bench: each class split over the peers, "
-                                  "disjoint) or feddyn (FedDyn: a class prior per peer, equal sizes, disjoint)",
-                                  choices=("per-peer", "per-class", "feddyn"), noun="Dirichlet style")
-    classes_style: str = option("random", "--partition classes: random (#C random classes, equal counts) or "
-                                "niid-bench (peer i owns class i mod C plus #C-1 random ones, whole classes split "
-                                "evenly)", choices=("random", "niid-bench"), noun="classes style")
+    labels: str = option(
+        "fine", "CIFAR-100 label set: fine (100 classes) or coarse (20)", choices=("fine", "coarse"), noun="label set"
+    )
+    partition: str | None = option(
+        None,
+        "how the training set is split among the peers: dirichlet, iid, classes or writers "
+        "(the dataset's natural split: FEMNIST writers, linear-rep clients)",
+        choices=PARTITIONS,
+        noun="partition",
+        shown="the dataset's: dirichlet, writers for femnist and linear-rep",
+    )
+    partition_file: str | None = option(
+        None,
+        "read each peer's training indices from this file instead of drawing "
+        'them: .json ({"0": [indices], ...} or a list of lists), .npz (an array per '
+        "peer) or the NTK-FL/NTK-DFL reference codes' pickled dict (read without running "
+        "code); the run's P peers take the file's peers 0..P-1",
+        shown="none: drawn",
+    )
+    dirichlet_style: str = option(
+        "per-peer",
+        "per-peer (NTK-FL/NTK-DFL: a label mix per peer, fixed size, samples "
+        "may repeat across peers), per-class (NIID-Bench: each class split over the peers, "
+        "disjoint) or feddyn (FedDyn: a class prior per peer, equal sizes, disjoint)",
+        choices=("per-peer", "per-class", "feddyn"),
+        noun="Dirichlet style",
+    )
+    classes_style: str = option(
+        "random",
+        "--partition classes: random (#C random classes, equal counts) or "
+        "niid-bench (peer i owns class i mod C plus #C-1 random ones, whole classes split "
+        "evenly)",
+        choices=("random", "niid-bench"),
+        noun="classes style",
+    )
     alpha: float = option(0.1, "Dirichlet concentration", _alpha)
     classes_per_peer: int = option(2, "classes per peer for --partition classes", at_least(1))
     samples_per_peer: int = option(200, "training samples per peer", at_least(1))
-    train_samples: int | None = option(None, "partition a seeded random subset of N training samples; it "
-                                       "reduces partitions that use the whole set (niid-bench, per-class)",
-                                       at_least(1), shown="all")
+    train_samples: int | None = option(
+        None,
+        "partition a seeded random subset of N training samples; it "
+        "reduces partitions that use the whole set (niid-bench, per-class)",
+        at_least(1),
+        shown="all",
+    )
     test_samples: int | None = option(None, "evaluate on the first N test samples", at_least(1), shown="all")
-    client_test_samples: int = option(7000, "score each client's model on a fixed subset of this many of those test "
-                                      "samples, drawn once from --seed in each class's share (the aggregated model "
-                                      "always sees them all); the rows' client_acc_se says how far the clients' mean "
-                                      "may be from all samples'; 0: all of them", non_negative)
+    client_test_samples: int = option(
+        7000,
+        "score each client's model on a fixed subset of this many of those test "
+        "samples, drawn once from --seed in each class's share (the aggregated model "
+        "always sees them all); the rows' client_acc_se says how far the clients' mean "
+        "may be from all samples'; 0: all of them",
+        non_negative,
+    )
     seed: int = option(0, "seed of every random choice", _seed)
-    out: str | None = option(None, "run folder; one that already holds files is refused (exit 2) before any work", shown="runs/<algo>-<time>")
+    out: str | None = option(
+        None, "run folder; one that already holds files is refused (exit 2) before any work", shown="runs/<algo>-<time>"
+    )
     overwrite: bool = option(False, "write into a non-empty --out, replacing the run files there")
-    device: str = option("auto", "auto (a GPU by local rank modulo the GPUs present, else the CPU), cpu, cuda or cuda:N", _device)
-    init: str = option("same", "same (one initial model for all peers) or different (per-peer init)",
-                       choices=("same", "different"), noun="init")
+    device: str = option(
+        "auto", "auto (a GPU by local rank modulo the GPUs present, else the CPU), cpu, cuda or cuda:N", _device
+    )
+    init: str = option(
+        "same",
+        "same (one initial model for all peers) or different (per-peer init)",
+        choices=("same", "different"),
+        noun="init",
+    )
     model: str | None = option(None, "the model;", shown="the dataset's; mlp for (Fashion-)MNIST")
-    hidden: list[int] = option([100], "MLP hidden layer widths, e.g. 100 (the papers' 784-100-10) or 200,100", _widths,
-                               wanted="comma-separated layer widths such as 100 or 200,100")
-    norm: str = option("batch", "resnet8/resnet18 normalisation: batch or group (2 groups)", choices=("batch", "group"),
-                       noun="norm")
+    hidden: list[int] = option(
+        [100],
+        "MLP hidden layer widths, e.g. 100 (the papers' 784-100-10) or 200,100",
+        _widths,
+        wanted="comma-separated layer widths such as 100 or 200,100",
+    )
+    norm: str = option(
+        "batch", "resnet8/resnet18 normalisation: batch or group (2 groups)", choices=("batch", "group"), noun="norm"
+    )
     rep_dim: int = option(5, "linear-rep model: representation dimension k", at_least(1))
     # Local training; None means "the algorithm's default" (its class's `training` table).
     lr: float | None = option(None, "learning rate", positive, shown=ALGORITHM_S)
@@ -112,26 +174,35 @@ class RunConfig:
     local_epochs: int | None = option(None, "local epochs per round", positive, shown=ALGORITHM_S)
     momentum: float | None = option(None, "SGD momentum", _momentum, shown=ALGORITHM_S)
     weight_decay: float | None = option(None, "SGD weight decay", non_negative, shown=ALGORITHM_S)
-    aggregate: str = option("uniform", "aggregated model: uniform or sample-weighted average of all peers",
-                            choices=AGGREGATES, noun="aggregate")
+    aggregate: str = option(
+        "uniform",
+        "aggregated model: uniform or sample-weighted average of all peers",
+        choices=AGGREGATES,
+        noun="aggregate",
+    )
     eval_every: int = option(1, "evaluate every N rounds (the last round always)", at_least(1))
     save_edges: bool = option(False, "write each round's edge list to edges.jsonl")
-    tensorboard: bool = option(False, "also write TensorBoard event files of the metrics (run folder/tensorboard; "
-                               "needs the tensorboard extra)")
+    tensorboard: bool = option(
+        False, "also write TensorBoard event files of the metrics (run folder/tensorboard; needs the tensorboard extra)"
+    )
     batch: bool = option(True, "train a rank's peers as one vmap batch (--no-batch: one by one)")
     comm_timeout: float = option(600.0, "seconds to wait for a peer's message", positive)
-    drop_peers: float = option(0.0, "simulated faults: probability that a peer is offline for a round (neither "
-                               "trains nor sends)", probability)
+    drop_peers: float = option(
+        0.0, "simulated faults: probability that a peer is offline for a round (neither trains nor sends)", probability
+    )
     drop_links: float = option(0.0, "simulated faults: probability that a message is lost", probability)
     slow_peers: float = option(0.0, "simulated faults: probability that a peer straggles in a round", probability)
     slow_factor: float = option(4.0, "a straggler's local work takes this many time units, a peer's 1", _not_faster)
-    round_deadline: float = option(2.0, "messages arriving after this many simulated time units are dropped",
-                                   _deadline)
-    checkpoint_every: int | None = option(None, "checkpoint every N rounds, 0 never", _checkpoints,
-                                          shown=f"after a round when {CHECKPOINT_SECONDS:g} s have passed since the "
-                                          "last checkpoint, and on Ctrl-C")
-    resume: str | None = option(None, "continue the run in this folder from its last checkpoint, with its "
-                                "config.toml", shown="none")
+    round_deadline: float = option(2.0, "messages arriving after this many simulated time units are dropped", _deadline)
+    checkpoint_every: int | None = option(
+        None,
+        "checkpoint every N rounds, 0 never",
+        _checkpoints,
+        shown=f"after a round when {CHECKPOINT_SECONDS:g} s have passed since the last checkpoint, and on Ctrl-C",
+    )
+    resume: str | None = option(
+        None, "continue the run in this folder from its last checkpoint, with its config.toml", shown="none"
+    )
     progress: bool = option(True, "a progress bar")
     settings: Any = None  # the algorithm's own settings (an instance of its Settings dataclass)
     given: frozenset = frozenset()  # the settings the user gave (flags or TOML), not defaults

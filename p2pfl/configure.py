@@ -5,6 +5,7 @@ checked as declared; the checks across settings, the algorithm and the data live
 raises UserError with one clear sentence, so the CLI prints one line and exits 2 instead of failing
 deep inside a round.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,16 @@ from p2pfl.plugins import is_reference
 from p2pfl.tracking import check_available
 from p2pfl.config import FIELDS, TRAINING_FALLBACK, RunConfig, machine_memory
 
-__all__ = ["RunConfig", "TRAINING_FALLBACK", "machine_memory", "make_config", "parse_config", "resolve",
-           "resolved_dict", "validate"]
+__all__ = [
+    "RunConfig",
+    "TRAINING_FALLBACK",
+    "machine_memory",
+    "make_config",
+    "parse_config",
+    "resolve",
+    "resolved_dict",
+    "validate",
+]
 
 
 CONFIG_HELP = "TOML file of settings (keys are the flags' names); flags given here override it"
@@ -45,18 +54,24 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def named_choices() -> dict[str, str]:
     """What --algo, --dataset and --model may name: known only above the layers that define them."""
-    return {"algo": f"one of: {', '.join(REGISTRY)}; or package.module:Class, your own",
-            "dataset": f"one of: {', '.join(DATASETS)}; or package.module:function, your own loader",
-            "model": f"one of: {', '.join(MODELS)}; or package.module:function, your own"}
+    return {
+        "algo": f"one of: {', '.join(REGISTRY)}; or package.module:Class, your own",
+        "dataset": f"one of: {', '.join(DATASETS)}; or package.module:function, your own loader",
+        "model": f"one of: {', '.join(MODELS)}; or package.module:function, your own",
+    }
 
 
 def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
     """The run's flags, then the flags of algo's own settings (shown by --algo X --help)."""
     listing = "; ".join(f"{name}: {cls.summary}" for name, cls in REGISTRY.items())
     prog = "p2pfl-run" if Path(sys.argv[0]).name == "p2pfl-run" else "python -m p2pfl.run"  # as the user typed it
-    p = _OneLineParser(prog=prog, description="Decentralized learning on a graph of peers.",
-                       epilog=f"algorithms: {listing}. {prog} --algo X --help lists X's own settings.",
-                       argument_default=argparse.SUPPRESS, allow_abbrev=False)
+    p = _OneLineParser(
+        prog=prog,
+        description="Decentralized learning on a graph of peers.",
+        epilog=f"algorithms: {listing}. {prog} --algo X --help lists X's own settings.",
+        argument_default=argparse.SUPPRESS,
+        allow_abbrev=False,
+    )
     p.add_argument("--config", help=CONFIG_HELP)
     add_flags(p, RunConfig, extra=named_choices())
     if algo in REGISTRY or is_reference(algo):
@@ -82,8 +97,9 @@ def _not_this_algorithm(name: str, algo: str) -> UserError | None:
     owners = owners_of(name)
     own = lookup(algo).name if is_reference(algo) else algo
     if owners and own not in owners:
-        return UserError(f"--{name.replace('_', '-')} does not apply to --algo {algo} (it is a setting of "
-                         f"{', '.join(owners)})")
+        return UserError(
+            f"--{name.replace('_', '-')} does not apply to --algo {algo} (it is a setting of {', '.join(owners)})"
+        )
     return None
 
 
@@ -147,22 +163,29 @@ def _resume_values(run_dir: str, stored: dict[str, Any], given: dict[str, Any]) 
         raise UserError(f"--resume {run_dir}: its config.toml is not a valid run configuration ({exc})")
     if given.get("out") is not None and Path(given["out"]).resolve() != folder.resolve():
         raise UserError(f"--resume {run_dir} writes into that folder; --out {given['out']} names another")
-    after = resolved_dict(make_config({**stored, **{k: v for k, v in given.items() if k not in RESULT_NEUTRAL},
-                                       "tensorboard": False}))
+    after = resolved_dict(
+        make_config({**stored, **{k: v for k, v in given.items() if k not in RESULT_NEUTRAL}, "tensorboard": False})
+    )
     name = first_difference(before, after)
     if name:
         flag = "--" + name.replace("_", "-")
         hint = " (to train longer, start a new run)" if name == "rounds" else ""
-        raise UserError(f"--resume continues {run_dir} as configured: {flag} is {before.get(name)!r} there, "
-                        f"{after.get(name)!r} here{hint}; start a new run with --config {config} for other settings")
+        raise UserError(
+            f"--resume continues {run_dir} as configured: {flag} is {before.get(name)!r} there, "
+            f"{after.get(name)!r} here{hint}; start a new run with --config {config} for other settings"
+        )
     if not has_checkpoint(folder):
         if (folder / "metrics.jsonl").is_file() and (folder / "model.pt").is_file():
-            raise UserError(f"--resume {run_dir}: the run finished all its {before.get('rounds')} rounds (a finished "
-                            f"run keeps no checkpoint); to train longer, start a new run with --config {config} "
-                            "--rounds N")
+            raise UserError(
+                f"--resume {run_dir}: the run finished all its {before.get('rounds')} rounds (a finished "
+                f"run keeps no checkpoint); to train longer, start a new run with --config {config} "
+                "--rounds N"
+            )
         raise UserError(f"--resume {run_dir}: the run has no checkpoint to continue from")
-    values = {**stored, **{k: given[k] for k in ("comm_timeout", "progress", "checkpoint_every", "tensorboard")
-                           if k in given}}
+    values = {
+        **stored,
+        **{k: given[k] for k in ("comm_timeout", "progress", "checkpoint_every", "tensorboard") if k in given},
+    }
     values.update(out=run_dir, resume=run_dir)
     return values
 
@@ -203,8 +226,11 @@ def make_config(values: dict[str, Any], writes: bool = True) -> RunConfig:
     if unknown:
         raise UserError(f"unknown setting(s): {', '.join(unknown)}")
     # None is "the default" only where the default is None (--lr: the algorithm's); elsewhere a wrong value
-    base = {k: coerce(FIELDS[k], v) if v is not None or FIELDS[k].default is not None else None
-            for k, v in values.items() if k in FIELDS}
+    base = {
+        k: coerce(FIELDS[k], v) if v is not None or FIELDS[k].default is not None else None
+        for k, v in values.items()
+        if k in FIELDS
+    }
     for name, value in base.items():
         if value is not None:
             check(FIELDS[name], value)
@@ -221,8 +247,10 @@ def validate(cfg: RunConfig, writes: bool = True) -> None:
     p2pfl.config); resolve() does the rest once peers are known."""
     canonical = canonical_dataset(cfg.dataset)
     if canonical is None:
-        raise UserError(f"unknown dataset {cfg.dataset!r}; choose one of: {', '.join(DATASETS)}, or name your own "
-                        "loader as package.module:function")
+        raise UserError(
+            f"unknown dataset {cfg.dataset!r}; choose one of: {', '.join(DATASETS)}, or name your own "
+            "loader as package.module:function"
+        )
     cfg.dataset = canonical
     spec = dataset_spec(canonical)
     if cfg.partition is None:
@@ -233,8 +261,10 @@ def validate(cfg: RunConfig, writes: bool = True) -> None:
     if model.task != spec.task:
         raise UserError(f"--model {cfg.model} is for {model.task}, but --dataset {canonical} is a {spec.task} task")
     if spec.task not in cfg.algorithm.tasks:
-        raise UserError(f"--algo {cfg.algo} learns {' or '.join(cfg.algorithm.tasks)} only, not the "
-                        f"{spec.task} task of --dataset {canonical}")
+        raise UserError(
+            f"--algo {cfg.algo} learns {' or '.join(cfg.algorithm.tasks)} only, not the "
+            f"{spec.task} task of --dataset {canonical}"
+        )
     if model.images and not spec.images:
         raise UserError(f"--model {cfg.model} needs images (C, H, W); --dataset {canonical} has flat features")
     if cfg.partition == "writers" and not spec.natural_split:
@@ -304,5 +334,11 @@ def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
     return out
 
 
-REPLACED_BY_PARTITION_FILE = ("partition", "alpha", "dirichlet_style", "classes_per_peer", "classes_style",
-                              "samples_per_peer")
+REPLACED_BY_PARTITION_FILE = (
+    "partition",
+    "alpha",
+    "dirichlet_style",
+    "classes_per_peer",
+    "classes_style",
+    "samples_per_peer",
+)

@@ -4,6 +4,7 @@ round's graph mixes, and how evenly traffic spreads over its edges.
 All are computed on rank 0 from gathered values in peer order (or from the graph, a pure function of
 seed and round), so they are the same on any number of ranks.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -47,17 +48,27 @@ def edge_bytes(graph: nx.Graph, links: dict[tuple[int, int], int]) -> dict[str, 
     sizes = [links.get((min(a, b), max(a, b)), 0) for a, b in graph.edges]
     if not sizes:
         return {}
-    return {"edge_bytes_min": int(min(sizes)), "edge_bytes_mean": round(sum(sizes) / len(sizes), 1),
-            "edge_bytes_max": int(max(sizes))}
+    return {
+        "edge_bytes_min": int(min(sizes)),
+        "edge_bytes_mean": round(sum(sizes) / len(sizes), 1),
+        "edge_bytes_max": int(max(sizes)),
+    }
 
 
-def round_diagnostics(weights: torch.Tensor, graph: nx.Graph, mixing: str, sample_counts: Sequence[int],
-                      link_parts: Sequence[dict[tuple[int, int], int]]) -> dict:
+def round_diagnostics(
+    weights: torch.Tensor,
+    graph: nx.Graph,
+    mixing: str,
+    sample_counts: Sequence[int],
+    link_parts: Sequence[dict[tuple[int, int], int]],
+) -> dict:
     """The fields a decentralized round adds to its metrics row; link_parts: each rank's bytes per link."""
     links: dict[tuple[int, int], int] = {}
     for part in link_parts:
         for link, size in part.items():
             links[link] = links.get(link, 0) + size
-    return {"consensus_distance": consensus_distance(weights),
-            "spectral_gap": spectral_gap(mixing_matrix(graph, mixing, sample_counts)),
-            **edge_bytes(graph, links)}
+    return {
+        "consensus_distance": consensus_distance(weights),
+        "spectral_gap": spectral_gap(mixing_matrix(graph, mixing, sample_counts)),
+        **edge_bytes(graph, links),
+    }

@@ -4,6 +4,7 @@ each algorithm's.
     python -m p2pfl.docs            # print the tables
     python -m p2pfl.docs docs/cli.md README.md  # rewrite the blocks between the markers there
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,10 @@ def _value(v) -> str:
 def algorithm_list() -> str:
     """One line an algorithm, for the README."""
     lines = ["| `--algo` | kind | what a round is |", "|---|---|---|"]
-    lines += [f"| `{name}` | {'star' if cls.centralized else 'graph'} | {_value(cls.summary)} |" for name, cls in REGISTRY.items()]
+    lines += [
+        f"| `{name}` | {'star' if cls.centralized else 'graph'} | {_value(cls.summary)} |"
+        for name, cls in REGISTRY.items()
+    ]
     return "\n".join(lines)
 
 
@@ -45,14 +49,25 @@ def run_table() -> str:
 
 
 def tables() -> str:
-    lines = ["| `--algo` | kind | what a round is | " + " | ".join(f"`{flag(t)}`" for t in TRAINING) + " |",
-             "|---|---|---|" + "---|" * len(TRAINING)]
+    lines = [
+        "| `--algo` | kind | what a round is | " + " | ".join(f"`{flag(t)}`" for t in TRAINING) + " |",
+        "|---|---|---|" + "---|" * len(TRAINING),
+    ]
     for name, cls in REGISTRY.items():
         kind = "star" if cls.centralized else "graph"
-        lines.append(f"| `{name}` | {kind} | {_value(cls.summary)} | "
-                     + " | ".join(_value(cls.training.get(t, TRAINING_FALLBACK.get(t, "-"))) for t in TRAINING) + " |")
-    lines += ["", "Each algorithm's own settings (`python -m p2pfl.run --algo X --help`; TOML keys are the flag "
-              "names with underscores):", "", "| flag | algorithms: default | meaning |", "|---|---|---|"]
+        lines.append(
+            f"| `{name}` | {kind} | {_value(cls.summary)} | "
+            + " | ".join(_value(cls.training.get(t, TRAINING_FALLBACK.get(t, "-"))) for t in TRAINING)
+            + " |"
+        )
+    lines += [
+        "",
+        "Each algorithm's own settings (`python -m p2pfl.run --algo X --help`; TOML keys are the flag "
+        "names with underscores):",
+        "",
+        "| flag | algorithms: default | meaning |",
+        "|---|---|---|",
+    ]
     seen: dict[str, dataclasses.Field] = {}
     for cls in REGISTRY.values():
         for f in dataclasses.fields(cls.Settings):
@@ -76,16 +91,22 @@ def replace_block(text: str, begin: str, end: str, body: str) -> str:
 def rewrite(path: Path) -> None:
     """Every generated block the file has."""
     text = path.read_text()
-    for begin, end, make in ((LIST_BEGIN, LIST_END, algorithm_list), (RUN_BEGIN, RUN_END, run_table),
-                             (BEGIN, END, tables)):
+    for begin, end, make in (
+        (LIST_BEGIN, LIST_END, algorithm_list),
+        (RUN_BEGIN, RUN_END, run_table),
+        (BEGIN, END, tables),
+    ):
         if begin in text:
             text = replace_block(text, begin, end, make())
     path.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m p2pfl.docs", description="The tables of settings, derived from "
-                                "their declarations: printed, or rewritten between their markers in the given files.")
+    p = argparse.ArgumentParser(
+        prog="python -m p2pfl.docs",
+        description="The tables of settings, derived from "
+        "their declarations: printed, or rewritten between their markers in the given files.",
+    )
     p.add_argument("files", nargs="*", type=Path, help="Markdown files to rewrite in place (docs/cli.md README.md)")
     args = p.parse_args(argv)
     missing = [str(f) for f in args.files if not f.is_file()]

@@ -1,6 +1,7 @@
 """Scoring every peer's model on the test set: on a stratified subset for the clients where one is asked
 for (with the standard error it brings), on personal test sets for DisPFL's personal accuracy, and only
 the peers whose weights changed since they were last scored."""
+
 from __future__ import annotations
 
 import functools
@@ -55,12 +56,16 @@ def personal_test_sets(ctx) -> list[torch.Tensor]:
     size = math.ceil(len(labels) / ctx.cfg.peers)
     out = []
     for p in ctx.peers:
-        counts = np.bincount(ctx.samples(p)[1].cpu().numpy(),
-                             minlength=ctx.data.n_classes)[: ctx.data.n_classes].astype(float)
+        counts = np.bincount(ctx.samples(p)[1].cpu().numpy(), minlength=ctx.data.n_classes)[
+            : ctx.data.n_classes
+        ].astype(float)
         quota = largest_remainder(size * counts / max(1.0, counts.sum()), size)
         rng = numpy_rng(ctx.cfg.seed, "personal-test", p)
-        picks = [rng.choice(by_class[c], q, replace=q > len(by_class[c]))
-                 for c, q in enumerate(quota) if q and len(by_class[c])]
+        picks = [
+            rng.choice(by_class[c], q, replace=q > len(by_class[c]))
+            for c, q in enumerate(quota)
+            if q and len(by_class[c])
+        ]
         out.append(torch.from_numpy(np.sort(np.concatenate(picks))) if picks else torch.zeros(0, dtype=torch.long))
     return out
 
@@ -69,7 +74,7 @@ def personal_test_sets(ctx) -> list[torch.Tensor]:
 def _fingerprint_multipliers(width: int, device: torch.device) -> torch.Tensor:
     """Fixed random odd int64 multipliers, one per 32-bit word of a row: drawn once per width and device."""
     gen = torch.Generator().manual_seed(0x5EED)
-    return (torch.randint(-2**62, 2**62, (width,), generator=gen) * 2 + 1).to(device)
+    return (torch.randint(-(2**62), 2**62, (width,), generator=gen) * 2 + 1).to(device)
 
 
 def row_fingerprints(flat: torch.Tensor) -> torch.Tensor:
@@ -79,7 +84,7 @@ def row_fingerprints(flat: torch.Tensor) -> torch.Tensor:
     bits = flat.contiguous().view(torch.int32)
     multipliers = _fingerprint_multipliers(bits.shape[1], flat.device)
     block = max(1, 2**25 // max(1, bits.shape[1]))
-    return torch.cat([(bits[i:i + block].long() * multipliers).sum(1) for i in range(0, len(bits), block)])
+    return torch.cat([(bits[i : i + block].long() * multipliers).sum(1) for i in range(0, len(bits), block)])
 
 
 class PeerScores:
@@ -91,13 +96,17 @@ class PeerScores:
         self.test_x, self.test_y = ctx.data.test_x[:test_n], ctx.data.test_y[:test_n]
         classification = ctx.stack.task.name == "classification"
         subset = client_test_subset(self.test_y, ctx.cfg.client_test_samples, ctx.cfg.seed, classification)
-        self.client_x, self.client_y = (self.test_x, self.test_y) if subset is None else \
-            (self.test_x[subset.to(self.test_x.device)], self.test_y[subset.to(self.test_y.device)])
+        self.client_x, self.client_y = (
+            (self.test_x, self.test_y)
+            if subset is None
+            else (self.test_x[subset.to(self.test_x.device)], self.test_y[subset.to(self.test_y.device)])
+        )
         strata = self.test_y.cpu().numpy() if classification else np.zeros(len(self.test_y), dtype=np.int64)
         self.population = {int(h): int(n) for h, n in zip(*np.unique(strata, return_counts=True))}
         self.client_strata = strata[subset.numpy()] if subset is not None else None  # None: no subset, no error
-        self.personal = [index.to(ctx.device) for index in personal_test_sets(ctx)] \
-            if classification else None  # on the device once
+        self.personal = (
+            [index.to(ctx.device) for index in personal_test_sets(ctx)] if classification else None
+        )  # on the device once
         # each local peer's scores as last evaluated, and the fingerprints of the weights they were for:
         # a peer whose weights did not change since (a star's clients not sampled) is not evaluated again
         self.scored: torch.Tensor | None = None
@@ -148,5 +157,7 @@ class PeerScores:
         for j, i in enumerate(rows):
             index = self.personal[i]
             if len(index):
-                acc[j] = evaluate(ctx.stack, ctx.flat[i:i + 1], ctx.data.test_x[index], ctx.data.test_y[index])["acc"][0]
+                acc[j] = evaluate(ctx.stack, ctx.flat[i : i + 1], ctx.data.test_x[index], ctx.data.test_y[index])[
+                    "acc"
+                ][0]
         return acc

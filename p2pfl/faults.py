@@ -10,6 +10,7 @@ The simulated clock: a peer's local work in a round takes 1 time unit, a straggl
 --round-deadline units is dropped. A round's simulated time is the deadline or, if earlier, the time
 its last participant finished.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,11 +42,19 @@ class Faults:
 
     @lru_cache(maxsize=65536)
     def offline(self, round_index: int, peer: int) -> bool:
-        return peer < self.peers and self.drop_peers > 0 and _uniform(self.seed, "drop-peer", round_index, peer) < self.drop_peers
+        return (
+            peer < self.peers
+            and self.drop_peers > 0
+            and _uniform(self.seed, "drop-peer", round_index, peer) < self.drop_peers
+        )
 
     @lru_cache(maxsize=65536)
     def finish_time(self, round_index: int, peer: int) -> float:
-        slow = peer < self.peers and self.slow_peers > 0 and _uniform(self.seed, "slow-peer", round_index, peer) < self.slow_peers
+        slow = (
+            peer < self.peers
+            and self.slow_peers > 0
+            and _uniform(self.seed, "slow-peer", round_index, peer) < self.slow_peers
+        )
         return self.slow_factor if slow else 1.0
 
     def delivered(self, round_index: int, src: int, dst: int, phase: str) -> bool:

@@ -6,6 +6,7 @@ low-to-high). For each number n of peers averaged, the averaged model's validati
 are recorded, so the curve of fig. 5 can be drawn; the selected model averages the first n of the
 high-to-low order with n picked by validation accuracy.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,10 @@ def grid(m: int, points: int = 60) -> list[int]:
 def check_test_halves(test_samples: int | None) -> None:
     """Final averaging splits the test samples into validation and test halves: it needs at least 2."""
     if test_samples is not None and test_samples < 2:
-        raise UserError(f"--test-samples {test_samples}: NTK-DFL's final averaging splits the test samples "
-                        "into validation and test halves and needs at least 2")
+        raise UserError(
+            f"--test-samples {test_samples}: NTK-DFL's final averaging splits the test samples "
+            "into validation and test halves and needs at least 2"
+        )
 
 
 def final_averaging(ctx) -> dict | None:
@@ -45,8 +48,13 @@ def final_averaging(ctx) -> dict | None:
     if ctx.cfg.aggregate == "uniform":
         counts = torch.ones_like(counts)
     ns = grid(len(weights))
-    result: dict = {"n": ns, "client_val_acc": val_acc.tolist(), "orders": {}, "val_samples": len(val),
-                    "test_samples": len(test)}
+    result: dict = {
+        "n": ns,
+        "client_val_acc": val_acc.tolist(),
+        "orders": {},
+        "val_samples": len(val),
+        "test_samples": len(test),
+    }
     for name in ORDERS:
         if name == "random":
             perm = torch.randperm(len(weights), generator=torch_generator(ctx.cfg.seed, "final-order"))
@@ -62,7 +70,11 @@ def final_averaging(ctx) -> dict | None:
         result["orders"][name] = {"val_acc": v_acc.tolist(), "test_acc": t_acc.tolist()}
     best = result["orders"]["high-to-low"]
     pick = max(range(len(ns)), key=lambda i: (best["val_acc"][i], -i))
-    result["selected"] = {"order": "high-to-low", "peers": ns[pick], "val_acc": best["val_acc"][pick],
-                          "test_acc": best["test_acc"][pick]}
+    result["selected"] = {
+        "order": "high-to-low",
+        "peers": ns[pick],
+        "val_acc": best["val_acc"][pick],
+        "test_acc": best["test_acc"][pick],
+    }
     result["all_peers"] = {"val_acc": best["val_acc"][-1], "test_acc": best["test_acc"][-1]}
     return result

@@ -1,5 +1,6 @@
 """Does the run fit this machine and its data: the data folder, the run folder (new, empty or
 --overwrite, and writable), the loaded data's sizes, and the model's memory for the peers here."""
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,9 @@ def check_out(cfg: RunConfig) -> None:
     if path.exists() and not path.is_dir():
         raise UserError(f"--out {cfg.out} is a file, not a folder")
     if path.is_dir() and any(path.iterdir()) and not (cfg.overwrite or cfg.resume):
-        raise UserError(f"--out {cfg.out} already holds files (a finished run?); choose a new folder or add "
-                        f"--overwrite")
+        raise UserError(
+            f"--out {cfg.out} already holds files (a finished run?); choose a new folder or add --overwrite"
+        )
     _check_writable(path)
 
 
@@ -55,8 +57,10 @@ def _check_writable(path: Path) -> None:
 def check_data_fit(cfg: RunConfig, train_samples: int, test_samples: int) -> None:
     """Options that must fit the data, checked once it is loaded and before anything is made of it."""
     if cfg.peers > train_samples:
-        raise UserError(f"--peers {cfg.peers} exceeds the {train_samples:,} training samples of {cfg.dataset}: "
-                        "a peer needs at least one")
+        raise UserError(
+            f"--peers {cfg.peers} exceeds the {train_samples:,} training samples of {cfg.dataset}: "
+            "a peer needs at least one"
+        )
     if cfg.test_samples is not None and cfg.test_samples > test_samples:
         raise UserError(f"--test-samples {cfg.test_samples} exceeds the {test_samples:,} test samples of {cfg.dataset}")
 
@@ -70,11 +74,15 @@ def check_model_memory(cfg: RunConfig, n_params: int, peers_here: int, gpu: tupl
     gpu: (name, bytes, peers on it) where the rank's tensors live on a GPU, which must hold them too."""
     per_peer = STACK_COPIES * 4 * n_params
     if gpu is not None and per_peer * max(1, gpu[2]) > gpu[1]:
-        raise UserError(f"--model {cfg.model} has {n_params:,} parameters; {gpu[2]} peers on {gpu[0]} would need "
-                        f"about {per_peer * max(1, gpu[2]) / 2**30:,.1f} GiB, more than its {gpu[1] / 2**30:,.1f} GiB: "
-                        "use fewer peers per GPU (more ranks or GPUs, or fewer --peers), a smaller model, or --device cpu")
+        raise UserError(
+            f"--model {cfg.model} has {n_params:,} parameters; {gpu[2]} peers on {gpu[0]} would need "
+            f"about {per_peer * max(1, gpu[2]) / 2**30:,.1f} GiB, more than its {gpu[1] / 2**30:,.1f} GiB: "
+            "use fewer peers per GPU (more ranks or GPUs, or fewer --peers), a smaller model, or --device cpu"
+        )
     need = per_peer * max(1, peers_here)
     have = machine_memory("cpu")[1]
     if need > have:
-        raise UserError(f"--model {cfg.model} has {n_params:,} parameters; {peers_here} peers on this machine would "
-                        f"need about {need / 2**30:,.1f} GiB, more than its {have / 2**30:,.1f} GiB of memory")
+        raise UserError(
+            f"--model {cfg.model} has {n_params:,} parameters; {peers_here} peers on this machine would "
+            f"need about {need / 2**30:,.1f} GiB, more than its {have / 2**30:,.1f} GiB of memory"
+        )

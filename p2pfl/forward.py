@@ -1,5 +1,6 @@
 """Models on samples without training: each model's test metrics (evaluate, in passes sized to the
 device) and the loss of NTK evolution's candidate models on the same samples (candidate_losses)."""
+
 from __future__ import annotations
 
 import torch
@@ -8,8 +9,9 @@ from p2pfl.models import PeerStack
 
 
 @torch.no_grad()
-def candidate_losses(stack: PeerStack, candidates: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-                     loss: str = "task", pixels=None) -> torch.Tensor:
+def candidate_losses(
+    stack: PeerStack, candidates: torch.Tensor, x: torch.Tensor, y: torch.Tensor, loss: str = "task", pixels=None
+) -> torch.Tensor:
     """The mean loss of each row of candidates (T, D) on the same samples: (T,). loss 'task' is the
     task's own loss; 'mse' is the halved squared error against one-hot labels, summed over classes
     (NTK evolution with --ntk-loss mse selects by it, as the reference code does). pixels: x as
@@ -59,8 +61,9 @@ def evaluation_chunks(stack: PeerStack, peers: int, samples: int, sample_shape: 
 
 
 @torch.no_grad()
-def evaluate(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-             by_sample: bool = False) -> dict[str, torch.Tensor] | tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def evaluate(
+    stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, by_sample: bool = False
+) -> dict[str, torch.Tensor] | tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The task's metrics (accuracy and loss for classification) of each row of flat (L, D) on (x, y),
     averaged over the samples: {metric: (L,)}. by_sample: also each metric of each row, sample by sample
     {metric: (L, n)}, from which the precision of a mean over a subset of samples follows."""
@@ -69,13 +72,13 @@ def evaluate(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Ten
     per_sample = {m: torch.zeros(len(flat), len(x), device=flat.device) if by_sample else None for m in task.metrics}
     peer_chunk, sample_chunk = evaluation_chunks(stack, len(flat), len(x), tuple(x.shape[1:]))
     for p in range(0, len(flat), peer_chunk):
-        rows = flat[p:p + peer_chunk]
+        rows = flat[p : p + peer_chunk]
         for s in range(0, len(x), sample_chunk):
-            xb, yb = x[s:s + sample_chunk], y[s:s + sample_chunk]
+            xb, yb = x[s : s + sample_chunk], y[s : s + sample_chunk]
             outputs = stack.forward(rows, xb, shared_input=True)
             for m, values in task.per_sample(outputs, yb.expand(len(rows), *yb.shape)).items():
-                sums[m][p:p + peer_chunk] += values.sum(1)
+                sums[m][p : p + peer_chunk] += values.sum(1)
                 if by_sample:
-                    per_sample[m][p:p + peer_chunk, s:s + sample_chunk] = values
+                    per_sample[m][p : p + peer_chunk, s : s + sample_chunk] = values
     means = {m: v / len(x) for m, v in sums.items()}
     return (means, per_sample) if by_sample else means

@@ -1,5 +1,6 @@
 """The gradients of a rank's peers' masked minibatch losses, all peers at once: by hand for MLPs (a
 batched backward in closed form) and with torch.func elsewhere, plus MOON's contrastive term."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -31,8 +32,12 @@ class Contrast:
         with torch.no_grad():
             positive = stack.forward(self.global_weights, x, features=True)[1]
             negative = stack.forward(self.previous, x, features=True)[1]
-        logits = torch.stack([F.cosine_similarity(features, positive, dim=-1),
-                              F.cosine_similarity(features, negative, dim=-1)], -1) / self.temperature
+        logits = (
+            torch.stack(
+                [F.cosine_similarity(features, positive, dim=-1), F.cosine_similarity(features, negative, dim=-1)], -1
+            )
+            / self.temperature
+        )
         per_sample = torch.logsumexp(logits, -1) - logits[..., 0]
         return self.mu * (per_sample * mask).sum(1) / mask.sum(1).clamp(min=1)
 
@@ -42,9 +47,16 @@ def masked_loss(task: Task, outputs: torch.Tensor, y: torch.Tensor, mask: torch.
     return (task.losses(outputs, y) * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
-def gradients(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
-              noise: dict[str, torch.Tensor] | None = None,
-              contrast: Contrast | None = None, sizes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def gradients(
+    stack: PeerStack,
+    flat: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    mask: torch.Tensor,
+    noise: dict[str, torch.Tensor] | None = None,
+    contrast: Contrast | None = None,
+    sizes: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-peer gradients of the masked mean loss with respect to the trainable part of each row:
     (L, trainable), and the losses (L,). Batch norm's running statistics in flat are updated in place.
 
@@ -69,9 +81,10 @@ def gradients(stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Te
         rows = to_device((sizes == b).nonzero()[:, 0], flat.device)
         sub = flat[rows]
         part_noise = {k: v[rows, : v.shape[1] // x.shape[1] * b] for k, v in (noise or {}).items()}
-        grad[rows], losses[rows] = _gradients(stack, sub, x[rows, :b], y[rows, :b], mask[rows, :b], part_noise,
-                                              contrast.rows(rows) if contrast else None)
-        flat[rows, stack.layout.trainable:] = sub[:, stack.layout.trainable:]  # the updated running statistics
+        grad[rows], losses[rows] = _gradients(
+            stack, sub, x[rows, :b], y[rows, :b], mask[rows, :b], part_noise, contrast.rows(rows) if contrast else None
+        )
+        flat[rows, stack.layout.trainable :] = sub[:, stack.layout.trainable :]  # the updated running statistics
     return grad, losses
 
 
@@ -123,7 +136,7 @@ def _gradients(stack, flat, x, y, mask, noise, contrast=None):
     views = stack.layout.views(flat)
     names = list(views)[: stack.layout.n_params]
     leaves = {name: views[name].detach().requires_grad_(True) for name in names}
-    buffers = {name: views[name].detach().clone() for name in list(views)[stack.layout.n_params:]}
+    buffers = {name: views[name].detach().clone() for name in list(views)[stack.layout.n_params :]}
     outputs = stack.forward_views({**leaves, **buffers}, x, train=True, noise=noise, features=contrast is not None)
     if contrast is not None:
         outputs, features = outputs
@@ -135,7 +148,7 @@ def _gradients(stack, flat, x, y, mask, noise, contrast=None):
         views[name].copy_(value)
     out = torch.empty(len(flat), stack.layout.trainable, dtype=flat.dtype, device=flat.device)
     for slot, g in zip(stack.layout.slots, grads):  # one copy each (grads may be strided)
-        out[:, slot.offset:slot.offset + slot.numel].view(g.shape).copy_(g)
+        out[:, slot.offset : slot.offset + slot.numel].view(g.shape).copy_(g)
     return out, losses.detach()
 
 

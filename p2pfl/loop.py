@@ -1,5 +1,6 @@
 """The round loop: round k, its row, what observes it (the edges file, TensorBoard, the progress bar),
 the checkpoint turn; after the last round the algorithm's closing results and the reported model."""
+
 from __future__ import annotations
 
 import sys
@@ -45,8 +46,9 @@ def run_rounds(ctx, algorithm, log: MetricsLog, first: int, run_dir: Path | None
         return final, state
     except KeyboardInterrupt:
         saved = saves.save_held()
-        raise Interrupted(f"stopped in round {k + 1} by {stop.by}; {resume_hint(run_dir, saved)}",
-                          130 if stop.by == "Ctrl-C" else 143) from None
+        raise Interrupted(
+            f"stopped in round {k + 1} by {stop.by}; {resume_hint(run_dir, saved)}", 130 if stop.by == "Ctrl-C" else 143
+        ) from None
     finally:
         stop.uninstall()
         for observer in observers:
@@ -93,14 +95,22 @@ class ProgressBar:
 
     def __init__(self, ctx, first: int, shown: bool):
         self.task = ctx.stack.task
-        self.bar = tqdm(desc=f"{ctx.cfg.algo} {ctx.cfg.peers} peers", disable=not shown, unit="round",
-                        file=sys.stderr, initial=first, total=ctx.cfg.rounds)
+        self.bar = tqdm(
+            desc=f"{ctx.cfg.algo} {ctx.cfg.peers} peers",
+            disable=not shown,
+            unit="round",
+            file=sys.stderr,
+            initial=first,
+            total=ctx.cfg.rounds,
+        )
 
     def observe(self, k: int, row: dict | None) -> None:
         head = self.task.headline
         if row and f"test_{head}" in row:
-            self.bar.set_postfix({head: self.task.format(row[f"test_{head}"]),
-                                  "clients": self.task.format(row[f"client_{head}_mean"])}, refresh=False)
+            self.bar.set_postfix(
+                {head: self.task.format(row[f"test_{head}"]), "clients": self.task.format(row[f"client_{head}_mean"])},
+                refresh=False,
+            )
         self.bar.update(1)
 
     def close(self) -> None:

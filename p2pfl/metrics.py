@@ -3,6 +3,7 @@
 Weights and per-peer results are gathered to rank 0 in peer order, so the aggregated model and every
 figure is computed from the same numbers whatever the layout of peers over ranks.
 """
+
 from __future__ import annotations
 
 import json
@@ -92,17 +93,23 @@ def check_finite(ctx, round_index: int) -> None:
     gathered = ctx.transport.gather(bad)
     every = ctx.transport.bcast(sorted(p for part in gathered for p in part) if gathered is not None else None)
     if every:
-        raise DivergenceError(f"round {round_index + 1}: peers {every[:20]}{' ...' if len(every) > 20 else ''} "
-                              f"have NaN/inf weights; lower --lr")
+        raise DivergenceError(
+            f"round {round_index + 1}: peers {every[:20]}{' ...' if len(every) > 20 else ''} "
+            f"have NaN/inf weights; lower --lr"
+        )
 
 
 def fault_fields(faults, round_index: int, peers: int, lost: int) -> dict:
     """Who took part in a round under simulated faults, and its simulated time."""
     everyone = range(peers)
-    return {"offline": [p for p in everyone if faults.offline(round_index, p)],
-            "stragglers": [p for p in faults.taking_part(round_index, everyone)
-                           if faults.finish_time(round_index, p) > 1.0],
-            "messages_lost": lost, "sim_time": faults.simulated_time(round_index, everyone)}
+    return {
+        "offline": [p for p in everyone if faults.offline(round_index, p)],
+        "stragglers": [
+            p for p in faults.taking_part(round_index, everyone) if faults.finish_time(round_index, p) > 1.0
+        ],
+        "messages_lost": lost,
+        "sim_time": faults.simulated_time(round_index, everyone),
+    }
 
 
 class MetricsLog:
@@ -133,12 +140,15 @@ class MetricsLog:
         sent, dense, lost = ctx.transport.counter.take()
         links = ctx.transport.counter.take_links()  # bytes per edge: a graph's diagnostic, not a star's
         rss, gpu = peak_rss_kib(), peak_gpu_mib(ctx.device)
-        gathered = ctx.transport.gather((sent, dense, rss, lost, links if decentralized else {}, gpu,
-                                         gpu_identity(ctx.device)))
+        gathered = ctx.transport.gather(
+            (sent, dense, rss, lost, links if decentralized else {}, gpu, gpu_identity(ctx.device))
+        )
         losses = result.losses
         train = ctx.transport.gather_rows(losses[:, None].double()) if losses is not None else None
         custom = result.scores if evaluate_now else None
-        weights, clients, client_error = self.peers.evaluate_all() if evaluate_now and custom is None else (None, None, None)
+        weights, clients, client_error = (
+            self.peers.evaluate_all() if evaluate_now and custom is None else (None, None, None)
+        )
         if decentralized and not evaluate_now:  # consensus distance needs every round's weights
             weights = ctx.transport.gather_rows(ctx.flat.float())
         pooled = {name: ctx.transport.gather(values) for name, values in result.pooled.items()}
@@ -153,27 +163,46 @@ class MetricsLog:
         elif clients is not None:
             self.last_weights = weights
             model = self.reported_model(weights)[None]
-            aggregated = {m: float(v[0]) for m, v in evaluate(ctx.stack, model, self.peers.test_x, self.peers.test_y).items()}
+            aggregated = {
+                m: float(v[0]) for m, v in evaluate(ctx.stack, model, self.peers.test_x, self.peers.test_y).items()
+            }
         row.update({f"test_{m}": float(v) for m, v in aggregated.items()})
         for m, v in (clients or {}).items():
-            row.update({f"client_{m}_mean": float(v.mean()), f"client_{m}_min": float(v.min()),
-                        f"client_{m}_max": float(v.max())})
+            row.update(
+                {
+                    f"client_{m}_mean": float(v.mean()),
+                    f"client_{m}_min": float(v.min()),
+                    f"client_{m}_max": float(v.max()),
+                }
+            )
         if client_error is not None:
             row[f"client_{ctx.stack.task.headline}_se"] = round(client_error, 6)
         if clients is not None and weights is not None:
             row["variance"] = inter_model_variance(weights)
         if decentralized and weights is not None:
-            row.update(round_diagnostics(weights, ctx.schedule.graph(round_index), ctx.cfg.mixing,
-                                         ctx.sample_counts, [g[4] for g in gathered]))
+            row.update(
+                round_diagnostics(
+                    weights,
+                    ctx.schedule.graph(round_index),
+                    ctx.cfg.mixing,
+                    ctx.sample_counts,
+                    [g[4] for g in gathered],
+                )
+            )
         row.update({name: histogram([v for part in parts for v in part]) for name, parts in pooled.items()})
         train_loss = train_loss_of(train)
         if train_loss is not None:
             row["train_loss"] = train_loss  # the peers that trained this round
         now = time.perf_counter()
-        row.update(bytes_sent=int(sum(sum(g[0].values()) for g in gathered)),
-                   bytes_dense=int(sum(sum(g[1].values()) for g in gathered)), bytes_by_phase=phase_bytes(gathered),
-                   train_s=round(train_s, 4), eval_s=round(now - eval_start, 4), round_s=round(now - round_start, 4),
-                   peak_rss_mb=round(sum(g[2] for g in gathered) / 1024))
+        row.update(
+            bytes_sent=int(sum(sum(g[0].values()) for g in gathered)),
+            bytes_dense=int(sum(sum(g[1].values()) for g in gathered)),
+            bytes_by_phase=phase_bytes(gathered),
+            train_s=round(train_s, 4),
+            eval_s=round(now - eval_start, 4),
+            round_s=round(now - round_start, 4),
+            peak_rss_mb=round(sum(g[2] for g in gathered) / 1024),
+        )
         gpu_peak = busiest_gpu_mib([(g[5], g[6]) for g in gathered])
         if gpu_peak is not None:
             row["peak_gpu_mb"] = round(gpu_peak)

@@ -2,6 +2,7 @@
 The run's settings (p2pfl.config) and each algorithm's are declared this way; the CLI flags, the
 TOML keys, the checks and the README's tables are derived from the declarations, so a default is
 written once, next to what it sets."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,16 @@ from p2pfl.errors import UserError
 Check = Callable[[Any], "str | None"]  # returns an error sentence or None
 
 
-def option(default: Any, help: str, check: Check | None = None, choices: tuple[str, ...] = (), *,
-           shown: str | None = None, noun: str | None = None, wanted: str | None = None) -> Any:
+def option(
+    default: Any,
+    help: str,
+    check: Check | None = None,
+    choices: tuple[str, ...] = (),
+    *,
+    shown: str | None = None,
+    noun: str | None = None,
+    wanted: str | None = None,
+) -> Any:
     """A settings field: its default, its help text and how to check a value. shown: how --help states a
     default that is not a plain value (None: worked out later); noun: names a choice in the error for an
     unknown one; wanted: what a value that cannot be parsed should look like."""
@@ -56,6 +65,7 @@ def flag(name: str) -> str:
 def at_least(low: float) -> Check:
     def test(v) -> str | None:
         return None if v >= low else f"must be at least {low:g}, got {v}"
+
     return test
 
 
@@ -111,8 +121,17 @@ def coerce(f: dataclasses.Field, value: Any, strict: bool = True) -> Any:
             raise ValueError
         return value
     except (TypeError, ValueError):
-        wanted = f.metadata.get("wanted") or {"bool": "true or false", "ints": "comma-separated integers", "int": "an integer",
-                  "float": "a finite number", "float|auto": "a finite number or auto", "str": "a name"}[kind]
+        wanted = (
+            f.metadata.get("wanted")
+            or {
+                "bool": "true or false",
+                "ints": "comma-separated integers",
+                "int": "an integer",
+                "float": "a finite number",
+                "float|auto": "a finite number or auto",
+                "str": "a name",
+            }[kind]
+        )
         if strict and isinstance(value, str) and kind != "str" and _parses(f, value):
             raise UserError(f"{where} takes {wanted}, not the string {value!r}: in a TOML file write it without quotes")
         raise UserError(f"{where} takes {wanted}, not {value!r}")
@@ -181,19 +200,27 @@ def shown_default(f: dataclasses.Field, overrides: dict[str, Any] | None = None)
     return written((overrides or {}).get(f.name, default_of(f)))
 
 
-def add_flags(group: argparse._ArgumentGroup, cls: type, overrides: dict[str, Any] | None = None,
-              extra: dict[str, str] | None = None) -> None:
+def add_flags(
+    group: argparse._ArgumentGroup,
+    cls: type,
+    overrides: dict[str, Any] | None = None,
+    extra: dict[str, str] | None = None,
+) -> None:
     """One flag per declared field, its text parsed into the field's type; extra: sentences added to some
     fields' help (the names a choice may take, where they are known above this layer)."""
     for f in declared(cls):
         more = f" {extra[f.name]}" if extra and f.name in extra else ""
         text = f"{f.metadata['help']}{more} (default {shown_default(f, overrides)})"
         if kind_of(f) == "bool":  # --x turns it on, --no-x off
-            group.add_argument(flag(f.name), dest=f.name,
-                               action=argparse.BooleanOptionalAction, help=text)
+            group.add_argument(flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, help=text)
         else:
-            group.add_argument(flag(f.name), dest=f.name, help=text, metavar=metavar(f),
-                               type=lambda value, f=f: coerce(f, value, strict=False))
+            group.add_argument(
+                flag(f.name),
+                dest=f.name,
+                help=text,
+                metavar=metavar(f),
+                type=lambda value, f=f: coerce(f, value, strict=False),
+            )
 
 
 def metavar(f: dataclasses.Field) -> str:

@@ -1,5 +1,6 @@
 """Paths checked before any work: one line for a path no file system would take, not a traceback halfway
 through a run; files read only where they are regular files; a run folder to resume without links."""
+
 from __future__ import annotations
 
 import fcntl
@@ -22,8 +23,10 @@ def checked_path(path: Path, what: str) -> Path:
     long = [part for part in Path(path).parts if len(os.fsencode(part)) > NAME_MAX]
     if long:
         size = len(os.fsencode(long[0]))
-        raise UserError(f"{what} has a name of {len(long[0])} characters ({long[0][:20]}...)"
-                        f"{f', {size} bytes' if size != len(long[0]) else ''}; at most {NAME_MAX} bytes")
+        raise UserError(
+            f"{what} has a name of {len(long[0])} characters ({long[0][:20]}...)"
+            f"{f', {size} bytes' if size != len(long[0]) else ''}; at most {NAME_MAX} bytes"
+        )
     for parent in [Path(path), *Path(path).parents]:
         if parent.is_symlink() and not parent.exists():
             raise UserError(f"{what}: {parent} is a link to nothing")
@@ -52,13 +55,19 @@ def check_resumable(run_dir: Path, checkpoints: str) -> None:
     folder, never through a link to elsewhere), and the checkpoint folder holds files only (a slot that is
     a folder would stop the run at its first checkpoint, after the metrics were rewritten)."""
     folder = Path(run_dir)
-    for path in sorted([*folder.iterdir(), *((folder / checkpoints).iterdir() if (folder / checkpoints).is_dir() else [])]):
+    for path in sorted(
+        [*folder.iterdir(), *((folder / checkpoints).iterdir() if (folder / checkpoints).is_dir() else [])]
+    ):
         if path.is_symlink():
-            raise UserError(f"--resume {run_dir}: {path.relative_to(folder)} is a link; a run writes only inside its "
-                            "folder, never through a link (replace it with the file, or remove it)")
+            raise UserError(
+                f"--resume {run_dir}: {path.relative_to(folder)} is a link; a run writes only inside its "
+                "folder, never through a link (replace it with the file, or remove it)"
+            )
         if path.parent.name == checkpoints and not path.is_file():
-            raise UserError(f"--resume {run_dir}: {path.relative_to(folder)} is not a file (remove it to resume "
-                            "from the other checkpoint)")
+            raise UserError(
+                f"--resume {run_dir}: {path.relative_to(folder)} is not a file (remove it to resume "
+                "from the other checkpoint)"
+            )
 
 
 class FolderLock:
@@ -74,8 +83,9 @@ class FolderLock:
             fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self.handle.close()
-            raise UserError(f"{folder} is in use: a run is writing it now; wait for it to end, or choose another "
-                            "--out") from None
+            raise UserError(
+                f"{folder} is in use: a run is writing it now; wait for it to end, or choose another --out"
+            ) from None
 
     def release(self) -> None:
         self.handle.close()  # closing drops the flock

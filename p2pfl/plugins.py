@@ -1,6 +1,7 @@
 """Code of the user's own, named where a built-in name would go: 'package.module:attribute' (on the
 Python path) for an algorithm, a model or a dataset; installed packages may also register algorithms
 through the 'p2pfl.algorithms' entry-point group."""
+
 from __future__ import annotations
 
 import importlib
@@ -38,8 +39,9 @@ def _import(module_name: str, flag: str, reference: str):
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and module_name.startswith(exc.name):
-            raise UserError(f"{flag} {reference}: cannot import {module_name} ({exc}); is its folder on "
-                            "PYTHONPATH?") from None
+            raise UserError(
+                f"{flag} {reference}: cannot import {module_name} ({exc}); is its folder on PYTHONPATH?"
+            ) from None
         raise
 
 
@@ -58,8 +60,10 @@ def _theirs(what: str, exc: Exception) -> UserError:
     """The user's exception as one line, then the frames from their code on (importlib's and p2pfl's left
     out)."""
     tb = exc.__traceback__
-    while tb is not None and (tb.tb_frame.f_code.co_filename.startswith("<frozen importlib")
-                              or tb.tb_frame.f_code.co_filename in (importlib.__file__, __file__)):
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename.startswith("<frozen importlib")
+        or tb.tb_frame.f_code.co_filename in (importlib.__file__, __file__)
+    ):
         tb = tb.tb_next
     frames = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
     return UserError(f"{what} raised {type(exc).__name__}; its traceback:\n{frames}")
@@ -72,5 +76,8 @@ def load_entry_points() -> None:
         try:
             point.load()
         except Exception as exc:  # noqa: BLE001 - someone else's package must not stop every run
-            print(f"p2pfl: the algorithm {point.name} ({point.value}) of an installed package did not load: "
-                  f"{exc.__class__.__name__}: {exc}", file=sys.stderr)
+            print(
+                f"p2pfl: the algorithm {point.name} ({point.value}) of an installed package did not load: "
+                f"{exc.__class__.__name__}: {exc}",
+                file=sys.stderr,
+            )

@@ -1,5 +1,6 @@
 """The figures a run draws into its folder: its metric per round, its partition, NTK-DFL's final averaging,
 FedAvg-FT's representation figures. analysis/ reads run folders and reuses these."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,12 +23,21 @@ REFERENCE = "-."  # grey, labelled where it stands: a target (horizontal) or a s
 def target_line(ax, y: float, text: str) -> None:
     """A horizontal reference at y, its text at the right end."""
     ax.axhline(y, color="grey", lw=0.8, ls=REFERENCE)
-    ax.annotate(text, (1, y), xycoords=("axes fraction", "data"), xytext=(-2, 2), textcoords="offset points",
-                ha="right", fontsize=7, color="grey")
+    ax.annotate(
+        text,
+        (1, y),
+        xycoords=("axes fraction", "data"),
+        xytext=(-2, 2),
+        textcoords="offset points",
+        ha="right",
+        fontsize=7,
+        color="grey",
+    )
 
 
-def finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str, per_round: bool = True,
-           caption: str = "") -> None:
+def finish(
+    fig, ax, path: Path, xlabel: str, ylabel: str, title: str, per_round: bool = True, caption: str = ""
+) -> None:
     """Labels, grid and legend, then save and close. per_round: integer x ticks and the legend at the
     lower right; else (log axes) minor grid lines too and the legend where it fits."""
     ax.set_xlabel(xlabel)
@@ -61,17 +71,27 @@ def plot_metric(rows: list[dict], task, run_dir: Path, title: str = "") -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if rows:
         x = [r["round"] for r in rows]
-        ax.plot(x, [scale * r[f"test_{key}"] for r in rows], AGGREGATED, color="tab:blue",
-                label="aggregated model")
-        ax.plot(x, [scale * r[f"client_{key}_mean"] for r in rows], MEAN_CLIENT, color="tab:orange",
-                label="mean client")
-        ax.fill_between(x, [scale * r[f"client_{key}_min"] for r in rows],
-                        [scale * r[f"client_{key}_max"] for r in rows], color="tab:orange", alpha=0.15,
-                        label="client min-max")
+        ax.plot(x, [scale * r[f"test_{key}"] for r in rows], AGGREGATED, color="tab:blue", label="aggregated model")
+        ax.plot(
+            x, [scale * r[f"client_{key}_mean"] for r in rows], MEAN_CLIENT, color="tab:orange", label="mean client"
+        )
+        ax.fill_between(
+            x,
+            [scale * r[f"client_{key}_min"] for r in rows],
+            [scale * r[f"client_{key}_max"] for r in rows],
+            color="tab:orange",
+            alpha=0.15,
+            label="client min-max",
+        )
         personal = [r for r in rows if "client_personal_acc_mean" in r] if key == "acc" else []
         if personal:
-            ax.plot([r["round"] for r in personal], [scale * r["client_personal_acc_mean"] for r in personal],
-                    OWN_MIX, color="tab:green", label="mean client, own label mix")
+            ax.plot(
+                [r["round"] for r in personal],
+                [scale * r["client_personal_acc_mean"] for r in personal],
+                OWN_MIX,
+                color="tab:green",
+                label="mean client, own label mix",
+            )
     if not task.higher_is_better:
         ax.set_yscale("log")
     for switch in ("stage", "phase"):
@@ -97,8 +117,13 @@ def plot_partition(summary: list[dict], path: Path, class_names: tuple[str, ...]
     counts = np.array([s["classes"] for s in summary])
     named = class_names is not None and len(class_names) == counts.shape[1]
     fig, ax = plt.subplots(figsize=(6.5, min(10, (3.2 if named else 2.4) + 0.03 * len(counts))))
-    im = ax.imshow(counts, aspect="auto", interpolation="nearest", cmap="viridis",
-                   extent=(-0.5, counts.shape[1] - 0.5, len(counts) - 0.5, -0.5))
+    im = ax.imshow(
+        counts,
+        aspect="auto",
+        interpolation="nearest",
+        cmap="viridis",
+        extent=(-0.5, counts.shape[1] - 0.5, len(counts) - 0.5, -0.5),
+    )
     if named:
         ax.set_xticks(range(len(class_names)), class_names, rotation=40, ha="right", fontsize=8)
     else:
@@ -128,8 +153,16 @@ def plot_final_averaging(result: dict, path: Path, caption: str = "") -> None:
     whole_numbers(hist.xaxis)
     hist.set(xlabel="peers", title="peers' own models\n(validation half)")
     hist.grid(alpha=0.3)
-    finish(fig, ax, path, "peers averaged (n)", "test accuracy (%)", "final model averaging: the first n peers",
-           caption=caption)
+    finish(
+        fig,
+        ax,
+        path,
+        "peers averaged (n)",
+        "test accuracy (%)",
+        "final model averaging: the first n peers",
+        caption=caption,
+    )
+
 
 # FedAvg with fine-tuning (Collins et al. 2022): the principal-angle distance and the global gradient norm
 # per round (figs. 1 and 3 left), new clients' fine-tuning error or accuracy against their number of
@@ -161,16 +194,22 @@ def plot_fine_tuning(runs: dict[str, dict], path: Path, metric: str) -> None:
     if metric != "accuracy":
         ax.set_yscale("log")
     ylabel = "new clients' test accuracy (%)" if metric == "accuracy" else "fine-tuning error ||Bw - B*w*||^2"
-    finish(fig, ax, path, "samples n of the new client", ylabel, f"after fine-tuning: {metric} against n",
-           per_round=False)
+    finish(
+        fig, ax, path, "samples n of the new client", ylabel, f"after fine-tuning: {metric} against n", per_round=False
+    )
 
 
 def plot_linear_run(runs: dict[str, tuple[list[dict], dict]], out: Path) -> None:
     """rep_dist.png (fig. 1), grad_norm.png (fig. 3 left), finetune_error.png (fig. 3 right)."""
     histories = {label: history for label, (history, _) in runs.items()}
     plot_per_round(histories, "rep_dist", out / "rep_dist.png", "dist(B_t, B*)", "principal-angle distance to B*")
-    plot_per_round(histories, "grad_norm", out / "grad_norm.png", "||grad of the global loss||",
-                   "gradient norm of the global objective")
+    plot_per_round(
+        histories,
+        "grad_norm",
+        out / "grad_norm.png",
+        "||grad of the global loss||",
+        "gradient norm of the global objective",
+    )
     plot_fine_tuning({label: result for label, (_, result) in runs.items()}, out / "finetune_error.png", "error")
 
 

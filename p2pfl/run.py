@@ -4,6 +4,7 @@ exit status.
     python -m p2pfl.run --algo dfedavg --peers 30
     mpirun -n 4 --oversubscribe python -m p2pfl.run --algo dfedavg --peers 30
 """
+
 from __future__ import annotations
 
 import os
@@ -57,8 +58,10 @@ def _main(argv: list[str] | None) -> int:
         return 2
     except OSError as exc:  # a full disk, a folder made read-only mid-run: one line, the files before intact
         where = f" {exc.filename}" if exc.filename else ""
-        print(f"p2pfl: stopped: cannot write{where} ({exc.strerror or exc}); the files written before it are "
-              "intact", file=sys.stderr)
+        print(
+            f"p2pfl: stopped: cannot write{where} ({exc.strerror or exc}); the files written before it are intact",
+            file=sys.stderr,
+        )
         if _under_mpi_world():
             sys.stderr.flush()
             from mpi4py import MPI

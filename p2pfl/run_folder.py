@@ -1,6 +1,7 @@
 """A run's folder and its files: made (or taken back for --resume) under a lock, its header (config.toml,
 the partition, the topology), each round's edges, the closing files (final.json, model.pt), the metric
 plot and the summary line. Algorithms add their own products in finish()."""
+
 from __future__ import annotations
 
 import json
@@ -62,20 +63,27 @@ def make_run_dir(cfg: RunConfig) -> Path:
 
 def write_run_header(ctx, run_dir: Path, notes: list[str]) -> None:
     cfg = ctx.cfg
-    write_toml(resolved_dict(cfg), run_dir / "config.toml",
-               (f"model {cfg.model}: {count_parameters(ctx.stack.model):,} parameters, "
-                f"{ctx.stack.layout.size - ctx.stack.layout.trainable:,} state values (batch norm statistics)", *notes))
+    write_toml(
+        resolved_dict(cfg),
+        run_dir / "config.toml",
+        (
+            f"model {cfg.model}: {count_parameters(ctx.stack.model):,} parameters, "
+            f"{ctx.stack.layout.size - ctx.stack.layout.trainable:,} state values (batch norm statistics)",
+            *notes,
+        ),
+    )
     parts = summary([s.numpy() for s in ctx.shards], ctx.data.train_y.cpu().numpy(), ctx.data.n_classes)
     (run_dir / "partition.json").write_text(json.dumps(parts))
     if "classes" in parts[0]:
         with naming(run_dir / "partition.png"):
             plot_partition(parts, run_dir / "partition.png", ctx.data.class_names)
     if cfg.algorithm.centralized:
-        title = (f"star: the server (node {cfg.peers}) and {cfg.peers} clients, "
-                 f"{clients_per_round(cfg.settings, cfg.peers)} sampled each round")
+        title = (
+            f"star: the server (node {cfg.peers}) and {cfg.peers} clients, "
+            f"{clients_per_round(cfg.settings, cfg.peers)} sampled each round"
+        )
     else:
-        title = (f"{cfg.topology} ({'static' if cfg.static else 'round 1 of a new graph each round'}), "
-                 f"{cfg.peers} peers")
+        title = f"{cfg.topology} ({'static' if cfg.static else 'round 1 of a new graph each round'}), {cfg.peers} peers"
     with naming(run_dir / "topology.png"):
         draw_graph(ctx.schedule.graph(0), run_dir / "topology.png", title)
 
@@ -108,8 +116,9 @@ def save_final(run_dir: Path, final: dict | None, state: dict[str, torch.Tensor]
 def plot_rows(cfg: RunConfig, rows: list[dict], task, run_dir: Path) -> None:
     """The headline metric over the rounds; a failure to draw it is a line, not the run's error."""
     graph = "star" if cfg.topology == "star" else f"{cfg.topology} kappa={cfg.kappa:g}"
-    title = (f"{cfg.algo}: {cfg.peers} peers, {graph}, {cfg.model} on {cfg.dataset} {cfg.partition}"
-             + (f" alpha={cfg.alpha:g}" if cfg.partition == "dirichlet" else ""))
+    title = f"{cfg.algo}: {cfg.peers} peers, {graph}, {cfg.model} on {cfg.dataset} {cfg.partition}" + (
+        f" alpha={cfg.alpha:g}" if cfg.partition == "dirichlet" else ""
+    )
     try:
         plot_metric(rows, task, run_dir, title)
     except OSError as exc:  # a full disk or a read-only folder: the run's own error says so, not this
@@ -131,8 +140,10 @@ def summary_line(rows: list[dict], task, run_dir: Path | None) -> str:
         return where
     last = evaluated[-1]
     name = {"acc": "accuracy"}.get(head, head)
-    return (f"round {last['round']}: aggregated test {name} {task.format(last[f'test_{head}'])}, mean client "
-            f"{task.format(last[f'client_{head}_mean'])}; {where}")
+    return (
+        f"round {last['round']}: aggregated test {name} {task.format(last[f'test_{head}'])}, mean client "
+        f"{task.format(last[f'client_{head}_mean'])}; {where}"
+    )
 
 
 def write_toml(values: dict[str, Any], path: Path, comments: tuple[str, ...] = ()) -> None:

@@ -3,6 +3,7 @@
 Keying by purpose and peer instead of drawing from a global stream is what makes a run's numbers
 independent of how peers are spread over MPI ranks.
 """
+
 import functools
 import hashlib
 
@@ -54,11 +55,13 @@ def _int32(value: int) -> int:
     return value - (1 << 32) if value >= 1 << 31 else value
 
 
-def peer_keys(seed: int, purpose: str, round_index: int, peers: list[int],
-              device: torch.device | str = "cpu") -> torch.Tensor:
+def peer_keys(
+    seed: int, purpose: str, round_index: int, peers: list[int], device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """(len(peers),) int32 keys on device, one per peer: (seed, purpose, round, peer)'s."""
-    return torch.tensor([_int32(derive_seed(seed, purpose, round_index, p)) for p in peers],
-                        dtype=torch.int32).to(device)
+    return torch.tensor([_int32(derive_seed(seed, purpose, round_index, p)) for p in peers], dtype=torch.int32).to(
+        device
+    )
 
 
 def keyed_bits(keys: torch.Tensor, *counters: int | torch.Tensor) -> torch.Tensor:

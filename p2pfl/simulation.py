@@ -5,6 +5,7 @@ write its folder (none with out=None). `simulate` is the Python entry; p2pfl.run
     result = p2pfl.simulate(algo="dfedavg", peers=10, rounds=5, dataset="synthetic", out=None)
     print(result.rows[-1]["test_acc"])
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,13 @@ from p2pfl.metrics import MetricsLog
 from p2pfl.run_folder import LOCKS, made_or_refused, summary_line, write_run_header
 
 
-def simulate(algo: str | type[Algorithm] | None = None, *, out: str | Path | None = None, config: str | Path | None = None,
-             **settings: Any) -> Result:
+def simulate(
+    algo: str | type[Algorithm] | None = None,
+    *,
+    out: str | Path | None = None,
+    config: str | Path | None = None,
+    **settings: Any,
+) -> Result:
     """Run a simulation and return its Result; the settings are the CLI's flags as keywords (underscores
     for hyphens: samples_per_peer=100), checked as the CLI checks them: a bad one raises ConfigError
     with the CLI's one-line message. algo: a name, or an Algorithm subclass. out: the run folder (None:
@@ -56,8 +62,10 @@ def algorithm_name(algo: str | type[Algorithm]) -> str:
     """The registered name of an algorithm given by name or by class."""
     if isinstance(algo, type) and issubclass(algo, Algorithm):
         if not algo.__dict__.get("name") or REGISTRY.get(algo.name) is not algo:
-            raise UserError(f"{algo.__qualname__} is not a registered algorithm: give the class a name "
-                            "(name = \"my-algo\") of its own")
+            raise UserError(
+                f"{algo.__qualname__} is not a registered algorithm: give the class a name "
+                '(name = "my-algo") of its own'
+            )
         return algo.name
     return algo
 
@@ -81,12 +89,15 @@ class Result:
     def __repr__(self) -> str:
         last = self.rows[-1] if self.rows else {}
         shown = {k: round(v, 4) for k, v in last.items() if k.startswith("test_") and isinstance(v, float)}
-        return (f"Result({self.config.algo}, {len(self.rows)} rounds, last {shown}, "
-                f"run_dir={str(self.run_dir) if self.run_dir else None})")
+        return (
+            f"Result({self.config.algo}, {len(self.rows)} rounds, last {shown}, "
+            f"run_dir={str(self.run_dir) if self.run_dir else None})"
+        )
 
 
-def execute(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool = True,
-            everywhere: bool = False) -> Result:
+def execute(
+    cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool = True, everywhere: bool = False
+) -> Result:
     """A run on this rank (write=False: no run folder, no checkpoints); running out of GPU memory anywhere
     in it is one line, not a CUDA traceback. everywhere: every rank gets rank 0's Result (a broadcast of
     the rows and the model); else the other ranks' Result holds no rows (the CLI reads none)."""
@@ -120,8 +131,12 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, eve
         if rank == 0 and snapshot.note:
             print(f"p2pfl: {snapshot.note}", file=sys.stderr)
     announce(ctx, algorithm, run_dir, write)
-    log = MetricsLog(ctx, run_dir if rank == 0 else None, cfg.algorithm.centralized,
-                     lambda weights: reported_model(ctx, weights, algorithm))
+    log = MetricsLog(
+        ctx,
+        run_dir if rank == 0 else None,
+        cfg.algorithm.centralized,
+        lambda weights: reported_model(ctx, weights, algorithm),
+    )
     log.restore(rows if rank == 0 else [])  # metrics.jsonl holds exactly the rounds done (none for a new run)
     final, state = run_rounds(ctx, algorithm, log, first, run_dir, write)
     if rank == 0:

@@ -8,6 +8,7 @@ integrator (an array it can read) and local training's steps. They end early, th
 to Python, and the handler there saves the last completed round and exits. What they leave half done
 belongs to a round that is thrown away.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """What a run learns: the loss that training minimises, the metrics of each evaluation, and the
 headline metric of plots and progress bar. Training, evaluation, metrics.jsonl and the plots ask the
 task; nothing else assumes that labels are classes."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,8 +36,9 @@ class Classification(Task):
         super().__init__("classification", ("acc", "loss"), "acc", True)
 
     def losses(self, outputs, targets):
-        return F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1),
-                               reduction="none").view(targets.shape)
+        return F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1), reduction="none").view(
+            targets.shape
+        )
 
     def per_sample(self, outputs, targets):
         return {"acc": (outputs.argmax(-1) == targets).to(outputs.dtype), "loss": self.losses(outputs, targets)}

@@ -7,6 +7,7 @@ Each check takes the CLI's arguments of a tiny run (a few peers, 2 rounds) and a
 raises AssertionError saying what differs. tests/test_conformance.py applies them to every registered
 algorithm.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,7 +21,13 @@ import sys
 from pathlib import Path
 from unittest import mock
 
-MACHINE_FACTS = ("train_s", "eval_s", "round_s", "peak_rss_mb", "peak_gpu_mb")  # how the run went on this machine, not its results
+MACHINE_FACTS = (
+    "train_s",
+    "eval_s",
+    "round_s",
+    "peak_rss_mb",
+    "peak_gpu_mb",
+)  # how the run went on this machine, not its results
 
 
 def run_in_process(args: list[str], stop_after_first_round: bool = False) -> subprocess.CompletedProcess:
@@ -77,12 +84,18 @@ def _mpi_env() -> dict:
 
 def run_under_mpirun(args: list[str], ranks: int, timeout: float = 600) -> subprocess.CompletedProcess:
     """The CLI on `ranks` MPI ranks."""
-    return subprocess.run(mpirun_command(ranks, sys.executable, "-m", "p2pfl.run", *args), capture_output=True,
-                          text=True, timeout=timeout, env=_mpi_env())
+    return subprocess.run(
+        mpirun_command(ranks, sys.executable, "-m", "p2pfl.run", *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_mpi_env(),
+    )
 
 
-def run_many_under_mpirun(cases: dict[str, list[str]], ranks: int, workdir: Path,
-                          timeout: float = 1800) -> dict[str, subprocess.CompletedProcess]:
+def run_many_under_mpirun(
+    cases: dict[str, list[str]], ranks: int, workdir: Path, timeout: float = 1800
+) -> dict[str, subprocess.CompletedProcess]:
     """Several CLI runs in one mpirun: each rank starts (and loads torch) once, then runs the cases in
     turn, as `python -m p2pfl.run` would run each. Returns every case's exit status and rank 0's stdout and
     stderr; a case the batch did not reach (a case before it ended the job) has status None and mpirun's
@@ -92,11 +105,18 @@ def run_many_under_mpirun(cases: dict[str, list[str]], ranks: int, workdir: Path
     plan, done = workdir / "cases.json", workdir / "cases-done.jsonl"
     plan.write_text(json.dumps(cases))
     done.unlink(missing_ok=True)
-    job = subprocess.run(mpirun_command(ranks, sys.executable, "-m", "p2pfl.testing", str(plan), str(done)),
-                         capture_output=True, text=True, timeout=timeout, env=_mpi_env())
+    job = subprocess.run(
+        mpirun_command(ranks, sys.executable, "-m", "p2pfl.testing", str(plan), str(done)),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_mpi_env(),
+    )
     finished = [json.loads(line) for line in done.read_text().splitlines()] if done.exists() else []
-    by_name = {row["case"]: subprocess.CompletedProcess(cases[row["case"]], row["code"], row["stdout"],
-                                                        row["stderr"]) for row in finished}
+    by_name = {
+        row["case"]: subprocess.CompletedProcess(cases[row["case"]], row["code"], row["stdout"], row["stderr"])
+        for row in finished
+    }
     for name, args in cases.items():
         by_name.setdefault(name, subprocess.CompletedProcess(args, None, job.stdout, job.stderr))
     return by_name
@@ -113,8 +133,12 @@ def _run_cases(plan: Path, done: Path) -> None:
         result = run_in_process(args)
         if rank == 0:
             with done.open("a") as fh:
-                fh.write(json.dumps({"case": name, "code": result.returncode, "stdout": result.stdout,
-                                     "stderr": result.stderr}) + "\n")
+                fh.write(
+                    json.dumps(
+                        {"case": name, "code": result.returncode, "stdout": result.stdout, "stderr": result.stderr}
+                    )
+                    + "\n"
+                )
 
 
 def results(run_dir: Path) -> dict:
@@ -149,8 +173,9 @@ def assert_same_results(a: Path, b: Path, what: str) -> None:
     assert models[0].exists() == models[1].exists(), f"{what}: model.pt in one run only"
     if models[0].exists():
         first, second = (torch.load(m, weights_only=True) for m in models)
-        assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first), \
+        assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first), (
             f"{what}: model.pt differs"
+        )
 
 
 def check_learns(args: list[str], workdir: Path) -> list[dict]:
@@ -165,8 +190,10 @@ def check_learns(args: list[str], workdir: Path) -> list[dict]:
         classes = _classes(workdir / "learns")
         above_chance = last["test_acc"] > 1 / classes + 0.03
         falling = len(rows) > 1 and rows[-1]["test_loss"] < rows[0]["test_loss"]
-        assert above_chance or falling, (f"test accuracy {last['test_acc']:.3f} with {classes} classes, test loss "
-                                         f"{[round(r['test_loss'], 4) for r in rows]}")
+        assert above_chance or falling, (
+            f"test accuracy {last['test_acc']:.3f} with {classes} classes, test loss "
+            f"{[round(r['test_loss'], 4) for r in rows]}"
+        )
     else:
         assert len(rows) > 1 and rows[-1]["test_loss"] < rows[0]["test_loss"], [r["test_loss"] for r in rows]
     return rows
@@ -185,8 +212,9 @@ def check_layout_invariance(args: list[str], workdir: Path, ranks: int = 3) -> N
     check_same_as_one_process(args, workdir, workdir / "ranks", multi, ranks)
 
 
-def check_same_as_one_process(args: list[str], workdir: Path, ranked_run: Path,
-                              ranked: subprocess.CompletedProcess, ranks: int) -> None:
+def check_same_as_one_process(
+    args: list[str], workdir: Path, ranked_run: Path, ranked: subprocess.CompletedProcess, ranks: int
+) -> None:
     """The run in ranked_run, which `ranks` MPI ranks made of args (ranked is how it ended), against the
     same args run in this process: every metric, final.json and model.pt equal."""
     _ok(ranked, f"mpirun -n {ranks}")
@@ -215,8 +243,9 @@ def check_faults(args: list[str], workdir: Path, drop_links: float = 0.2) -> Non
     assert rows and all(math.isfinite(r["test_loss"]) for r in rows if "test_loss" in r)
 
 
-def check_device_agrees(args: list[str], workdir: Path, device: str = "cuda", points: float = 0.5,
-                        loss_tolerance: float = 0.05) -> None:
+def check_device_agrees(
+    args: list[str], workdir: Path, device: str = "cuda", points: float = 0.5, loss_tolerance: float = 0.05
+) -> None:
     """The run on device against the CPU run: the last accuracy within `points` percentage points, and
     a finite loss within loss_tolerance (relative). Not equal: GPU kernels round differently."""
     runs = {}
@@ -226,11 +255,13 @@ def check_device_agrees(args: list[str], workdir: Path, device: str = "cuda", po
         runs[name] = [r for r in results(workdir / name.replace(":", "-"))["metrics"] if "test_loss" in r][-1]
     cpu, gpu = runs["cpu"], runs[device]
     assert math.isfinite(gpu["test_loss"]), gpu
-    assert abs(gpu["test_loss"] - cpu["test_loss"]) <= loss_tolerance * max(1.0, abs(cpu["test_loss"])), \
+    assert abs(gpu["test_loss"] - cpu["test_loss"]) <= loss_tolerance * max(1.0, abs(cpu["test_loss"])), (
         f"test loss {gpu['test_loss']} on {device}, {cpu['test_loss']} on the CPU"
+    )
     if "test_acc" in cpu:
-        assert abs(gpu["test_acc"] - cpu["test_acc"]) * 100 <= points, \
+        assert abs(gpu["test_acc"] - cpu["test_acc"]) * 100 <= points, (
             f"test accuracy {gpu['test_acc']} on {device}, {cpu['test_acc']} on the CPU"
+        )
 
 
 if __name__ == "__main__":  # the ranks of run_many_under_mpirun

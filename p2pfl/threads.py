@@ -1,5 +1,6 @@
 """Thread pools per rank, decided before torch starts them (numpy's BLAS is on one thread:
 p2pfl/__init__.py). Under mpirun, ranks on one machine share its cores."""
+
 from __future__ import annotations
 
 import os

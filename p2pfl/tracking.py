@@ -1,6 +1,7 @@
 """TensorBoard event files of a run (--tensorboard): every number of each metrics row as a scalar at its
 round, in <run folder>/tensorboard. metrics.jsonl stays the record; this is a view of it where
 researchers look. Needs the tensorboard package (pip install 'p2pfl-graphsim[tensorboard]')."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -15,13 +16,17 @@ def check_available() -> None:
     """Before any work: the package is there and loads (an installed one can fail to, with a broken
     dependency or a protobuf of another version)."""
     if importlib.util.find_spec("tensorboard") is None:
-        raise UserError("--tensorboard needs the tensorboard package: pip install 'p2pfl-graphsim[tensorboard]' "
-                        "(or pip install tensorboard)")
+        raise UserError(
+            "--tensorboard needs the tensorboard package: pip install 'p2pfl-graphsim[tensorboard]' "
+            "(or pip install tensorboard)"
+        )
     try:
         from torch.utils.tensorboard import SummaryWriter  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - whatever breaks the import, it is the package's
-        raise UserError(f"--tensorboard: the tensorboard package is installed but does not load "
-                        f"({exc.__class__.__name__}: {str(exc)[:200]}); reinstall it, or run without --tensorboard")
+        raise UserError(
+            f"--tensorboard: the tensorboard package is installed but does not load "
+            f"({exc.__class__.__name__}: {str(exc)[:200]}); reinstall it, or run without --tensorboard"
+        )
 
 
 def scalars(row: dict, prefix: str = "") -> dict[str, float]:

@@ -4,6 +4,7 @@ Peers hold different numbers of samples, so a step carries a (peers, batch) mask
 nothing to the loss and a peer without a batch at this step is left untouched (weights and momentum),
 which makes the batched run equal, peer by peer, to training each peer alone.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,9 @@ class StepTerms:
 
     def rows(self, index) -> "StepTerms":
         pick = lambda t: None if t is None else t[index]  # noqa: E731
-        return StepTerms(pick(self.anchor), pick(self.offset), self.contrast.rows(index) if self.contrast else None,
-                         pick(self.mask))
+        return StepTerms(
+            pick(self.anchor), pick(self.offset), self.contrast.rows(index) if self.contrast else None, pick(self.mask)
+        )
 
     def add_to(self, grad: torch.Tensor, flat: torch.Tensor, opt: SGDSettings) -> None:
         width = grad.shape[-1]  # the trainable part
@@ -64,8 +66,16 @@ class MinibatchPlan:
     epoch at 300 peers, more than the GPU's steps). Which peers step at which step follows from the
     shard sizes and step budgets alone, so that part is known on the CPU without asking the device."""
 
-    def __init__(self, shards: list[torch.Tensor], peers: list[int], batch: int, seed: int, round_index: int,
-                 budget: torch.Tensor, device: torch.device):
+    def __init__(
+        self,
+        shards: list[torch.Tensor],
+        peers: list[int],
+        batch: int,
+        seed: int,
+        round_index: int,
+        budget: torch.Tensor,
+        device: torch.device,
+    ):
         self.batch, self.budget, self.device = batch, budget, device
         self.lengths = torch.tensor([len(s) for s in shards])
         self.width = max(1, int(self.lengths.max()))
@@ -103,8 +113,15 @@ def padded_shards(shards: list[torch.Tensor], width: int, device: torch.device |
     return to_device(torch.nn.functional.pad(padded, (0, width - padded.shape[1])), device)
 
 
-def apply_step(flat: torch.Tensor, grad: torch.Tensor, active: torch.Tensor | None, opt: SGDSettings, lr: float,
-               velocity: torch.Tensor | None, terms: StepTerms | None = None) -> None:
+def apply_step(
+    flat: torch.Tensor,
+    grad: torch.Tensor,
+    active: torch.Tensor | None,
+    opt: SGDSettings,
+    lr: float,
+    velocity: torch.Tensor | None,
+    terms: StepTerms | None = None,
+) -> None:
     """In-place SGD (torch semantics: buf = m*buf + g, dampening 0) on the trainable part of flat (the
     first grad.shape[1] columns; buffers are not stepped). active: (L,) bool on flat's device, the rows
     that step (the others keep their weights and momentum: a masked update, no gather and no wait for
@@ -151,9 +168,19 @@ def peer_block(stack: PeerStack, peers: int, batch: int, sample_shape: tuple[int
     return max(1, min(peers, stack.batch_budget() // per_peer))
 
 
-def train_epochs(stack: PeerStack, flat: torch.Tensor, shards: list[torch.Tensor], peers: list[int],
-                 train_x: torch.Tensor, train_y: torch.Tensor, opt: SGDSettings, lr: float, seed: int,
-                 round_index: int, terms: StepTerms | None = None) -> torch.Tensor:
+def train_epochs(
+    stack: PeerStack,
+    flat: torch.Tensor,
+    shards: list[torch.Tensor],
+    peers: list[int],
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    opt: SGDSettings,
+    lr: float,
+    seed: int,
+    round_index: int,
+    terms: StepTerms | None = None,
+) -> torch.Tensor:
     """opt.epochs epochs of minibatch SGD for every row of flat (L, D), in place; returns each peer's
     training loss, the mean of its minibatch losses over the call's steps (each taken before its step).
     Momentum starts from zero each call, as a fresh optimizer per round (the DFedAvgM reference code).
@@ -163,8 +190,19 @@ def train_epochs(stack: PeerStack, flat: torch.Tensor, shards: list[torch.Tensor
     blocks = [slice(i, i + size) for i in range(0, len(peers), size)]
 
     def train(b):
-        return _train_block(stack, flat[b], shards[b], peers[b], train_x, train_y, opt, lr, seed, round_index,
-                            terms.rows(b) if terms else None)
+        return _train_block(
+            stack,
+            flat[b],
+            shards[b],
+            peers[b],
+            train_x,
+            train_y,
+            opt,
+            lr,
+            seed,
+            round_index,
+            terms.rows(b) if terms else None,
+        )
 
     if stack.mlp is None or stack.device.type != "cpu":
         return torch.cat([train(b) for b in blocks])
@@ -186,8 +224,9 @@ def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, ro
     budget = torch.tensor([local_steps(len(s), opt) if len(s) else 0 for s in shards])
     plan = MinibatchPlan(shards, peers, opt.batch_size, seed, round_index, budget, flat.device)
     noise_keys = peer_keys(seed, "dropout", round_index, peers, flat.device) if stack.dropouts else None
-    plain_mlp = hand_written(stack) and terms is None and not (opt.momentum or opt.weight_decay or opt.clip
-                                                                 or opt.prox_mu)
+    plain_mlp = (
+        hand_written(stack) and terms is None and not (opt.momentum or opt.weight_decay or opt.clip or opt.prox_mu)
+    )
     epoch = 0
     while plan.unfinished():
         sizes, index, mask, active = plan.epoch(epoch)
@@ -197,29 +236,41 @@ def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, ro
             if not stepping:
                 continue
             noise = stack.dropout_noise(noise_keys, opt.batch_size, epoch, s) if noise_keys is not None else None
-            x = torch.index_select(train_x, 0, index[s].reshape(-1), out=stack.scratch(
-                "batch", (index.shape[1] * index.shape[2], *train_x.shape[1:]), train_x))
+            x = torch.index_select(
+                train_x,
+                0,
+                index[s].reshape(-1),
+                out=stack.scratch("batch", (index.shape[1] * index.shape[2], *train_x.shape[1:]), train_x),
+            )
             x = x.view(*index.shape[1:], *train_x.shape[1:])
             if plain_mlp:  # inactive peers have a zero mask, hence a zero step
                 _, losses = mlp_gradients(stack, flat, x, train_y[index[s]], mask[s], lr)
             else:
-                grad, losses = gradients(stack, flat, x, train_y[index[s]], mask[s], noise,
-                                         terms.contrast if terms else None, sizes[s])
+                grad, losses = gradients(
+                    stack, flat, x, train_y[index[s]], mask[s], noise, terms.contrast if terms else None, sizes[s]
+                )
                 apply_step(flat, grad, None if stepping == len(peers) else active[s], opt, lr, velocity, terms)
             loss_sum += torch.where(active[s], losses, 0.0)
         epoch += 1
     return loss_sum / budget.clamp(min=1).to(flat.device)
 
 
-def sample_batch(shards: list[torch.Tensor], batch: int, seed: int, round_index: int,
-                 peers: list[int], device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def sample_batch(
+    shards: list[torch.Tensor],
+    batch: int,
+    seed: int,
+    round_index: int,
+    peers: list[int],
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One minibatch per peer drawn without replacement: indices (L, B) and mask (L, B), on device; each
     peer's the first B of its keyed permutation (seed, 'batch', round, peer)."""
     device = torch.device(device)
     lengths = torch.tensor([len(s) for s in shards])
     width = max(batch, int(lengths.max()) if len(shards) else 1)
     padded = padded_shards(shards, width, device)
-    order = keyed_orders(peer_keys(seed, "batch", round_index, peers, device), to_device(lengths, device),
-                         width)[:, :batch]
+    order = keyed_orders(peer_keys(seed, "batch", round_index, peers, device), to_device(lengths, device), width)[
+        :, :batch
+    ]
     mask = (torch.arange(batch)[None] < lengths[:, None]).float()
     return padded.gather(1, order) * to_device(mask.long(), device), to_device(mask, device)

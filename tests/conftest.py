@@ -36,7 +36,7 @@ def tiny_mnist(tmp_path) -> Path:
         labels = (np.arange(n) % 10).astype(np.uint8)
         images = rng.integers(0, 50, size=(n, 28, 28)).astype(np.uint8)
         for c in range(10):  # a bright class-specific stripe makes the classes learnable
-            images[labels == c, c * 2:c * 2 + 3, :] = 250
+            images[labels == c, c * 2 : c * 2 + 3, :] = 250
         write_idx(tmp_path / f"{split}-images-idx3-ubyte", images)
         write_idx(tmp_path / f"{split}-labels-idx1-ubyte", labels)
     return tmp_path
@@ -49,7 +49,7 @@ def write_stripes(root: Path, classes: int, n_train: int, n_test: int) -> Path:
         labels = (np.arange(n) % classes).astype(np.uint8)
         images = rng.integers(0, 60, (n, 28, 28)).astype(np.uint8)
         for c in range(classes):
-            images[labels == c, 5 * c:5 * c + 3, :] = 250
+            images[labels == c, 5 * c : 5 * c + 3, :] = 250
         write_idx(root / f"{split}-images-idx3-ubyte", images)
         write_idx(root / f"{split}-labels-idx1-ubyte", labels)
     return root
@@ -89,8 +89,13 @@ def _launch_kind(args) -> str | None:
     program = Path(argv[0]).name if argv else ""
     if "mpirun" in program or any(Path(a).name == "mpirun.sh" for a in argv):
         return "mpi"
-    if argv and (argv[0] == sys.executable or program.startswith("python") or program in ("bash", "sh")
-                 or program.endswith(".sh") or program.startswith("p2pfl")):
+    if argv and (
+        argv[0] == sys.executable
+        or program.startswith("python")
+        or program in ("bash", "sh")
+        or program.endswith(".sh")
+        or program.startswith("p2pfl")
+    ):
         return "subprocess"
     return None
 
@@ -142,9 +147,11 @@ def pytest_terminal_summary(terminalreporter, config):
     launches = [line.split(" ", 1) for line in Path(path).read_text().splitlines() if " " in line]
     interpreters = Counter(test for kind, test in launches if kind == "interpreter")
     most = ", ".join(f"{test.split('::', 1)[-1]} {n}" for test, n in interpreters.most_common(3))
-    terminalreporter.write_line(f"launches: {sum(kind == 'mpirun' for kind, _ in launches)} mpirun, "
-                                f"{sum(interpreters.values())} fresh interpreters (mpirun's ranks and the tools' runs "
-                                f"included; most: {most or 'none'})")
+    terminalreporter.write_line(
+        f"launches: {sum(kind == 'mpirun' for kind, _ in launches)} mpirun, "
+        f"{sum(interpreters.values())} fresh interpreters (mpirun's ranks and the tools' runs "
+        f"included; most: {most or 'none'})"
+    )
     Path(path).unlink()
 
 
@@ -176,8 +183,9 @@ def launches_are_marked(request, monkeypatch):
 def run_cli(*args: str, ranks: int = 0, timeout: float = 600) -> subprocess.CompletedProcess:
     """The CLI in a fresh interpreter, or on `ranks` MPI ranks."""
     cmd = [sys.executable, "-m", "p2pfl.run", *args]
-    return subprocess.run(testing.mpirun_command(ranks, *cmd) if ranks else cmd, capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        testing.mpirun_command(ranks, *cmd) if ranks else cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
 
 
 def run_here(*args: str) -> subprocess.CompletedProcess:
@@ -196,9 +204,11 @@ _RANKED = "_p2pfl_ranked_cases"
 def ranked_cases(cases: dict) -> callable:
     """Marks a test mpi and names its multi-rank run: {its parameter id ("" when not parametrized):
     (ranks, arguments)}, where the arguments may be a function of a folder for the case's own data."""
+
     def mark(test):
         setattr(test, _RANKED, cases)
         return pytest.mark.mpi(test)
+
     return mark
 
 
@@ -236,9 +246,15 @@ def _ranked_runs(request, tmp_path_factory) -> dict[str, RankedRun]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():
             done.write_text(json.dumps(_run_ranked_cases(request.session.items, folder, request.node.nodeid)))
-    return {test: RankedRun(case["args"], case["ranks"], Path(case["out"]),
-                            subprocess.CompletedProcess(case["args"], case["code"], case["stdout"], case["stderr"]))
-            for test, case in json.loads(done.read_text()).items()}
+    return {
+        test: RankedRun(
+            case["args"],
+            case["ranks"],
+            Path(case["out"]),
+            subprocess.CompletedProcess(case["args"], case["code"], case["stdout"], case["stderr"]),
+        )
+        for test, case in json.loads(done.read_text()).items()
+    }
 
 
 def _run_ranked_cases(items, folder: Path, test: str) -> dict:
@@ -276,7 +292,7 @@ def ranked_run(request, _ranked_runs) -> RankedRun:
 def _images(rng, n, shape, labels):
     images = rng.integers(0, 60, size=(n, *shape)).astype(np.uint8)
     for c in np.unique(labels):  # a bright class-specific band makes the classes learnable
-        images[labels == c, ..., (c * 3) % shape[-2]:(c * 3) % shape[-2] + 3, :] = 250
+        images[labels == c, ..., (c * 3) % shape[-2] : (c * 3) % shape[-2] + 3, :] = 250
     return images
 
 
@@ -318,8 +334,9 @@ def write_cifar(root: Path, name: str = "cifar10", kind: str = "binary", n_train
             (folder / f"{split}.bin").write_bytes(np.concatenate([coarse[:, None], fine[:, None], x], 1).tobytes())
         else:
             with (folder / split).open("wb") as fh:
-                pickle.dump({b"data": x, b"fine_labels": fine.tolist(), b"coarse_labels": coarse.tolist()}, fh,
-                            protocol=2)
+                pickle.dump(
+                    {b"data": x, b"fine_labels": fine.tolist(), b"coarse_labels": coarse.tolist()}, fh, protocol=2
+                )
     return folder
 
 

@@ -1,4 +1,5 @@
 """Build a run's context in-process, for tests that poke at one round."""
+
 from p2pfl.configure import make_config, resolve
 from p2pfl.assemble import build
 

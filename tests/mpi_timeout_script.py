@@ -1,4 +1,5 @@
 """Run under mpirun -n 2: rank 1 never sends, so rank 0 must time out naming peer 1."""
+
 import sys
 
 import torch

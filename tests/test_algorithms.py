@@ -8,8 +8,19 @@ from p2pfl.training import sample_batch
 from tests.helpers import make_context, metric_lines
 from topologies import mixing_weights
 
-KEYS = {"round", "test_acc", "test_loss", "client_acc_mean", "client_acc_min", "client_acc_max", "variance",
-        "bytes_sent", "train_s", "eval_s", "round_s"}
+KEYS = {
+    "round",
+    "test_acc",
+    "test_loss",
+    "client_acc_mean",
+    "client_acc_min",
+    "client_acc_max",
+    "variance",
+    "bytes_sent",
+    "train_s",
+    "eval_s",
+    "round_s",
+}
 
 
 def test_full_graph_uniform_average_is_the_global_mean():
@@ -42,8 +53,24 @@ def test_dfedavg_trains_then_averages():
 
 def test_run_folder_contents(tmp_path):
     out = tmp_path / "run"
-    assert main(["--dataset", "synthetic", "--peers", "10", "--rounds", "3", "--out", str(out), "--no-progress",
-                 "--local-epochs", "2"]) == 0
+    assert (
+        main(
+            [
+                "--dataset",
+                "synthetic",
+                "--peers",
+                "10",
+                "--rounds",
+                "3",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--local-epochs",
+                "2",
+            ]
+        )
+        == 0
+    )
     rows = [r for r in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3
     import json
@@ -68,8 +95,19 @@ def test_config_file_and_flag_override(tmp_path):
 
 
 def test_same_seed_same_metrics(tmp_path):
-    args = ["--dataset", "synthetic", "--peers", "8", "--kappa", "3", "--rounds", "2", "--local-epochs", "1",
-            "--no-progress"]
+    args = [
+        "--dataset",
+        "synthetic",
+        "--peers",
+        "8",
+        "--kappa",
+        "3",
+        "--rounds",
+        "2",
+        "--local-epochs",
+        "1",
+        "--no-progress",
+    ]
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
     assert main([*args, "--out", str(tmp_path / "b")]) == 0
     assert main([*args, "--out", str(tmp_path / "c"), "--seed", "1"]) == 0
@@ -78,8 +116,25 @@ def test_same_seed_same_metrics(tmp_path):
 
 
 def test_divergence_stops_with_round_and_peers(tmp_path, capsys):
-    code = main(["--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--rounds", "3", "--lr", "1e30",
-                 "--local-epochs", "1", "--out", str(tmp_path / "r"), "--no-progress"])
+    code = main(
+        [
+            "--dataset",
+            "synthetic",
+            "--peers",
+            "6",
+            "--kappa",
+            "2",
+            "--rounds",
+            "3",
+            "--lr",
+            "1e30",
+            "--local-epochs",
+            "1",
+            "--out",
+            str(tmp_path / "r"),
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 3 and "round 1:" in err and "NaN/inf" in err  # rounds count from 1, as in metrics.jsonl
 
@@ -125,8 +180,28 @@ def test_ntk_dfl_run_folder_and_phases(tmp_path):
     import json
 
     out = tmp_path / "ntk"
-    assert main(["--algo", "ntk-dfl", "--dataset", "synthetic", "--peers", "8", "--kappa", "3", "--rounds", "2",
-                 "--ntk-taus", "20,50", "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--algo",
+                "ntk-dfl",
+                "--dataset",
+                "synthetic",
+                "--peers",
+                "8",
+                "--kappa",
+                "3",
+                "--rounds",
+                "2",
+                "--ntk-taus",
+                "20,50",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     rows = metric_lines(out)
     assert set(rows[0]["bytes_by_phase"]) == {"average", "weights", "jacobians"}
     assert rows[0]["bytes_dense"] > 20 * rows[0]["bytes_sent"]  # factors are far smaller than dense Jacobians
@@ -141,11 +216,30 @@ def test_ntk_dfl_run_folder_and_phases(tmp_path):
 @pytest.mark.slow  # long by design (every NTK-DFL option, a run each)
 def test_ntk_dfl_options_run(tmp_path):
     """Ablation and communication options: no averaging, batching m1, subsampling m2, compression."""
-    base = ["--algo", "ntk-dfl", "--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--rounds", "1",
-            "--ntk-taus", "10", "--no-progress"]
-    variants = {"noavg": ["--ntk-no-avg"], "m1": ["--ntk-batches", "2"], "m2": ["--ntk-subsample", "4"],
-                "compress": ["--ntk-topk", "0.5", "--ntk-quant-bits", "6"], "proj": ["--ntk-projection", "16"],
-                "mse": ["--ntk-loss", "mse", "--ntk-selection", "linearized"], "own": ["--ntk-selection", "own"]}
+    base = [
+        "--algo",
+        "ntk-dfl",
+        "--dataset",
+        "synthetic",
+        "--peers",
+        "6",
+        "--kappa",
+        "2",
+        "--rounds",
+        "1",
+        "--ntk-taus",
+        "10",
+        "--no-progress",
+    ]
+    variants = {
+        "noavg": ["--ntk-no-avg"],
+        "m1": ["--ntk-batches", "2"],
+        "m2": ["--ntk-subsample", "4"],
+        "compress": ["--ntk-topk", "0.5", "--ntk-quant-bits", "6"],
+        "proj": ["--ntk-projection", "16"],
+        "mse": ["--ntk-loss", "mse", "--ntk-selection", "linearized"],
+        "own": ["--ntk-selection", "own"],
+    }
     sent = {}
     for name, extra in variants.items():
         assert main([*base, *extra, "--out", str(tmp_path / name)]) == 0, name
@@ -185,8 +279,30 @@ def test_final_averaging_evaluates_on_the_test_samples_asked_for(tmp_path):
     import json
 
     out = tmp_path / "few"
-    assert main(["--algo", "ntk-dfl", "--dataset", "synthetic", "--peers", "8", "--kappa", "3", "--rounds", "1",
-                 "--ntk-taus", "20", "--test-samples", "101", "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--algo",
+                "ntk-dfl",
+                "--dataset",
+                "synthetic",
+                "--peers",
+                "8",
+                "--kappa",
+                "3",
+                "--rounds",
+                "1",
+                "--ntk-taus",
+                "20",
+                "--test-samples",
+                "101",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     final = json.loads((out / "final.json").read_text())
     assert (final["val_samples"], final["test_samples"]) == (50, 51)
     assert all(abs(a * 50 - round(a * 50)) < 1e-4 for a in final["client_val_acc"])  # counts out of 50

@@ -1,4 +1,5 @@
 """Comparing runs, sweeps, the NTK-DFL figures, topology views and the privacy study."""
+
 import csv
 import json
 import subprocess
@@ -15,17 +16,22 @@ from tests.conftest import ROOT
 def fake_run(folder, algo, seed, accs, bytes_per_round=100, wall=1.0, lr=0.1):
     """A run folder as p2pfl writes one: config.toml and metrics.jsonl."""
     folder.mkdir(parents=True)
-    (folder / "config.toml").write_text(f'# model mlp\nalgo = "{algo}"\npeers = 4\nrounds = {len(accs)}\n'
-                                        f'seed = {seed}\nlr = {lr}\nprogress = false\n')
-    rows = [{"round": k + 1, "test_acc": a, "client_acc_mean": a - 0.1, "bytes_sent": bytes_per_round,
-             "wall_s": wall} for k, a in enumerate(accs)]
+    (folder / "config.toml").write_text(
+        f'# model mlp\nalgo = "{algo}"\npeers = 4\nrounds = {len(accs)}\nseed = {seed}\nlr = {lr}\nprogress = false\n'
+    )
+    rows = [
+        {"round": k + 1, "test_acc": a, "client_acc_mean": a - 0.1, "bytes_sent": bytes_per_round, "wall_s": wall}
+        for k, a in enumerate(accs)
+    ]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
 
 
 def test_compare_groups_seeds_and_tabulates_targets(tmp_path):
-    runs = [fake_run(tmp_path / f"a{s}", "ntk-dfl", s, acc, bytes_per_round=2 ** 20)
-            for s, acc in enumerate([[0.5, 0.7, 0.9], [0.6, 0.8, 0.85], [0.4, 0.6, 0.7]])]
+    runs = [
+        fake_run(tmp_path / f"a{s}", "ntk-dfl", s, acc, bytes_per_round=2**20)
+        for s, acc in enumerate([[0.5, 0.7, 0.9], [0.6, 0.8, 0.85], [0.4, 0.6, 0.7]])
+    ]
     runs += [fake_run(tmp_path / f"b{s}", "dfedavg", s, [0.3, 0.5, 0.6 + 0.01 * s]) for s in range(3)]
     rows = compare(runs, targets=[0.8], out=tmp_path / "out" / "cmp.png")
     a, b = rows
@@ -63,8 +69,20 @@ def test_compare_cli_by_setting_and_bad_input(tmp_path):
 def test_sweep_runs_a_grid_over_seeds_then_skips_what_is_done(tmp_path):
     preset = tmp_path / "tiny.toml"
     preset.write_text('dataset = "synthetic"\npeers = 6\nkappa = 2\nrounds = 2\nlocal-epochs = 1\n')
-    cmd = [sys.executable, "-m", "launch.sweep", str(preset), "--seeds", "0,1,2", "--set", "algo=dfedavg,dpsgd",
-           "--out", str(tmp_path / "sweep"), "--target", "0.2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "launch.sweep",
+        str(preset),
+        "--seeds",
+        "0,1,2",
+        "--set",
+        "algo=dfedavg,dpsgd",
+        "--out",
+        str(tmp_path / "sweep"),
+        "--target",
+        "0.2",
+    ]
     first = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert first.returncode == 0, first.stdout + first.stderr
     assert first.stdout.count("done:") == 6
@@ -76,8 +94,9 @@ def test_sweep_runs_a_grid_over_seeds_then_skips_what_is_done(tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert again.returncode == 0 and "done:" not in again.stdout  # nothing run twice
     assert not list((tmp_path / "sweep").rglob("_check_"))
-    typo = subprocess.run([*cmd[:4], "--set", "kapa=3", "--out", str(tmp_path / "typo")], capture_output=True,
-                          text=True, cwd=ROOT)
+    typo = subprocess.run(
+        [*cmd[:4], "--set", "kapa=3", "--out", str(tmp_path / "typo")], capture_output=True, text=True, cwd=ROOT
+    )
     assert typo.returncode == 2 and "--kapa" in typo.stderr and not (tmp_path / "typo").exists()
 
 
@@ -89,20 +108,31 @@ def test_figures_pipeline_draws_every_figure(tmp_path, monkeypatch, capsys):
     import launch.figures
 
     def in_process(runs, jobs):
-        return [testing.run_in_process([*r["argv"][r["argv"].index("p2pfl.run") + 1:], "--overwrite"]).returncode
-                for r in runs]
+        return [
+            testing.run_in_process([*r["argv"][r["argv"].index("p2pfl.run") + 1 :], "--overwrite"]).returncode
+            for r in runs
+        ]
 
     monkeypatch.setattr(launch.figures, "run_all", in_process)
     experiment = tmp_path / "toy.toml"
-    experiment.write_text('[common]\ndataset = "fashion-mnist"\npeers = 10\nsamples-per-peer = 20\nrounds = 2\n'
-                          'kappa = 4\nalpha = 0.1\ntest-samples = 300\nlocal-epochs = 1\n'
-                          '[compression]\npeers = 4\nsamples-per-peer = 8\nkappa = 2\n')
+    experiment.write_text(
+        '[common]\ndataset = "fashion-mnist"\npeers = 10\nsamples-per-peer = 20\nrounds = 2\n'
+        "kappa = 4\nalpha = 0.1\ntest-samples = 300\nlocal-epochs = 1\n"
+        "[compression]\npeers = 4\nsamples-per-peer = 8\nkappa = 2\n"
+    )
     out = tmp_path / "figs"
     code = launch.figures.main([str(experiment), "--jobs", "2", "--out", str(out)])
     assert code == 0, capsys.readouterr().out[-3000:]
-    expected = {"fig2_convergence": 3, "fig3_aggregated_vs_clients": 3, "fig4_topology_sparsity": 3,
-                "fig5_final_averaging": 1, "fig6_per_round_averaging": 1, "fig7_variance": 1,
-                "fig13_batching_subsampling": 1, "fig15_compression_bytes": 2}
+    expected = {
+        "fig2_convergence": 3,
+        "fig3_aggregated_vs_clients": 3,
+        "fig4_topology_sparsity": 3,
+        "fig5_final_averaging": 1,
+        "fig6_per_round_averaging": 1,
+        "fig7_variance": 1,
+        "fig13_batching_subsampling": 1,
+        "fig15_compression_bytes": 2,
+    }
     least_aspect = {1: 1.2, 2: 2.0, 3: 2.5}  # width / height of one, two and three panels side by side
     # (fig13 is two by two)
     for name, panels in expected.items():
@@ -115,14 +145,33 @@ def test_figures_pipeline_draws_every_figure(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.subprocess
 def test_topology_views_from_a_preset(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "analysis", "topology", "launch/presets/ntk-dfl-fmnist300.toml",
-                             "--rounds", "8", "--peer", "3", "--out", str(tmp_path)], capture_output=True, text=True,
-                            cwd=ROOT)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "analysis",
+            "topology",
+            "launch/presets/ntk-dfl-fmnist300.toml",
+            "--rounds",
+            "8",
+            "--peer",
+            "3",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr
     for name in ("adjacency", "rounds", "statistics", "neighbourhood"):
         assert mpimg.imread(tmp_path / f"{name}.png").shape[0] > 200
-    bad = subprocess.run([sys.executable, "-m", "analysis", "topology", "launch/presets/ntk-dfl-fmnist300.toml",
-                          "--peer", "300"], capture_output=True, text=True, cwd=ROOT)
+    bad = subprocess.run(
+        [sys.executable, "-m", "analysis", "topology", "launch/presets/ntk-dfl-fmnist300.toml", "--peer", "300"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert bad.returncode == 2 and "--peer" in bad.stderr
 
 

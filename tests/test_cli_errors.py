@@ -1,4 +1,5 @@
 """Bad input: one clear line on stderr, exit status 2, no traceback."""
+
 import gzip
 
 import pytest
@@ -26,8 +27,10 @@ BAD = [
     (["--rounds", "many"], "--rounds takes an integer, not 'many'"),
     (["--frobnicate"], "unrecognized arguments"),
     (["--ntk-taus", "100"], "does not apply to --algo dfedavg"),
-    (["--dataset", "synthetic", "--partition", "iid", "--peers", "10", "--samples-per-peer", "1000"],
-     "beyond the dataset"),
+    (
+        ["--dataset", "synthetic", "--partition", "iid", "--peers", "10", "--samples-per-peer", "1000"],
+        "beyond the dataset",
+    ),
     (["--dataset", "synthetic", "--samples-per-peer", "100000"], "beyond the dataset"),
     (["--dataset", "synthetic", "--partition", "classes", "--classes-per-peer", "11"], "exceeds the dataset's 10"),
     (["--config", "/nonexistent/run.toml"], "does not exist"),
@@ -234,8 +237,21 @@ def test_an_existing_run_folder_is_never_clobbered(tmp_path, capsys):
     """A second run into a finished run's folder is refused before any work; --overwrite replaces it;
     config.toml carries neither out nor overwrite, so --config on it starts a new folder."""
     run = tmp_path / "run"
-    args = ["--dataset", "synthetic", "--peers", "4", "--kappa", "2", "--rounds", "1", "--local-epochs", "1",
-            "--no-progress", "--out", str(run)]
+    args = [
+        "--dataset",
+        "synthetic",
+        "--peers",
+        "4",
+        "--kappa",
+        "2",
+        "--rounds",
+        "1",
+        "--local-epochs",
+        "1",
+        "--no-progress",
+        "--out",
+        str(run),
+    ]
     assert main(args) == 0
     before = (run / "metrics.jsonl").read_text()
     assert main([*args, "--seed", "3"]) == 2
@@ -262,8 +278,11 @@ def test_help_names_what_a_value_looks_like_and_the_command_as_typed(monkeypatch
 
 
 def test_a_quoted_number_in_toml_is_named_as_a_string(tmp_path, capsys):
-    for text, said in (('lr = "0.1"', "not the string '0.1': in a TOML file write it without quotes"),
-                       ('static = "true"', "not the string 'true'"), ('lr = "abc"', "--lr takes a finite number, not 'abc'")):
+    for text, said in (
+        ('lr = "0.1"', "not the string '0.1': in a TOML file write it without quotes"),
+        ('static = "true"', "not the string 'true'"),
+        ('lr = "abc"', "--lr takes a finite number, not 'abc'"),
+    ):
         (tmp_path / "c.toml").write_text(text + "\n")
         assert main(["--config", str(tmp_path / "c.toml")]) == 2
         assert said in capsys.readouterr().err

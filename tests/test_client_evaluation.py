@@ -1,5 +1,6 @@
 """Client models are scored on a fixed, seeded, class-stratified subset of the test set; the aggregated
 model on all of it; each row says how far the subset's client mean may be from the whole set's."""
+
 import numpy as np
 import pytest
 import torch
@@ -38,7 +39,9 @@ def test_the_stated_error_is_the_spread_of_subset_means_over_draws():
         stated.append(subset_mean_error(values[pick], labels[pick], population))
     spread = np.std(np.array(means) - values.mean())
     assert abs(np.mean(stated) / spread - 1) < 0.12
-    plain = np.std([values[np.random.default_rng(s).choice(len(values), size, replace=False)].mean() for s in range(400)])
+    plain = np.std(
+        [values[np.random.default_rng(s).choice(len(values), size, replace=False)].mean() for s in range(400)]
+    )
     assert spread < plain / 2  # stratifying removes the classes' differences from the error
 
 
@@ -71,7 +74,9 @@ def test_every_row_carries_its_training_evaluation_and_total_time():
     assert "test_acc" not in rows[0] and "test_acc" in rows[1]  # a row that does not evaluate has the times too
     for row in rows:
         assert {"train_s", "eval_s", "round_s"} <= set(MACHINE_FACTS) & set(row)
-        assert 0 < row["train_s"] and 0 < row["eval_s"] and row["train_s"] + row["eval_s"] <= row["round_s"] + 2e-4  # each rounded to 0.1 ms
+        assert (
+            0 < row["train_s"] and 0 < row["eval_s"] and row["train_s"] + row["eval_s"] <= row["round_s"] + 2e-4
+        )  # each rounded to 0.1 ms
 
 
 def test_only_peers_whose_weights_changed_are_scored_again_and_the_scores_equal_a_fresh_evaluation(monkeypatch):
@@ -79,12 +84,21 @@ def test_only_peers_whose_weights_changed_are_scored_again_and_the_scores_equal_
     from p2pfl.loop import reported_model
     from p2pfl.metrics import MetricsLog
 
-    ctx, algorithm = make_context(algo="fedavg", dataset="synthetic", peers=8, topology="star", clients_per_round=2, local_epochs=1,
-                                  client_test_samples=150)
+    ctx, algorithm = make_context(
+        algo="fedavg",
+        dataset="synthetic",
+        peers=8,
+        topology="star",
+        clients_per_round=2,
+        local_epochs=1,
+        client_test_samples=150,
+    )
     log = MetricsLog(ctx, None, True, lambda weights: reported_model(ctx, weights, algorithm))
     evaluated = []
     real = evaluation.evaluate
-    monkeypatch.setattr(evaluation, "evaluate", lambda stack, flat, *a, **k: evaluated.append(len(flat)) or real(stack, flat, *a, **k))
+    monkeypatch.setattr(
+        evaluation, "evaluate", lambda stack, flat, *a, **k: evaluated.append(len(flat)) or real(stack, flat, *a, **k)
+    )
     for k in range(3):
         log.record(k, algorithm.round(k), 0.0, 0.0, True)
     client_rows = [n for n in evaluated if n > 1]  # personal test sets are scored a peer at a time

@@ -2,6 +2,7 @@
 and learns in 2 rounds, one process equals 3 MPI ranks (links dropping), a run stopped after round 1 and resumed equals
 the uninterrupted run, and it finishes with dropped links. With CUDA present, `pytest -m cuda` also
 compares each algorithm's run on the GPU with its run on the CPU."""
+
 import pytest
 import torch
 
@@ -9,16 +10,28 @@ from p2pfl import testing
 from p2pfl.algorithms import REGISTRY
 from tests.conftest import ranked_cases
 
-TINY = ["--dataset", "synthetic", "--peers", "9", "--kappa", "2", "--local-epochs", "1",
-        "--samples-per-peer", "60", "--seed", "3", "--no-progress"]
+TINY = [
+    "--dataset",
+    "synthetic",
+    "--peers",
+    "9",
+    "--kappa",
+    "2",
+    "--local-epochs",
+    "1",
+    "--samples-per-peer",
+    "60",
+    "--seed",
+    "3",
+    "--no-progress",
+]
 # What an algorithm needs on top of TINY to be tiny too (short NTK evolutions, stage and phase lengths that
 # fit 2 rounds). An algorithm not named here runs on TINY alone.
 FITS = {
     "ntk-dfl": ["--ntk-taus", "50,100", "--lr", "0.1"],
     "ntk-fl": ["--ntk-taus", "50,100", "--lr", "0.1"],
     "cp-ntk-fl": ["--ntk-taus", "50,100", "--lr", "0.1", "--ntk-projection", "32"],
-    "tct": ["--tct-stage1-rounds", "1", "--tct-stage2-rounds", "1", "--tct-features", "500",
-            "--tct-local-steps", "20"],
+    "tct": ["--tct-stage1-rounds", "1", "--tct-stage2-rounds", "1", "--tct-features", "500", "--tct-local-steps", "20"],
     "cyclic": ["--cyclic-rounds", "1", "--then", "scaffold"],
     "fedavg-ft": ["--ft-trials", "1"],
 }

@@ -5,6 +5,7 @@ minibatches and dropout masks (keyed hashes in integer arithmetic), so they diff
 after every round the weights within WEIGHT_TOLERANCE (relative 2-norm), the test accuracy within
 ACCURACY_POINTS points and the loss within LOSS_TOLERANCE (relative). Marked cuda: `pytest -m cuda`
 on a GPU machine (bash bench/gpu_check.sh runs them); skipped elsewhere."""
+
 from __future__ import annotations
 
 import math
@@ -44,7 +45,11 @@ def rounds_on(device: str, values: dict, rounds: int):
         algorithm.round(k)
         model = ctx.global_weights if ctx.global_weights is not None else ctx.flat.mean(0)
         scores = evaluate(ctx.stack, torch.stack([ctx.flat[0], model]), x, y)
-        yield ctx.flat.cpu().clone(), {m: v.cpu() for m, v in scores.items()}, list(getattr(algorithm, "round_taus", []))
+        yield (
+            ctx.flat.cpu().clone(),
+            {m: v.cpu() for m, v in scores.items()},
+            list(getattr(algorithm, "round_taus", [])),
+        )
 
 
 def assert_gpu_follows_cpu(values: dict, rounds: int) -> None:
@@ -60,27 +65,64 @@ def assert_gpu_follows_cpu(values: dict, rounds: int) -> None:
 
 
 def test_a_dropout_conv_net_on_the_gpu_follows_the_cpu(data):
-    assert_gpu_follows_cpu({**data, "algo": "dfedavg", "model": "cnn-fmnist", "peers": 6, "kappa": 2,
-                            "samples_per_peer": 100, "local_epochs": 1, "lr": 0.01}, rounds=3)
+    assert_gpu_follows_cpu(
+        {
+            **data,
+            "algo": "dfedavg",
+            "model": "cnn-fmnist",
+            "peers": 6,
+            "kappa": 2,
+            "samples_per_peer": 100,
+            "local_epochs": 1,
+            "lr": 0.01,
+        },
+        rounds=3,
+    )
 
 
 def test_a_batch_norm_net_on_unequal_shards_on_the_gpu_follows_the_cpu(data):
-    assert_gpu_follows_cpu({**data, "algo": "dfedavg", "model": "resnet8", "peers": 6, "kappa": 2,
-                            "samples_per_peer": 60, "alpha": 0.1, "local_epochs": 1, "lr": 0.01}, rounds=2)
+    assert_gpu_follows_cpu(
+        {
+            **data,
+            "algo": "dfedavg",
+            "model": "resnet8",
+            "peers": 6,
+            "kappa": 2,
+            "samples_per_peer": 60,
+            "alpha": 0.1,
+            "local_epochs": 1,
+            "lr": 0.01,
+        },
+        rounds=2,
+    )
 
 
 def test_fedprox_with_idle_clients_on_the_gpu_follows_the_cpu(data):
-    assert_gpu_follows_cpu({**data, "algo": "fedprox", "model": "simple-cnn", "peers": 8, "samples_per_peer": 80,
-                            "alpha": 0.1, "local_epochs": 2, "lr": 0.01}, rounds=2)
+    assert_gpu_follows_cpu(
+        {
+            **data,
+            "algo": "fedprox",
+            "model": "simple-cnn",
+            "peers": 8,
+            "samples_per_peer": 80,
+            "alpha": 0.1,
+            "local_epochs": 2,
+            "lr": 0.01,
+        },
+        rounds=2,
+    )
 
 
 def test_dfedavgm_mlp_with_momentum_on_the_gpu_follows_the_cpu(data):
-    assert_gpu_follows_cpu({**data, "algo": "dfedavgm", "peers": 30, "kappa": 3, "samples_per_peer": 150,
-                            "alpha": 0.1, "local_epochs": 3}, rounds=3)
+    assert_gpu_follows_cpu(
+        {**data, "algo": "dfedavgm", "peers": 30, "kappa": 3, "samples_per_peer": 150, "alpha": 0.1, "local_epochs": 3},
+        rounds=3,
+    )
 
 
 def test_ntk_dfl_batched_evolution_at_a_full_neighbourhood_follows_the_cpu_loop(data):
     """12 peers of 200 samples on a 5-regular graph: neighbourhoods of 1,200 samples, as at paper scale;
     the GPU evolves them as one batch, the CPU one by one in the compiled loop."""
-    assert_gpu_follows_cpu({**data, "algo": "ntk-dfl", "peers": 12, "kappa": 5, "samples_per_peer": 200,
-                            "alpha": 0.1}, rounds=2)
+    assert_gpu_follows_cpu(
+        {**data, "algo": "ntk-dfl", "peers": 12, "kappa": 5, "samples_per_peer": 200, "alpha": 0.1}, rounds=2
+    )

@@ -1,5 +1,6 @@
 """MOON (the contrastive term, mu = 0 is FedAvg) and CyclicFL (phase 1 is a sequential relay, phase 2
 the chosen algorithm from its model), in-process, from the CLI, and under mpirun -n 3."""
+
 import json
 import math
 
@@ -37,9 +38,31 @@ def test_contrastive_loss_is_log2_when_the_anchors_agree_and_ranks_the_features(
 
 
 def moon_fedavg_args(data_dir, model):
-    return ["--peers", "6", "--clients-per-round", "3", "--rounds", "2", "--local-epochs", "1", "--lr", "0.05",
-            "--batch-size", "32", "--momentum", "0", "--dataset", "mnist", "--data-dir", str(data_dir),
-            "--model", model, "--test-samples", "100", "--no-progress"]
+    return [
+        "--peers",
+        "6",
+        "--clients-per-round",
+        "3",
+        "--rounds",
+        "2",
+        "--local-epochs",
+        "1",
+        "--lr",
+        "0.05",
+        "--batch-size",
+        "32",
+        "--momentum",
+        "0",
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        str(data_dir),
+        "--model",
+        model,
+        "--test-samples",
+        "100",
+        "--no-progress",
+    ]
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn-fmnist"])
@@ -69,8 +92,18 @@ def test_cyclic_phase_one_is_a_sequential_relay_without_averaging():
     opt = ctx.sgd()
     opt.steps = 4
     for client in order.tolist():
-        train_epochs(ctx.stack, expected, [ctx.shards[client]], [client], ctx.data.train_x, ctx.data.train_y, opt,
-                     ctx.cfg.lr, ctx.cfg.seed, 0)
+        train_epochs(
+            ctx.stack,
+            expected,
+            [ctx.shards[client]],
+            [client],
+            ctx.data.train_x,
+            ctx.data.train_y,
+            opt,
+            ctx.cfg.lr,
+            ctx.cfg.seed,
+            0,
+        )
     assert torch.equal(ctx.global_weights, expected[0])
     assert torch.equal(ctx.flat[order[-1]], expected[0])
 
@@ -92,9 +125,33 @@ def test_cyclic_rounds_count_towards_the_total_and_default_to_the_papers():
 @pytest.mark.parametrize("then", ["fedavg", "moon", "scaffold", "fedprox"])
 def test_cyclic_then_runs_from_the_cli(stripes, tmp_path, then):
     out = tmp_path / then
-    result = run_here("--algo", "cyclic", "--then", then, "--peers", "8", "--clients-per-round", "2", "--rounds", "3",
-                     "--cyclic-rounds", "2", "--cyclic-steps", "3", "--local-epochs", "1", "--dataset", "mnist",
-                     "--data-dir", str(stripes), "--test-samples", "100", "--out", str(out), "--no-progress")
+    result = run_here(
+        "--algo",
+        "cyclic",
+        "--then",
+        then,
+        "--peers",
+        "8",
+        "--clients-per-round",
+        "2",
+        "--rounds",
+        "3",
+        "--cyclic-rounds",
+        "2",
+        "--cyclic-steps",
+        "3",
+        "--local-epochs",
+        "1",
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        str(stripes),
+        "--test-samples",
+        "100",
+        "--out",
+        str(out),
+        "--no-progress",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["phase"] for r in rows] == ["cyclic", "cyclic", then]
@@ -106,15 +163,38 @@ def test_cyclic_then_runs_from_the_cli(stripes, tmp_path, then):
     assert (out / "accuracy.png").exists()
 
 
-UNDER_MPI = {"cyclic": ["--algo", "cyclic", "--then", "moon", "--rounds", "4", "--cyclic-rounds", "2",
-                        "--cyclic-steps", "3"],
-             "moon": ["--algo", "moon", "--rounds", "2"]}
+UNDER_MPI = {
+    "cyclic": ["--algo", "cyclic", "--then", "moon", "--rounds", "4", "--cyclic-rounds", "2", "--cyclic-steps", "3"],
+    "moon": ["--algo", "moon", "--rounds", "2"],
+}
 
 
-@ranked_cases({name: (3, lambda data, args=args: [
-    *args, "--peers", "7", "--clients-per-round", "3", "--local-epochs", "1", "--dataset", "mnist",
-    "--data-dir", write_stripes(data, 10, 600, 200), "--model", "cnn-fmnist", "--test-samples", "100",
-    "--no-progress"]) for name, args in UNDER_MPI.items()})
+@ranked_cases(
+    {
+        name: (
+            3,
+            lambda data, args=args: [
+                *args,
+                "--peers",
+                "7",
+                "--clients-per-round",
+                "3",
+                "--local-epochs",
+                "1",
+                "--dataset",
+                "mnist",
+                "--data-dir",
+                write_stripes(data, 10, 600, 200),
+                "--model",
+                "cnn-fmnist",
+                "--test-samples",
+                "100",
+                "--no-progress",
+            ],
+        )
+        for name, args in UNDER_MPI.items()
+    }
+)
 @pytest.mark.parametrize("name", sorted(UNDER_MPI))
 def test_cyclic_moon_and_moon_under_mpi_equal_one_process(tmp_path, name, ranked_run):
     ranked_run.same_as_one_process(tmp_path)

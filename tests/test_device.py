@@ -1,5 +1,6 @@
 """The device is the run's: what a CPU can check of it (the GPU side: tests/test_conformance.py -m cuda and
 bench/gpu_smoke.py)."""
+
 import numpy as np
 import pytest
 import torch
@@ -27,8 +28,16 @@ def test_device_note_names_each_ranks_device():
 
 def test_the_context_holds_every_tensor_on_the_runs_device():
     ctx, algo = make_context(algo="dpsgd", model="mlp")
-    tensors = [ctx.flat, ctx.data.train_x, ctx.data.train_y, ctx.data.test_x, ctx.data.test_y, ctx.indices(0),
-               *ctx.samples(1), *ctx.rows(torch.tensor([0, 1]))]
+    tensors = [
+        ctx.flat,
+        ctx.data.train_x,
+        ctx.data.train_y,
+        ctx.data.test_x,
+        ctx.data.test_y,
+        ctx.indices(0),
+        *ctx.samples(1),
+        *ctx.rows(torch.tensor([0, 1])),
+    ]
     assert {t.device for t in tensors} == {ctx.device} and ctx.transport.device == ctx.device
     assert ctx.stack.device == ctx.device
     assert ctx.indices(0) is ctx.indices(0)  # moved once
@@ -77,12 +86,15 @@ def test_tests_see_no_gpu_unless_marked_cuda():
     assert pick_device("auto", 0) == torch.device("cpu")
 
 
-@pytest.mark.parametrize("choice,gpus,needle", [
-    ("cuda:7", 2, "this machine has 2 GPUs (cuda:0 to cuda:1)"),
-    ("cuda:1", 1, "this machine has 1 GPU (cuda:0)"),
-    ("cuda", 0, "no CUDA device is available here"),
-    ("cuda:0", 0, "no CUDA device is available here"),
-])
+@pytest.mark.parametrize(
+    "choice,gpus,needle",
+    [
+        ("cuda:7", 2, "this machine has 2 GPUs (cuda:0 to cuda:1)"),
+        ("cuda:1", 1, "this machine has 1 GPU (cuda:0)"),
+        ("cuda", 0, "no CUDA device is available here"),
+        ("cuda:0", 0, "no CUDA device is available here"),
+    ],
+)
 def test_a_gpu_that_is_not_there_is_one_line_naming_what_is(monkeypatch, choice, gpus, needle):
     from p2pfl.errors import UserError
     from p2pfl.assemble import pick_device

@@ -1,4 +1,5 @@
 """Per-round diagnostics: consensus distance, spectral gap, bytes per edge, NTK-DFL's chosen t."""
+
 import json
 import math
 
@@ -37,8 +38,11 @@ def test_mixing_matrix_rows_sum_to_one():
 
 def test_edge_bytes_counts_both_directions_and_silent_edges():
     graph = nx.path_graph(3)  # edges (0, 1), (1, 2)
-    assert edge_bytes(graph, {(0, 1): 30, (5, 6): 99}) == {"edge_bytes_min": 0, "edge_bytes_mean": 15.0,
-                                                           "edge_bytes_max": 30}
+    assert edge_bytes(graph, {(0, 1): 30, (5, 6): 99}) == {
+        "edge_bytes_min": 0,
+        "edge_bytes_mean": 15.0,
+        "edge_bytes_max": 30,
+    }
 
 
 DIAGNOSED = {
@@ -48,9 +52,34 @@ DIAGNOSED = {
 }
 
 
-@ranked_cases({algo: (3, ["--dataset", "synthetic", "--peers", "10", "--kappa", "3", "--rounds", "3", "--eval-every", "2",
-                          "--seed", "4", "--samples-per-peer", "40", "--algo", algo, "--no-progress", *extra])
-               for algo, extra in DIAGNOSED.items()})
+@ranked_cases(
+    {
+        algo: (
+            3,
+            [
+                "--dataset",
+                "synthetic",
+                "--peers",
+                "10",
+                "--kappa",
+                "3",
+                "--rounds",
+                "3",
+                "--eval-every",
+                "2",
+                "--seed",
+                "4",
+                "--samples-per-peer",
+                "40",
+                "--algo",
+                algo,
+                "--no-progress",
+                *extra,
+            ],
+        )
+        for algo, extra in DIAGNOSED.items()
+    }
+)
 @pytest.mark.parametrize("algo", sorted(DIAGNOSED))
 def test_diagnostics_in_every_row_and_the_same_on_any_layout(tmp_path, algo, ranked_run):
     """Every round carries the diagnostics (evaluated or not), and 1 process equals 3 ranks in them."""
@@ -68,8 +97,21 @@ def test_diagnostics_in_every_row_and_the_same_on_any_layout(tmp_path, algo, ran
 
 
 def test_centralized_runs_have_no_graph_diagnostics(tmp_path):
-    result = run_here("--dataset", "synthetic", "--peers", "6", "--rounds", "1", "--algo", "fedavg",
-                     "--local-epochs", "1", "--no-progress", "--out", str(tmp_path / "run"))
+    result = run_here(
+        "--dataset",
+        "synthetic",
+        "--peers",
+        "6",
+        "--rounds",
+        "1",
+        "--algo",
+        "fedavg",
+        "--local-epochs",
+        "1",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "run"),
+    )
     assert result.returncode == 0, result.stderr
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert not any(key in row for key in DIAGNOSTICS)

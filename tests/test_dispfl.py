@@ -1,5 +1,6 @@
 """DisPFL: ERK densities, masks that keep their counts, the mask-wise neighbour average, sparse messages
 at about half of the dense bytes, the personalized test sets, and mpirun -n 3 against one process."""
+
 import json
 import math
 
@@ -44,7 +45,7 @@ def test_masks_keep_every_layers_count_and_weights_stay_on_them():
     for k in range(3):
         alg.round(k)
         for slot, n in zip(alg.slots, counts):
-            assert (alg.mask[:, slot.offset:slot.offset + slot.numel].sum(1) == n).all()
+            assert (alg.mask[:, slot.offset : slot.offset + slot.numel].sum(1) == n).all()
         outside = ctx.flat[:, : alg.width][~alg.trained_mask]
         assert (outside == 0).all()  # training never leaves the mask it trained with
     assert sum(counts) / alg.width == pytest.approx(0.5, abs=1e-3)
@@ -76,8 +77,27 @@ def test_personal_test_sets_follow_each_peers_label_mix():
 
 
 def test_dispfl_messages_weigh_about_half_of_dfedavgs(stripes, tmp_path):
-    common = ["--peers", "8", "--kappa", "3", "--rounds", "2", "--local-epochs", "1", "--dataset", "mnist",
-              "--data-dir", str(stripes), "--partition", "classes", "--samples-per-peer", "30", "--test-samples", "100", "--no-progress"]
+    common = [
+        "--peers",
+        "8",
+        "--kappa",
+        "3",
+        "--rounds",
+        "2",
+        "--local-epochs",
+        "1",
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        str(stripes),
+        "--partition",
+        "classes",
+        "--samples-per-peer",
+        "30",
+        "--test-samples",
+        "100",
+        "--no-progress",
+    ]
     rows = {}
     for algo in ("dispfl", "dfedavg"):
         result = run_here("--algo", algo, *common, "--out", str(tmp_path / algo))
@@ -89,10 +109,36 @@ def test_dispfl_messages_weigh_about_half_of_dfedavgs(stripes, tmp_path):
         assert "client_personal_acc_mean" in sparse and "client_personal_acc_mean" in dense
 
 
-@ranked_cases({"": (3, lambda data: [
-    "--algo", "dispfl", "--peers", "7", "--kappa", "2", "--rounds", "3", "--local-epochs", "1", "--dataset", "mnist",
-    "--data-dir", write_stripes(data, 10, 600, 200), "--partition", "classes", "--samples-per-peer", "30",
-    "--test-samples", "100", "--no-progress"])})
+@ranked_cases(
+    {
+        "": (
+            3,
+            lambda data: [
+                "--algo",
+                "dispfl",
+                "--peers",
+                "7",
+                "--kappa",
+                "2",
+                "--rounds",
+                "3",
+                "--local-epochs",
+                "1",
+                "--dataset",
+                "mnist",
+                "--data-dir",
+                write_stripes(data, 10, 600, 200),
+                "--partition",
+                "classes",
+                "--samples-per-peer",
+                "30",
+                "--test-samples",
+                "100",
+                "--no-progress",
+            ],
+        )
+    }
+)
 def test_dispfl_under_mpi_equals_one_process(tmp_path, ranked_run):
     """Its masks and personal models too: every metric, final.json and model.pt equal."""
     ranked_run.same_as_one_process(tmp_path)

@@ -1,5 +1,6 @@
 """The README and docs/ point at files that exist, and every registered algorithm has its paper in
 docs/references.md."""
+
 import re
 from pathlib import Path
 
@@ -11,8 +12,10 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 def anchors(page: Path) -> set[str]:
     """The anchors a Markdown page's headings get (lower case, punctuation dropped, spaces as hyphens)."""
-    return {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
-            for title in re.findall(r"^#+ (.+)$", page.read_text(), re.M)}
+    return {
+        re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+        for title in re.findall(r"^#+ (.+)$", page.read_text(), re.M)
+    }
 
 
 def test_every_relative_link_resolves():

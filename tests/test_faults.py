@@ -1,4 +1,5 @@
 """Simulated faults: offline peers, lost messages and stragglers, the same on any number of ranks."""
+
 import json
 
 import numpy as np
@@ -20,8 +21,15 @@ def rows_on_one_and_more_ranks(tmp_path, ranked_run):
 def test_fault_draws_have_their_rates_and_depend_only_on_their_keys():
     faults = Faults(seed=3, peers=50, drop_peers=0.2, drop_links=0.1, slow_peers=0.3, slow_factor=4, deadline=2)
     offline = np.mean([faults.offline(k, p) for k in range(100) for p in range(50)])
-    lost = np.mean([not faults.delivered(k, p, q, "x") for k in range(20) for p in range(50) for q in range(50)
-                    if not faults.offline(k, p) and not faults.offline(k, q)])
+    lost = np.mean(
+        [
+            not faults.delivered(k, p, q, "x")
+            for k in range(20)
+            for p in range(50)
+            for q in range(50)
+            if not faults.offline(k, p) and not faults.offline(k, q)
+        ]
+    )
     assert abs(offline - 0.2) < 0.02
     assert abs(lost - (1 - 0.9 * 0.7)) < 0.02  # lost, or late from a straggler (4 > deadline 2)
     again = Faults(seed=3, peers=50, drop_peers=0.2, drop_links=0.1, slow_peers=0.3)
@@ -44,8 +52,19 @@ def test_an_offline_peer_keeps_its_weights_and_the_others_average_what_arrived()
 
 def test_no_faults_changes_nothing(tmp_path):
     """--drop-peers 0 is the fault-free run, bit for bit (the transport sees no fault model)."""
-    args = ["--dataset", "synthetic", "--peers", "8", "--kappa", "3", "--rounds", "2", "--local-epochs", "1",
-            "--no-progress"]
+    args = [
+        "--dataset",
+        "synthetic",
+        "--peers",
+        "8",
+        "--kappa",
+        "3",
+        "--rounds",
+        "2",
+        "--local-epochs",
+        "1",
+        "--no-progress",
+    ]
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
     assert main([*args, "--drop-peers", "0", "--drop-links", "0", "--out", str(tmp_path / "b")]) == 0
     assert metric_lines(tmp_path / "a") == metric_lines(tmp_path / "b")
@@ -66,8 +85,26 @@ FAULTY = {
 
 
 def _faulty(algo: str) -> list[str]:
-    return ["--dataset", "synthetic", "--peers", "12", "--rounds", "5", "--local-epochs", "2", "--no-progress",
-            "--algo", algo, "--drop-peers", "0.2", "--drop-links", "0.1", "--seed", "4", *FAULTY[algo][1]]
+    return [
+        "--dataset",
+        "synthetic",
+        "--peers",
+        "12",
+        "--rounds",
+        "5",
+        "--local-epochs",
+        "2",
+        "--no-progress",
+        "--algo",
+        algo,
+        "--drop-peers",
+        "0.2",
+        "--drop-links",
+        "0.1",
+        "--seed",
+        "4",
+        *FAULTY[algo][1],
+    ]
 
 
 @ranked_cases({algo: (ranks, _faulty(algo)) for algo, (ranks, _) in FAULTY.items()})
@@ -83,19 +120,75 @@ def test_faulty_runs_learn_and_equal_across_rank_counts(tmp_path, algo, ranked_r
     assert "drop_peers = 0.2" in config and "drop_links = 0.1" in config
 
 
-@ranked_cases({"": (3, ["--algo", "fedavg-ft", "--dataset", "linear-rep", "--peers", "12", "--rounds", "60",
-                        "--ft-trials", "2", "--drop-peers", "0.2", "--drop-links", "0.1", "--no-progress"])})
+@ranked_cases(
+    {
+        "": (
+            3,
+            [
+                "--algo",
+                "fedavg-ft",
+                "--dataset",
+                "linear-rep",
+                "--peers",
+                "12",
+                "--rounds",
+                "60",
+                "--ft-trials",
+                "2",
+                "--drop-peers",
+                "0.2",
+                "--drop-links",
+                "0.1",
+                "--no-progress",
+            ],
+        )
+    }
+)
 def test_fedavg_ft_under_faults_learns_and_equals_across_rank_counts(tmp_path, ranked_run):
     rows = rows_on_one_and_more_ranks(tmp_path, ranked_run)
     assert rows[-1]["rep_dist"] < rows[0]["rep_dist"] and rows[-1]["test_loss"] < 0.95 * rows[0]["test_loss"]
 
 
 def _tct_on_stripes(data):
-    return ["--algo", "tct", "--dataset", "mnist", "--data-dir", write_stripes(data, 4, 120, 40), "--model",
-            "simple-cnn", "--peers", "4", "--partition", "classes", "--classes-style", "niid-bench",
-            "--classes-per-peer", "1", "--tct-stage1-rounds", "2", "--tct-stage2-rounds", "3", "--tct-features", "2000",
-            "--tct-local-steps", "20", "--tct-lr", "1e-5", "--local-epochs", "1", "--batch-size", "16", "--no-progress",
-            "--seed", "3", "--drop-peers", "0.1", "--drop-links", "0.2"]
+    return [
+        "--algo",
+        "tct",
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        write_stripes(data, 4, 120, 40),
+        "--model",
+        "simple-cnn",
+        "--peers",
+        "4",
+        "--partition",
+        "classes",
+        "--classes-style",
+        "niid-bench",
+        "--classes-per-peer",
+        "1",
+        "--tct-stage1-rounds",
+        "2",
+        "--tct-stage2-rounds",
+        "3",
+        "--tct-features",
+        "2000",
+        "--tct-local-steps",
+        "20",
+        "--tct-lr",
+        "1e-5",
+        "--local-epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--no-progress",
+        "--seed",
+        "3",
+        "--drop-peers",
+        "0.1",
+        "--drop-links",
+        "0.2",
+    ]
 
 
 @ranked_cases({"": (3, _tct_on_stripes)})
@@ -118,7 +211,8 @@ def test_resume_under_faults_equals_the_uninterrupted_run(tmp_path):
     """Faults are keyed by round, so a resumed faulty run draws the same ones."""
     from tests.test_resume import BASE, SLOW, _interrupt_and_resume
 
-    _interrupt_and_resume(tmp_path, [*BASE, *SLOW, "--algo", "dfedavg", "--kappa", "3", "--drop-peers", "0.2",
-                                     "--drop-links", "0.1"])
+    _interrupt_and_resume(
+        tmp_path, [*BASE, *SLOW, "--algo", "dfedavg", "--kappa", "3", "--drop-peers", "0.2", "--drop-links", "0.1"]
+    )
     rows = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert all("offline" in r for r in rows)

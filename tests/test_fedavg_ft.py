@@ -1,5 +1,6 @@
 """FedAvg with fine-tuning: the principal-angle distance, the simultaneous (B, w) steps, the linear and
 the network track from the CLI, and mpirun -n 3 against one process."""
+
 import json
 
 import numpy as np
@@ -35,9 +36,27 @@ def test_linear_steps_are_simultaneous_gradient_steps_on_b_and_w():
     assert torch.allclose(got_B[0], b, atol=1e-6) and torch.allclose(got_w[0], v, atol=1e-6)
 
 
-LINEAR = ["--algo", "fedavg-ft", "--dataset", "linear-rep", "--peers", "40", "--samples-per-peer", "50",
-          "--rounds", "1500", "--eval-every", "500", "--lr", "0.1", "--ft-trials", "3",
-          "--ft-new-samples", "10,50", "--no-progress"]
+LINEAR = [
+    "--algo",
+    "fedavg-ft",
+    "--dataset",
+    "linear-rep",
+    "--peers",
+    "40",
+    "--samples-per-peer",
+    "50",
+    "--rounds",
+    "1500",
+    "--eval-every",
+    "500",
+    "--lr",
+    "0.1",
+    "--ft-trials",
+    "3",
+    "--ft-new-samples",
+    "10,50",
+    "--no-progress",
+]
 
 
 @pytest.mark.slow  # long by design (1,500 rounds a track)
@@ -58,9 +77,34 @@ def test_linear_track_fedavg_learns_the_representation_and_d_gd_does_not(tmp_pat
         assert finals[2]["fine_tuning"][n]["mean"] < finals[1]["fine_tuning"][n]["mean"]
 
 
-@ranked_cases({"": (3, ["--algo", "fedavg-ft", "--dataset", "linear-rep", "--peers", "6", "--samples-per-peer", "30",
-                        "--rounds", "20", "--eval-every", "5", "--ft-gradients", "samples", "--ft-trials", "2",
-                        "--ft-new-samples", "10", "--no-progress"])})
+@ranked_cases(
+    {
+        "": (
+            3,
+            [
+                "--algo",
+                "fedavg-ft",
+                "--dataset",
+                "linear-rep",
+                "--peers",
+                "6",
+                "--samples-per-peer",
+                "30",
+                "--rounds",
+                "20",
+                "--eval-every",
+                "5",
+                "--ft-gradients",
+                "samples",
+                "--ft-trials",
+                "2",
+                "--ft-new-samples",
+                "10",
+                "--no-progress",
+            ],
+        )
+    }
+)
 def test_linear_track_under_mpi_equals_one_process(tmp_path, ranked_run):
     one = ranked_run.same_as_one_process(tmp_path)
     assert (one / "final.json").read_text() == (ranked_run.out / "final.json").read_text()
@@ -73,11 +117,39 @@ def stripes(tmp_path_factory):
 
 def test_network_track_fine_tunes_new_clients_on_held_out_classes(stripes, tmp_path):
     out = tmp_path / "nn"
-    result = run_here("--algo", "fedavg-ft", "--dataset", "mnist", "--data-dir", str(stripes), "--peers", "4",
-                     "--partition", "iid", "--samples-per-peer", "30", "--rounds", "2", "--local-steps", "5",
-                     "--batch-size", "10", "--ft-held-out-classes", "7", "--ft-new-samples", "4,8",
-                     "--ft-trials", "2", "--ft-new-clients", "2", "--ft-epochs", "2", "--no-progress",
-                     "--out", str(out))
+    result = run_here(
+        "--algo",
+        "fedavg-ft",
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        str(stripes),
+        "--peers",
+        "4",
+        "--partition",
+        "iid",
+        "--samples-per-peer",
+        "30",
+        "--rounds",
+        "2",
+        "--local-steps",
+        "5",
+        "--batch-size",
+        "10",
+        "--ft-held-out-classes",
+        "7",
+        "--ft-new-samples",
+        "4,8",
+        "--ft-trials",
+        "2",
+        "--ft-new-clients",
+        "2",
+        "--ft-epochs",
+        "2",
+        "--no-progress",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     partition = json.loads((out / "partition.json").read_text())
     assert all(sum(p["classes"][3:]) == 0 for p in partition)  # classes 3.. never reach training
@@ -91,16 +163,49 @@ def test_network_track_fine_tunes_new_clients_on_held_out_classes(stripes, tmp_p
 
 
 def test_held_out_classes_must_leave_training_classes(stripes, tmp_path):
-    result = run_here("--algo", "fedavg-ft", "--dataset", "mnist", "--data-dir", str(stripes), "--peers", "4",
-                     "--ft-held-out-classes", "10", "--out", str(tmp_path / "x"), "--no-progress")
+    result = run_here(
+        "--algo",
+        "fedavg-ft",
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        str(stripes),
+        "--peers",
+        "4",
+        "--ft-held-out-classes",
+        "10",
+        "--out",
+        str(tmp_path / "x"),
+        "--no-progress",
+    )
     assert result.returncode == 2 and "--ft-held-out-classes 10" in result.stderr
 
 
 def test_network_track_without_held_out_classes_draws_the_similarity_only(stripes, tmp_path):
     out = tmp_path / "fig4"
-    result = run_here("--algo", "fedavg-ft", "--dataset", "mnist", "--data-dir", str(stripes), "--peers", "4",
-                     "--partition", "iid", "--samples-per-peer", "30", "--rounds", "1", "--local-steps", "3",
-                     "--ft-held-out-classes", "0", "--no-progress", "--out", str(out))
+    result = run_here(
+        "--algo",
+        "fedavg-ft",
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        str(stripes),
+        "--peers",
+        "4",
+        "--partition",
+        "iid",
+        "--samples-per-peer",
+        "30",
+        "--rounds",
+        "1",
+        "--local-steps",
+        "3",
+        "--ft-held-out-classes",
+        "0",
+        "--no-progress",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     final = json.loads((out / "final.json").read_text())
     assert final["fine_tuning"] == {} and len(final["feature_similarity"]) == 10

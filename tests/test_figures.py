@@ -1,6 +1,7 @@
 """Every figure a run or a tool draws, read back as a figure: counts get whole-number ticks, titles say
 what is compared, one line style means one thing, the star's server is drawn as the hub, classes carry
 their names. Figures are caught as they are saved (matplotlib's Figure.savefig)."""
+
 import math
 
 import matplotlib.figure
@@ -12,16 +13,27 @@ from p2pfl.tasks import TASKS
 from tests.test_analysis import fake_run
 from topologies.drawing import draw_graph, draw_views
 
-COUNTS = ("round", "peer", "peers", "degree (neighbours)", "peers averaged (n)", "rounds", "distinct peers met",
-          "samples")
+COUNTS = (
+    "round",
+    "peer",
+    "peers",
+    "degree (neighbours)",
+    "peers averaged (n)",
+    "rounds",
+    "distinct peers met",
+    "samples",
+)
 
 
 @pytest.fixture
 def saved(monkeypatch):
     figures = []
     real = matplotlib.figure.Figure.savefig
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
-                        lambda fig, *a, **k: (fig.canvas.draw(), figures.append(fig), real(fig, *a, **k))[-1])
+    monkeypatch.setattr(
+        matplotlib.figure.Figure,
+        "savefig",
+        lambda fig, *a, **k: (fig.canvas.draw(), figures.append(fig), real(fig, *a, **k))[-1],
+    )
     return figures
 
 
@@ -47,13 +59,21 @@ def test_a_runs_figures_count_in_whole_numbers(peers, saved, tmp_path):
     graph = nx.random_regular_graph(5, peers, seed=0)
     graph.graph["kind"] = "regular"
     draw_graph(graph, tmp_path / "topology.png")
-    rows = [{"round": k, "test_acc": 0.5, "client_acc_mean": 0.4, "client_acc_min": 0.3, "client_acc_max": 0.6}
-            for k in (1, 2, 3)]
+    rows = [
+        {"round": k, "test_acc": 0.5, "client_acc_mean": 0.4, "client_acc_min": 0.3, "client_acc_max": 0.6}
+        for k in (1, 2, 3)
+    ]
     plot_metric(rows, TASKS["classification"], tmp_path)
     accs = [0.5 + 0.01 * i for i in range(peers)]
-    plot_final_averaging({"n": list(range(1, peers + 1)), "client_val_acc": accs,
-                          "orders": {"high-to-low": {"test_acc": accs}},
-                          "selected": {"peers": 2, "test_acc": accs[1]}}, tmp_path / "final.png")
+    plot_final_averaging(
+        {
+            "n": list(range(1, peers + 1)),
+            "client_val_acc": accs,
+            "orders": {"high-to-low": {"test_acc": accs}},
+            "selected": {"peers": 2, "test_acc": accs[1]},
+        },
+        tmp_path / "final.png",
+    )
     draw_views(lambda k: nx.random_regular_graph(4, peers, seed=k), 3, lambda g: 0.1, tmp_path / "views", "views")
     assert len(saved) == 8
     for fig in saved:
@@ -78,8 +98,17 @@ def test_the_star_draws_its_server_as_the_hub(saved, tmp_path):
 def test_one_line_style_means_one_thing_in_every_figure(saved, tmp_path):
     from analysis.compare import compare
 
-    rows = [{"round": k, "test_acc": 0.5, "client_acc_mean": 0.4, "client_acc_min": 0.3, "client_acc_max": 0.6,
-             "client_personal_acc_mean": 0.7} for k in (1, 2)]
+    rows = [
+        {
+            "round": k,
+            "test_acc": 0.5,
+            "client_acc_mean": 0.4,
+            "client_acc_min": 0.3,
+            "client_acc_max": 0.6,
+            "client_personal_acc_mean": 0.7,
+        }
+        for k in (1, 2)
+    ]
     plot_metric(rows, TASKS["classification"], tmp_path)
     runs = [fake_run(tmp_path / f"r{s}", "dfedavg", s, [0.5, 0.6]) for s in range(2)]
     compare(runs, out=tmp_path / "cmp.png")
@@ -88,13 +117,23 @@ def test_one_line_style_means_one_thing_in_every_figure(saved, tmp_path):
         for ax in fig.axes:
             for line in ax.get_lines():
                 label = line.get_label()
-                meaning = ("aggregated" if "aggregated" in label else "own mix" if "own label mix" in label
-                           else "client" if "mean client" in label else None)
+                meaning = (
+                    "aggregated"
+                    if "aggregated" in label
+                    else "own mix"
+                    if "own label mix" in label
+                    else "client"
+                    if "mean client" in label
+                    else None
+                )
                 if meaning:
                     style.setdefault(meaning, set()).add(line.get_linestyle())
     as_drawn = {"-": "-", ":": ":", "--": "--"}
-    assert style == {"aggregated": {as_drawn[AGGREGATED]}, "client": {as_drawn[MEAN_CLIENT]},
-                     "own mix": {as_drawn[OWN_MIX]}}
+    assert style == {
+        "aggregated": {as_drawn[AGGREGATED]},
+        "client": {as_drawn[MEAN_CLIENT]},
+        "own mix": {as_drawn[OWN_MIX]},
+    }
 
 
 def test_compare_titles_say_what_is_compared_and_what_the_band_is(saved, tmp_path):
@@ -115,5 +154,7 @@ def test_a_sweeps_title_names_what_the_command_changed():
 
     from launch.sweep import sweep_title
 
-    assert sweep_title(Path("p/ntk-dfl-fmnist300.toml"), ["lr=0.1,0.2"], ["--peers", "10"]) == \
-        "sweep of preset ntk-dfl-fmnist300 with --set lr=0.1,0.2 --peers 10"
+    assert (
+        sweep_title(Path("p/ntk-dfl-fmnist300.toml"), ["lr=0.1,0.2"], ["--peers", "10"])
+        == "sweep of preset ntk-dfl-fmnist300 with --set lr=0.1,0.2 --peers 10"
+    )

@@ -1,5 +1,6 @@
 """The house's rules that a run cannot show: a new algorithm is its own module and nothing else; the
 registry refuses two algorithms of one name."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -18,8 +19,21 @@ from p2pfl.testing import results, run_in_process
 # rest from the neighbourhood average (a lazy gossip step).
 LAZY_GOSSIP = Path(__file__).resolve().parents[1] / "examples" / "lazy_gossip.py"
 
-TINY = ["--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--samples-per-peer", "40", "--rounds", "3",
-        "--no-progress", "--seed", "2"]
+TINY = [
+    "--dataset",
+    "synthetic",
+    "--peers",
+    "6",
+    "--kappa",
+    "2",
+    "--samples-per-peer",
+    "40",
+    "--rounds",
+    "3",
+    "--no-progress",
+    "--seed",
+    "2",
+]
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """p2pfl as a library: simulate() with the CLI's settings and checks, an algorithm, a model and a dataset
 of the user's own (by class, by package.module:name reference, by entry point), and the examples."""
+
 from __future__ import annotations
 
 import json
@@ -20,10 +21,27 @@ from p2pfl.testing import MACHINE_FACTS, check_layout_invariance, check_learns, 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 TINY = dict(dataset="synthetic", peers=6, kappa=2, rounds=3, samples_per_peer=40, seed=4, progress=False)
-TINY_ARGS = ["--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--rounds", "3", "--samples-per-peer", "40",
-             "--seed", "4", "--no-progress"]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(EXAMPLES), str(ROOT), os.environ.get("PYTHONPATH")])),
-       "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+TINY_ARGS = [
+    "--dataset",
+    "synthetic",
+    "--peers",
+    "6",
+    "--kappa",
+    "2",
+    "--rounds",
+    "3",
+    "--samples-per-peer",
+    "40",
+    "--seed",
+    "4",
+    "--no-progress",
+]
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(EXAMPLES), str(ROOT), os.environ.get("PYTHONPATH")])),
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+}
 
 
 @pytest.fixture
@@ -47,7 +65,9 @@ def test_simulate_returns_the_cli_numbers_and_writes_nothing_without_out(tmp_pat
     cli = results(tmp_path / "cli")
     assert [{k: v for k, v in r.items() if k not in MACHINE_FACTS} for r in result.rows] == cli["metrics"]
     saved = torch.load(tmp_path / "cli" / "model.pt", weights_only=True)
-    assert saved.keys() == result.model_state.keys() and all(torch.equal(saved[k], result.model_state[k]) for k in saved)
+    assert saved.keys() == result.model_state.keys() and all(
+        torch.equal(saved[k], result.model_state[k]) for k in saved
+    )
     assert result.series("test_acc")[-1] == (3, result.rows[-1]["test_acc"])
 
 
@@ -57,22 +77,25 @@ def test_simulate_writes_its_folder_when_asked(tmp_path):
     assert result.final == json.loads((tmp_path / "run" / "final.json").read_text())
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"peers": 0}, "--peers must be at least 1, got 0"),
-    ({"topology": "torus"}, "unknown topology 'torus'"),
-    ({"learning_rate": 0.1}, "unknown setting(s): learning_rate"),
-    # None is a value only where the default is None; a path is a str or a Path (hostile cases of issue 40)
-    ({"kappa": None}, "--kappa takes a finite number, not None"),
-    ({"seed": None}, "--seed takes an integer, not None"),
-    ({"device": None}, "--device takes a name, not None"),
-    ({"samples_per_peer": None}, "--samples-per-peer takes an integer, not None"),
-    ({"mixing": None}, "--mixing takes a name, not None"),
-    ({"static": None}, "--static takes true or false, not None"),
-    ({"algo": ["dfedavg"]}, "--algo takes an algorithm's name, not ['dfedavg']"),
-    ({"config": ["x.toml"]}, "config takes a path (a str or a Path), not ['x.toml']"),
-    ({"out": 123}, "out takes a path (a str or a Path), not 123"),
-    ({"algo": "dfedavg", "prox_mu": 0.1}, "--prox-mu does not apply to --algo dfedavg"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"peers": 0}, "--peers must be at least 1, got 0"),
+        ({"topology": "torus"}, "unknown topology 'torus'"),
+        ({"learning_rate": 0.1}, "unknown setting(s): learning_rate"),
+        # None is a value only where the default is None; a path is a str or a Path (hostile cases of issue 40)
+        ({"kappa": None}, "--kappa takes a finite number, not None"),
+        ({"seed": None}, "--seed takes an integer, not None"),
+        ({"device": None}, "--device takes a name, not None"),
+        ({"samples_per_peer": None}, "--samples-per-peer takes an integer, not None"),
+        ({"mixing": None}, "--mixing takes a name, not None"),
+        ({"static": None}, "--static takes true or false, not None"),
+        ({"algo": ["dfedavg"]}, "--algo takes an algorithm's name, not ['dfedavg']"),
+        ({"config": ["x.toml"]}, "config takes a path (a str or a Path), not ['x.toml']"),
+        ({"out": 123}, "out takes a path (a str or a Path), not 123"),
+        ({"algo": "dfedavg", "prox_mu": 0.1}, "--prox-mu does not apply to --algo dfedavg"),
+    ],
+)
 def test_a_bad_setting_raises_config_error_with_the_cli_message(settings, message):
     with pytest.raises(p2pfl.ConfigError, match=re.escape(message)):
         p2pfl.simulate(**settings)
@@ -107,17 +130,22 @@ def test_simulate_by_class_under_mpirun_gives_every_rank_the_result(on_path, tmp
     from lazy_gossip import LazyGossip
 
     script = tmp_path / "script.py"
-    script.write_text("import json, p2pfl\nfrom p2pfl.testing import MACHINE_FACTS\nfrom lazy_gossip import LazyGossip\n"
-                      f"r = p2pfl.simulate(algo=LazyGossip, keep=0.3, **{TINY!r})\n"
-                      "print('ROWS', json.dumps([{k: v for k, v in x.items() if k not in MACHINE_FACTS} "
-                      "for x in r.rows]))\n")
-    run = subprocess.run(testing.mpirun_command(2, sys.executable, str(script)), capture_output=True, text=True,
-                         env=ENV, timeout=300)
+    script.write_text(
+        "import json, p2pfl\nfrom p2pfl.testing import MACHINE_FACTS\nfrom lazy_gossip import LazyGossip\n"
+        f"r = p2pfl.simulate(algo=LazyGossip, keep=0.3, **{TINY!r})\n"
+        "print('ROWS', json.dumps([{k: v for k, v in x.items() if k not in MACHINE_FACTS} "
+        "for x in r.rows]))\n"
+    )
+    run = subprocess.run(
+        testing.mpirun_command(2, sys.executable, str(script)), capture_output=True, text=True, env=ENV, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith("ROWS")]
     assert len(lines) == 2 and lines[0] == lines[1]  # every rank got it
-    here = [{k: v for k, v in row.items() if k not in MACHINE_FACTS}
-            for row in p2pfl.simulate(algo=LazyGossip, keep=0.3, **TINY).rows]
+    here = [
+        {k: v for k, v in row.items() if k not in MACHINE_FACTS}
+        for row in p2pfl.simulate(algo=LazyGossip, keep=0.3, **TINY).rows
+    ]
     assert json.loads(lines[0].split(" ", 1)[1]) == here
 
 
@@ -131,7 +159,7 @@ def test_a_model_of_ones_own_by_reference(on_path, tmp_path):
     assert code == 2 and "--model tiny_net:nothing: tiny_net has no nothing" in err
 
 
-LOADER = '''
+LOADER = """
 import torch
 
 def load():
@@ -146,15 +174,26 @@ def load():
 
 def not_data():
     return 42
-'''
+"""
 
 
 @pytest.mark.parametrize("partition", ["dirichlet", "iid", "classes", "writers"])
 def test_a_dataset_of_ones_own_takes_every_partition(partition, tmp_path, monkeypatch):
     (tmp_path / "mydata.py").write_text(LOADER)
     monkeypatch.syspath_prepend(str(tmp_path))
-    args = [*TINY_ARGS, "--dataset", "mydata:load", "--partition", partition, "--peers", "8", "--algo", "fedavg",
-            "--lr", "0.1"]
+    args = [
+        *TINY_ARGS,
+        "--dataset",
+        "mydata:load",
+        "--partition",
+        partition,
+        "--peers",
+        "8",
+        "--algo",
+        "fedavg",
+        "--lr",
+        "0.1",
+    ]
     rows = check_learns(args, tmp_path / partition)
     assert rows[-1]["test_acc"] > 0.3
     sys.modules.pop("mydata", None)
@@ -163,8 +202,10 @@ def test_a_dataset_of_ones_own_takes_every_partition(partition, tmp_path, monkey
 def test_a_bad_dataset_reference_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "mydata.py").write_text(LOADER)
     monkeypatch.syspath_prepend(str(tmp_path))
-    for reference, message in [("mydata:not_data", "must return (train_x, train_y, test_x, test_y[, owners])"),
-                               ("nowhere:load", "cannot import nowhere")]:
+    for reference, message in [
+        ("mydata:not_data", "must return (train_x, train_y, test_x, test_y[, owners])"),
+        ("nowhere:load", "cannot import nowhere"),
+    ]:
         done = run_in_process([*TINY_ARGS, "--dataset", reference, "--out", str(tmp_path / "x")])
         code, err = done.returncode, done.stderr
         assert code == 2 and message in err, err
@@ -178,23 +219,53 @@ def test_an_installed_package_registers_by_entry_point(tmp_path):
     (site / "ep_gossip-1.0.dist-info").mkdir(parents=True)
     (site / "ep_gossip-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-gossip\nVersion: 1.0\n")
     (site / "ep_gossip-1.0.dist-info" / "entry_points.txt").write_text(
-        "[p2pfl.algorithms]\nep-gossip = ep_gossip:EntryGossip\n")
-    (site / "ep_gossip.py").write_text((EXAMPLES / "lazy_gossip.py").read_text().replace(
-        'name = "lazy-gossip"', 'name = "ep-gossip"').replace("class LazyGossip(", "class EntryGossip("))
+        "[p2pfl.algorithms]\nep-gossip = ep_gossip:EntryGossip\n"
+    )
+    (site / "ep_gossip.py").write_text(
+        (EXAMPLES / "lazy_gossip.py")
+        .read_text()
+        .replace('name = "lazy-gossip"', 'name = "ep-gossip"')
+        .replace("class LazyGossip(", "class EntryGossip(")
+    )
     env = {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), str(ROOT), os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, "-m", "p2pfl.run", *TINY_ARGS, "--algo", "ep-gossip", "--keep", "0.2",
-                          "--out", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "p2pfl.run",
+            *TINY_ARGS,
+            "--algo",
+            "ep-gossip",
+            "--keep",
+            "0.2",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert len(results(tmp_path / "run")["metrics"]) == 3
 
 
-@pytest.mark.parametrize("example, args", [
-    ("sweep_keep.py", ["--rounds", "2"]),
-])
+@pytest.mark.parametrize(
+    "example, args",
+    [
+        ("sweep_keep.py", ["--rounds", "2"]),
+    ],
+)
 @pytest.mark.subprocess
 def test_the_examples_run(example, args, tmp_path):
-    run = subprocess.run([sys.executable, str(EXAMPLES / example), *args, "--out", str(tmp_path / "out")],
-                         capture_output=True, text=True, env=ENV, timeout=600, cwd=tmp_path)
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLES / example), *args, "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert (tmp_path / "out" / "compare.png").stat().st_size > 0 and "keep=0.5" in run.stdout
 
@@ -212,8 +283,9 @@ def test_tensorboard_holds_the_metrics_rows(tmp_path):
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"test_acc", "client_acc_mean", "train_loss", "bytes_by_phase/average"} <= tags
-    assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("test_acc")] == \
-        [(r["round"], r["test_acc"]) for r in rows]
+    assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("test_acc")] == [
+        (r["round"], r["test_acc"]) for r in rows
+    ]
     with pytest.raises(p2pfl.ConfigError, match="give out="):
         p2pfl.simulate(tensorboard=True, **TINY)
 
@@ -227,14 +299,22 @@ def test_tensorboard_without_its_package_is_one_line(tmp_path, monkeypatch):
     assert code == 2 and "--tensorboard needs the tensorboard package" in err and not (tmp_path / "run").exists()
 
 
-@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").exists() and "P2PFL_DATA" not in os.environ,
-                    reason="Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed")
+@pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist").exists() and "P2PFL_DATA" not in os.environ,
+    reason="Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed",
+)
 @pytest.mark.subprocess
 def test_the_readme_python_quickstart_runs_in_a_fresh_interpreter(tmp_path):
     readme = (ROOT / "README.md").read_text()
     code = readme.split("## Python quickstart", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=600,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     lines = [line.split() for line in run.stdout.splitlines()]
     assert [int(line[0]) for line in lines] == [1, 2, 3] and all(0 < float(line[1]) <= 1 for line in lines)
@@ -260,7 +340,7 @@ def test_simulate_stopped_and_resumed_equals_the_uninterrupted_run(tmp_path):
         p2pfl.simulate(resume=tmp_path / "cut", lr=0.5)
 
 
-HOSTILE = '''
+HOSTILE = """
 import numpy as np
 import torch
 from torch import nn
@@ -335,27 +415,34 @@ def no_parameters(shape, n):
 
 def double(shape, n):
     return nn.Linear(6, n).double()
-'''
+"""
 
 
-@pytest.mark.parametrize("dataset,model,needle", [
-    ("typo", None, "labels must be the classes 0..C-1, each with training samples; they reach 5000, but 4996 of those"),
-    ("negative", None, "a label is -1"),
-    ("infinite", None, "train_x holds NaN or inf"),
-    ("nan_test", None, "test_x holds NaN or inf"),
-    ("other_width", None, "test_x's samples are (5,), train_x's (6,)"),
-    ("strings", None, "train_x holds <U32 values, not numbers"),
-    ("flat", None, "train_x has shape (40,); it must be (samples, features...)"),
-    ("labels_2d", None, "train_y must hold one integer class per sample (40), not torch.int64 of shape (40, 1)"),
-    ("empty_test", None, "test_x has shape (0, 6)"),
-    ("short_owners", None, "owners must name one owner per training sample (40), not shape (30,)"),
-    ("raises", None, "--dataset hostile:raises (loading its data) raised KeyError; its traceback:"),
-    ("good", "three_outputs", "gave shape (2, 3); p2pfl needs one tensor of shape (2, 4)"),
-    ("good", "wrong_width", "(a forward pass of 2 inputs of shape (6,)) raised RuntimeError; its traceback:"),
-    ("good", "tuple_output", "gave a tuple; p2pfl needs one tensor of shape (2, 4)"),
-    ("good", "no_parameters", "has no parameters to train"),
-    ("good", "double", "has torch.float64 parameters; p2pfl trains float32"),
-])
+@pytest.mark.parametrize(
+    "dataset,model,needle",
+    [
+        (
+            "typo",
+            None,
+            "labels must be the classes 0..C-1, each with training samples; they reach 5000, but 4996 of those",
+        ),
+        ("negative", None, "a label is -1"),
+        ("infinite", None, "train_x holds NaN or inf"),
+        ("nan_test", None, "test_x holds NaN or inf"),
+        ("other_width", None, "test_x's samples are (5,), train_x's (6,)"),
+        ("strings", None, "train_x holds <U32 values, not numbers"),
+        ("flat", None, "train_x has shape (40,); it must be (samples, features...)"),
+        ("labels_2d", None, "train_y must hold one integer class per sample (40), not torch.int64 of shape (40, 1)"),
+        ("empty_test", None, "test_x has shape (0, 6)"),
+        ("short_owners", None, "owners must name one owner per training sample (40), not shape (30,)"),
+        ("raises", None, "--dataset hostile:raises (loading its data) raised KeyError; its traceback:"),
+        ("good", "three_outputs", "gave shape (2, 3); p2pfl needs one tensor of shape (2, 4)"),
+        ("good", "wrong_width", "(a forward pass of 2 inputs of shape (6,)) raised RuntimeError; its traceback:"),
+        ("good", "tuple_output", "gave a tuple; p2pfl needs one tensor of shape (2, 4)"),
+        ("good", "no_parameters", "has no parameters to train"),
+        ("good", "double", "has torch.float64 parameters; p2pfl trains float32"),
+    ],
+)
 def test_what_a_plug_in_returns_is_checked_where_it_enters(tmp_path, monkeypatch, dataset, model, needle):
     """The hostile cases of issue 40: each ran silently with wrong numbers (5,001 classes at 0.0%) or
     ended in a traceback from deep inside p2pfl. Each is one line naming the plug-in and the field, exit
@@ -363,8 +450,19 @@ def test_what_a_plug_in_returns_is_checked_where_it_enters(tmp_path, monkeypatch
     (tmp_path / "hostile.py").write_text(HOSTILE)
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("hostile", None)
-    args = ["--dataset", f"hostile:{dataset}", "--peers", "4", "--kappa", "2", "--rounds", "1", "--no-progress",
-            "--out", str(tmp_path / "run")] + (["--model", f"hostile:{model}"] if model else [])
+    args = [
+        "--dataset",
+        f"hostile:{dataset}",
+        "--peers",
+        "4",
+        "--kappa",
+        "2",
+        "--rounds",
+        "1",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "run"),
+    ] + (["--model", f"hostile:{model}"] if model else [])
     done = run_in_process(args)
     assert done.returncode == 2 and needle in done.stderr, done.stderr[-2000:]
     assert done.stderr.startswith("p2pfl: error: ")
@@ -376,25 +474,39 @@ def test_what_a_plug_in_returns_is_checked_where_it_enters(tmp_path, monkeypatch
 
 
 ALGORITHMS = {
-    "shrink": ("class Shrink(p2pfl.Algorithm):\n    name = 'shrink'\n    summary = 'x'\n"
-               "    def round(self, k):\n        self.ctx.flat = self.ctx.flat[:, :10]\n",
-               "round 1 left ctx.flat as (4, 10); it must stay (4, "),
-    "losses": ("class Losses(p2pfl.Algorithm):\n    name = 'losses'\n    summary = 'x'\n"
-               "    def round(self, k):\n        return p2pfl.Round([0.0])\n",
-               "round 1 returned losses list; Round.losses is None or one loss per peer (4,)"),
-    "bare": ("class Bare(p2pfl.Algorithm):\n    name = 'bare'\n    summary = 'x'\n"
-             "    def round(self, k):\n        return self.ctx.flat[:, 0]\n",
-             "round 1 returned Tensor; a round returns p2pfl.Round(losses, ...)"),
-    "state": ("class State(p2pfl.Algorithm):\n    name = 'state'\n    summary = 'x'\n    state = {'x': 'rows'}\n",
-              "state maps attribute names to one of peer, server, pooled; got x: 'rows'"),
-    "core": ("from dataclasses import dataclass\n@dataclass(frozen=True)\nclass S:\n"
-             "    lr: float = p2pfl.option(0.1, 'x')\n"
-             "class Core(p2pfl.Algorithm):\n    name = 'core'\n    summary = 'x'\n    Settings = S\n",
-             "its setting 'lr' is named like the run's own --lr"),
-    "dict": ("class Dict(p2pfl.Algorithm):\n    name = 'dict'\n    summary = 'x'\n    Settings = {'keep': 0.5}\n",
-             "Settings must be a dataclass of p2pfl.option fields, not dict"),
-    "twin": ("class Twin(p2pfl.Algorithm):\n    name = 'dfedavg'\n    summary = 'x'\n",
-             "two algorithms are named 'dfedavg'"),
+    "shrink": (
+        "class Shrink(p2pfl.Algorithm):\n    name = 'shrink'\n    summary = 'x'\n"
+        "    def round(self, k):\n        self.ctx.flat = self.ctx.flat[:, :10]\n",
+        "round 1 left ctx.flat as (4, 10); it must stay (4, ",
+    ),
+    "losses": (
+        "class Losses(p2pfl.Algorithm):\n    name = 'losses'\n    summary = 'x'\n"
+        "    def round(self, k):\n        return p2pfl.Round([0.0])\n",
+        "round 1 returned losses list; Round.losses is None or one loss per peer (4,)",
+    ),
+    "bare": (
+        "class Bare(p2pfl.Algorithm):\n    name = 'bare'\n    summary = 'x'\n"
+        "    def round(self, k):\n        return self.ctx.flat[:, 0]\n",
+        "round 1 returned Tensor; a round returns p2pfl.Round(losses, ...)",
+    ),
+    "state": (
+        "class State(p2pfl.Algorithm):\n    name = 'state'\n    summary = 'x'\n    state = {'x': 'rows'}\n",
+        "state maps attribute names to one of peer, server, pooled; got x: 'rows'",
+    ),
+    "core": (
+        "from dataclasses import dataclass\n@dataclass(frozen=True)\nclass S:\n"
+        "    lr: float = p2pfl.option(0.1, 'x')\n"
+        "class Core(p2pfl.Algorithm):\n    name = 'core'\n    summary = 'x'\n    Settings = S\n",
+        "its setting 'lr' is named like the run's own --lr",
+    ),
+    "dict": (
+        "class Dict(p2pfl.Algorithm):\n    name = 'dict'\n    summary = 'x'\n    Settings = {'keep': 0.5}\n",
+        "Settings must be a dataclass of p2pfl.option fields, not dict",
+    ),
+    "twin": (
+        "class Twin(p2pfl.Algorithm):\n    name = 'dfedavg'\n    summary = 'x'\n",
+        "two algorithms are named 'dfedavg'",
+    ),
 }
 
 
@@ -405,8 +517,9 @@ def test_an_algorithm_of_ones_own_is_checked_where_it_enters(tmp_path, monkeypat
     (tmp_path / f"algo_{case}.py").write_text("import p2pfl\n" + source)
     monkeypatch.syspath_prepend(str(tmp_path))
     cls = source.split("class ")[-1].split("(")[0]
-    done = run_in_process([*TINY_ARGS, "--peers", "4", "--rounds", "1", "--algo", f"algo_{case}:{cls}",
-                           "--out", str(tmp_path / "run")])
+    done = run_in_process(
+        [*TINY_ARGS, "--peers", "4", "--rounds", "1", "--algo", f"algo_{case}:{cls}", "--out", str(tmp_path / "run")]
+    )
     REGISTRY.pop(case, None)
     assert done.returncode == 2 and needle in done.stderr and done.stderr.count("\n") == 1, done.stderr[-2000:]
 
@@ -430,12 +543,18 @@ def test_tensorboard_that_is_missing_or_broken_is_one_line_and_a_resume_may_leav
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 
 
-@pytest.mark.parametrize("source,needle,theirs", [
-    ("def load(:\n    pass\n", "(importing broken) raised SyntaxError; its traceback:", "def load(:"),
-    ("import no_such_package_here\n", "(importing broken) raised ModuleNotFoundError; its traceback:",
-     "import no_such_package_here"),
-    ("raise RuntimeError('at import')\n", "(importing broken) raised RuntimeError; its traceback:", "at import"),
-])
+@pytest.mark.parametrize(
+    "source,needle,theirs",
+    [
+        ("def load(:\n    pass\n", "(importing broken) raised SyntaxError; its traceback:", "def load(:"),
+        (
+            "import no_such_package_here\n",
+            "(importing broken) raised ModuleNotFoundError; its traceback:",
+            "import no_such_package_here",
+        ),
+        ("raise RuntimeError('at import')\n", "(importing broken) raised RuntimeError; its traceback:", "at import"),
+    ],
+)
 def test_a_plug_in_that_fails_to_import_shows_its_own_frames(tmp_path, monkeypatch, source, needle, theirs):
     (tmp_path / "broken.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -1,4 +1,5 @@
 """peak_rss_mb is the run's own memory, not that of the process that started it."""
+
 import resource
 import subprocess
 import sys
@@ -15,8 +16,7 @@ def test_a_child_does_not_report_its_parents_peak_memory():
     big = bytearray(1536 * 2**20)  # 1.5 GiB held by this process while it starts the child
     big[::4096] = b"\1" * len(big[::4096])
     parent_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    child_kib = int(subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
-                                   check=True).stdout)
+    child_kib = int(subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True).stdout)
     del big
     assert parent_kib > 1536 * 1024
     # ru_maxrss would report at least the parent's peak here (exec keeps it on Linux); the child itself
@@ -59,9 +59,29 @@ def test_nothing_accumulates_over_rounds_but_the_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(metrics.MetricsLog, "record", record)
     tracemalloc.start()
     try:
-        done = run_in_process(["--dataset", "synthetic", "--peers", "8", "--kappa", "3", "--rounds", "60",
-                               "--local-epochs", "1", "--samples-per-peer", "30", "--checkpoint-every", "1",
-                               "--tensorboard", "--save-edges", "--no-progress", "--out", str(tmp_path / "run")])
+        done = run_in_process(
+            [
+                "--dataset",
+                "synthetic",
+                "--peers",
+                "8",
+                "--kappa",
+                "3",
+                "--rounds",
+                "60",
+                "--local-epochs",
+                "1",
+                "--samples-per-peer",
+                "30",
+                "--checkpoint-every",
+                "1",
+                "--tensorboard",
+                "--save-edges",
+                "--no-progress",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
     finally:
         tracemalloc.stop()
     assert done.returncode == 0, done.stderr[-2000:]

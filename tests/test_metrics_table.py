@@ -1,4 +1,5 @@
 """docs/cli.md's metrics tables name every key that runs write to metrics.jsonl and final.json."""
+
 import re
 from pathlib import Path
 
@@ -29,13 +30,21 @@ def documented(section: str) -> set[str]:
 
 
 def test_every_key_a_run_writes_is_in_the_tables():
-    runs = [p2pfl.simulate("dfedavg", **TINY, kappa=2, drop_peers=0.3, slow_peers=0.3, client_test_samples=500),
-            p2pfl.simulate("ntk-dfl", **TINY, kappa=2, samples_per_peer=20),
-            p2pfl.simulate("cp-ntk-fl", **STAR, samples_per_peer=20, ntk_projection=16),
-            p2pfl.simulate("dispfl", **TINY, kappa=2),
-            p2pfl.simulate("cyclic", **STAR, cyclic_rounds=1),
-            p2pfl.simulate("fedavg-ft", **{**STAR, "dataset": "linear-rep", "clients_per_round": 0},
-                           samples_per_peer=30, ft_gradients="samples", ft_trials=1, ft_new_samples=10)]  # fedavg-ft on linear-rep: a regression task
+    runs = [
+        p2pfl.simulate("dfedavg", **TINY, kappa=2, drop_peers=0.3, slow_peers=0.3, client_test_samples=500),
+        p2pfl.simulate("ntk-dfl", **TINY, kappa=2, samples_per_peer=20),
+        p2pfl.simulate("cp-ntk-fl", **STAR, samples_per_peer=20, ntk_projection=16),
+        p2pfl.simulate("dispfl", **TINY, kappa=2),
+        p2pfl.simulate("cyclic", **STAR, cyclic_rounds=1),
+        p2pfl.simulate(
+            "fedavg-ft",
+            **{**STAR, "dataset": "linear-rep", "clients_per_round": 0},
+            samples_per_peer=30,
+            ft_gradients="samples",
+            ft_trials=1,
+            ft_new_samples=10,
+        ),
+    ]  # fedavg-ft on linear-rep: a regression task
     rows = {key for run in runs for row in run.rows for key in row}
     finals = {key for run in runs for key in (run.final or {})}
     table = documented("### The metrics and their units")

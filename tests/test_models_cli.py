@@ -1,5 +1,6 @@
 """Every model trains from the CLI with FedAvg and DFedAvg and writes the usual run folder; the CNN
 path under mpirun equals one process; NTK-DFL runs a CNN on the dense path within its memory cap."""
+
 import json
 import re
 from pathlib import Path
@@ -9,12 +10,36 @@ import pytest
 from tests.conftest import ranked_cases, run_cli, run_here, write_cifar, write_femnist
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
-SMALL = ["--peers", "3", "--kappa", "2", "--rounds", "2", "--samples-per-peer", "8", "--batch-size", "4",
-         "--local-epochs", "1", "--test-samples", "16", "--lr", "0.01", "--no-progress"]
-CASES = [("mlp", "mnist", []), ("simple-cnn", "mnist", []), ("cnn-fmnist", "mnist", []),
-         ("cnn-femnist", "femnist", []), ("lenet5", "cifar10", []), ("cnn-cifar", "cifar10", []),
-         ("resnet8", "cifar100", ["--labels", "coarse"]), ("resnet18", "cifar10", ["--norm", "batch"]),
-         ("resnet18", "cifar10", ["--norm", "group"])]
+SMALL = [
+    "--peers",
+    "3",
+    "--kappa",
+    "2",
+    "--rounds",
+    "2",
+    "--samples-per-peer",
+    "8",
+    "--batch-size",
+    "4",
+    "--local-epochs",
+    "1",
+    "--test-samples",
+    "16",
+    "--lr",
+    "0.01",
+    "--no-progress",
+]
+CASES = [
+    ("mlp", "mnist", []),
+    ("simple-cnn", "mnist", []),
+    ("cnn-fmnist", "mnist", []),
+    ("cnn-femnist", "femnist", []),
+    ("lenet5", "cifar10", []),
+    ("cnn-cifar", "cifar10", []),
+    ("resnet8", "cifar100", ["--labels", "coarse"]),
+    ("resnet18", "cifar10", ["--norm", "batch"]),
+    ("resnet18", "cifar10", ["--norm", "group"]),
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +70,22 @@ def test_model_trains_two_rounds(data_root, tmp_path, model, dataset, extra, alg
     partition = ["--partition", "writers"] if dataset == "femnist" else ["--partition", "iid"]
     star = ["--clients-per-round", "2"] if algo == "fedavg" else []
     out = tmp_path / "run"
-    result = run_here("--algo", algo, "--model", model, "--dataset", dataset, "--data-dir", str(data_root), *SMALL,
-                     *partition, *star, *extra, "--out", str(out))
+    result = run_here(
+        "--algo",
+        algo,
+        "--model",
+        model,
+        "--dataset",
+        dataset,
+        "--data-dir",
+        str(data_root),
+        *SMALL,
+        *partition,
+        *star,
+        *extra,
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and 0 <= rows[-1]["test_acc"] <= 1 and rows[-1]["bytes_sent"] > 0
@@ -55,10 +94,42 @@ def test_model_trains_two_rounds(data_root, tmp_path, model, dataset, extra, alg
     assert f"model {model}:" in (out / "config.toml").read_text()
 
 
-@ranked_cases({"": (3, lambda data: [
-    "--algo", "dfedavg", "--model", "simple-cnn", "--dataset", "mnist", "--data-dir", write_noise_mnist(data),
-    "--peers", "5", "--kappa", "2", "--rounds", "2", "--samples-per-peer", "10", "--batch-size", "4",
-    "--local-epochs", "1", "--partition", "dirichlet", "--alpha", "0.5", "--lr", "0.01", "--no-progress"])})
+@ranked_cases(
+    {
+        "": (
+            3,
+            lambda data: [
+                "--algo",
+                "dfedavg",
+                "--model",
+                "simple-cnn",
+                "--dataset",
+                "mnist",
+                "--data-dir",
+                write_noise_mnist(data),
+                "--peers",
+                "5",
+                "--kappa",
+                "2",
+                "--rounds",
+                "2",
+                "--samples-per-peer",
+                "10",
+                "--batch-size",
+                "4",
+                "--local-epochs",
+                "1",
+                "--partition",
+                "dirichlet",
+                "--alpha",
+                "0.5",
+                "--lr",
+                "0.01",
+                "--no-progress",
+            ],
+        )
+    }
+)
 def test_simple_cnn_dfedavg_under_mpi_equals_single_process(tmp_path, ranked_run):
     ranked_run.same_as_one_process(tmp_path)
 
@@ -67,22 +138,80 @@ def test_simple_cnn_dfedavg_under_mpi_equals_single_process(tmp_path, ranked_run
 @pytest.mark.subprocess
 def test_ntk_dfl_with_a_cnn_on_fashion_mnist_within_the_memory_cap(tmp_path):
     cap_gb = 2.0
-    result = run_cli("--algo", "ntk-dfl", "--model", "simple-cnn", "--dataset", "fashion-mnist", "--peers", "4",
-                     "--kappa", "2", "--rounds", "2", "--samples-per-peer", "10", "--test-samples", "500",
-                     "--ntk-taus", "100,200", "--ntk-memory-gb", str(cap_gb), "--no-progress",
-                     "--out", str(tmp_path / "r"))
+    result = run_cli(
+        "--algo",
+        "ntk-dfl",
+        "--model",
+        "simple-cnn",
+        "--dataset",
+        "fashion-mnist",
+        "--peers",
+        "4",
+        "--kappa",
+        "2",
+        "--rounds",
+        "2",
+        "--samples-per-peer",
+        "10",
+        "--test-samples",
+        "500",
+        "--ntk-taus",
+        "100,200",
+        "--ntk-memory-gb",
+        str(cap_gb),
+        "--no-progress",
+        "--out",
+        str(tmp_path / "r"),
+    )
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and rows[-1]["bytes_by_phase"]["jacobians"] > 0
     assert rows[-1]["peak_rss_mb"] < 1024 * (cap_gb + 1.5)  # the Jacobians within the cap, plus torch and the data
-    refused = run_cli("--algo", "ntk-dfl", "--model", "simple-cnn", "--dataset", "fashion-mnist", "--peers", "4",
-                      "--kappa", "2", "--rounds", "1", "--samples-per-peer", "200", "--ntk-memory-gb", str(cap_gb),
-                      "--no-progress", "--out", str(tmp_path / "r2"))
+    refused = run_cli(
+        "--algo",
+        "ntk-dfl",
+        "--model",
+        "simple-cnn",
+        "--dataset",
+        "fashion-mnist",
+        "--peers",
+        "4",
+        "--kappa",
+        "2",
+        "--rounds",
+        "1",
+        "--samples-per-peer",
+        "200",
+        "--ntk-memory-gb",
+        str(cap_gb),
+        "--no-progress",
+        "--out",
+        str(tmp_path / "r2"),
+    )
     assert refused.returncode == 2 and "above --ntk-memory-gb" in refused.stderr
 
 
-DENSE_NTK = ["--algo", "ntk-dfl", "--dataset", "synthetic", "--ntk-jacobian", "dense", "--peers", "7", "--kappa", "2",
-             "--rounds", "2", "--samples-per-peer", "20", "--ntk-taus", "50,100", "--lr", "0.1", "--no-progress"]
+DENSE_NTK = [
+    "--algo",
+    "ntk-dfl",
+    "--dataset",
+    "synthetic",
+    "--ntk-jacobian",
+    "dense",
+    "--peers",
+    "7",
+    "--kappa",
+    "2",
+    "--rounds",
+    "2",
+    "--samples-per-peer",
+    "20",
+    "--ntk-taus",
+    "50,100",
+    "--lr",
+    "0.1",
+    "--no-progress",
+]
 
 
 def test_dense_jacobians_a_group_of_neighbourhoods_at_a_time_give_the_same_numbers(tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """Real multi-process runs: mpirun with several ranks must give the single-process numbers. Every
 algorithm on 3 ranks: tests/test_conformance.py; here, other rank counts, uneven layouts and seeds."""
+
 import os
 import subprocess
 import sys
@@ -26,8 +27,13 @@ def test_mpi_bad_input_exits_2_with_one_line():
 
 @pytest.mark.mpi
 def test_mpi_timeout_names_missing_peer():
-    result = subprocess.run(testing.mpirun_command(2, sys.executable, "tests/mpi_timeout_script.py"),
-                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    result = subprocess.run(
+        testing.mpirun_command(2, sys.executable, "tests/mpi_timeout_script.py"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert "TIMEOUT" in result.stdout, result.stdout + result.stderr
     assert "peers [1] on ranks [1]" in result.stdout and "round 4, average" in result.stdout
 
@@ -45,8 +51,24 @@ LAYOUTS = {  # algorithm: (peers, seed, ranks, what else)
 
 def _layout(algo: str) -> list[str]:
     peers, seed, _, extra = LAYOUTS[algo]
-    return ["--dataset", "synthetic", "--peers", str(peers), "--seed", str(seed), "--rounds", "2", "--local-epochs",
-            "1", "--samples-per-peer", "60", "--algo", algo, "--no-progress", *extra]
+    return [
+        "--dataset",
+        "synthetic",
+        "--peers",
+        str(peers),
+        "--seed",
+        str(seed),
+        "--rounds",
+        "2",
+        "--local-epochs",
+        "1",
+        "--samples-per-peer",
+        "60",
+        "--algo",
+        algo,
+        "--no-progress",
+        *extra,
+    ]
 
 
 @ranked_cases({algo: (LAYOUTS[algo][2], _layout(algo)) for algo in LAYOUTS})
@@ -63,7 +85,9 @@ def test_numpys_blas_runs_on_one_thread_even_when_numpy_was_imported_first():
     """Its results depend on its thread count; a script (or a test process) that imports numpy or torch
     before p2pfl would otherwise get other numbers than the CLI."""
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
-    code = ("import numpy, p2pfl; from threadpoolctl import threadpool_info; "
-            "print(sorted({p['num_threads'] for p in threadpool_info() if p['user_api'] == 'blas'}))")
+    code = (
+        "import numpy, p2pfl; from threadpoolctl import threadpool_info; "
+        "print(sorted({p['num_threads'] for p in threadpool_info() if p['user_api'] == 'blas'}))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
     assert result.returncode == 0 and result.stdout.strip() == "[1]", result.stdout + result.stderr

@@ -1,5 +1,6 @@
 """The NTK math: factored == dense, evolution == explicit gradient descent, and one NTK-DFL peer step
 re-done independently with torch.autograd."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -111,7 +112,7 @@ def test_euler_ce_evolution_equals_gradient_descent_on_a_linear_model():
     eta, taus = 0.7, [1, 7, 25]
     evo = evolve_ce(H, f0, Y, eta, taus, "euler")
     for i, t in enumerate(taus):
-        w_t = w0 - eta / len(x) * jac.transpose_apply(shape, w0, evo.residual_sums[i:i + 1])[0]
+        w_t = w0 - eta / len(x) * jac.transpose_apply(shape, w0, evo.residual_sums[i : i + 1])[0]
         assert torch.allclose(w_t, gd(model, layout, w0, x, y, eta, t, "ce"), atol=1e-5)
 
 
@@ -150,8 +151,12 @@ def test_mse_reproduces_the_reference_code_exactly():
         r = sum(torch.linalg.matrix_exp(-eta * s / (N * C) * H) @ (f0.double() - Y) for s in range(1, t + 1))
         cands.append(w0.double() - eta / (N * C) * torch.einsum("ncd,nc->d", Jd, r))
     cands = torch.stack(cands)
-    losses = torch.stack([0.5 * ((torch.func.functional_call(model, layout.views(c.float()), (x,)) - Y.float()) ** 2)
-                          .sum(1).mean() for c in cands])
+    losses = torch.stack(
+        [
+            0.5 * ((torch.func.functional_call(model, layout.views(c.float()), (x,)) - Y.float()) ** 2).sum(1).mean()
+            for c in cands
+        ]
+    )
     best = int(torch.argmin(losses))
     assert result.tau == taus[best]
     assert torch.allclose(result.losses, losses, rtol=1e-4)
@@ -211,6 +216,7 @@ def test_one_ntk_dfl_peer_step_against_an_independent_dense_computation():
     H = torch.einsum("mcd,ncd->mn", J, J) / C
     Y = F.one_hot(y, C).float()
     eta, fs, acc, cands = 0.5, f(wbar).detach(), torch.zeros(N, C), []
+
     def slope(f):
         return -eta / N * H @ (torch.softmax(f, -1) - Y)
 
@@ -236,6 +242,15 @@ def test_the_papers_standard_projection_is_the_scaled_one_times_root_d_out():
 
     scaled, standard = gaussian_projection(64, 16, 3), gaussian_projection(64, 16, 3, standard=True)
     assert torch.allclose(standard, scaled * 4.0) and abs(float(standard.std()) - 1) < 0.1
-    runs = {entries: make_context(algo="cp-ntk-fl", topology="star", peers=4, clients_per_round=2, ntk_projection=16,
-                                  ntk_projection_entries=entries)[0].data.test_x for entries in ("scaled", "standard")}
+    runs = {
+        entries: make_context(
+            algo="cp-ntk-fl",
+            topology="star",
+            peers=4,
+            clients_per_round=2,
+            ntk_projection=16,
+            ntk_projection_entries=entries,
+        )[0].data.test_x
+        for entries in ("scaled", "standard")
+    }
     assert torch.allclose(runs["standard"], runs["scaled"] * 4.0, rtol=1e-5, atol=1e-5)

@@ -3,6 +3,7 @@ independent solution of the ODE df/ds = -(eta/N) H (softmax(f) - Y) on real Fash
 of the sizes the presets make (60 to about 1,200 samples), the paper's lr 0.01 and candidates
 t = 100..800: every candidate's weight update within 1e-4 (relative, 2-norm), and the same t chosen by
 the true network's loss."""
+
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,20 @@ TAUS = [100, 200, 300, 400, 500, 600, 700, 800]
 @pytest.mark.parametrize("batched", [False, True], ids=["split", "batched"])
 @pytest.mark.parametrize("peers,kappa,samples,peer", [(30, 2, 20, 0), (30, 3, 100, 4), (300, 5, 200, 7)])
 def test_evolution_matches_a_tight_ode_solution(peers, kappa, samples, peer, batched):
-    cfg = resolve(make_config({"algo": "ntk-dfl", "dataset": "fashion-mnist", "peers": peers, "kappa": kappa,
-                               "alpha": 0.1, "samples_per_peer": samples, "progress": False}), 1)
+    cfg = resolve(
+        make_config(
+            {
+                "algo": "ntk-dfl",
+                "dataset": "fashion-mnist",
+                "peers": peers,
+                "kappa": kappa,
+                "alpha": 0.1,
+                "samples_per_peer": samples,
+                "progress": False,
+            }
+        ),
+        1,
+    )
     ctx, _ = build(cfg, 0, 1, 0)
     hood = sorted(list(ctx.schedule.graph(0).neighbors(peer)) + [peer])
     index = torch.cat([ctx.shards[j] for j in hood])
@@ -43,8 +56,13 @@ def test_evolution_matches_a_tight_ode_solution(peers, kappa, samples, peer, bat
     kernel = fast.kernel(shape, w)
     if batched:  # in a batch with a larger neighbourhood's kernel: its padding must not move this one
         other = torch.randn(len(y) + 7, 3 * len(y) // 2)
-        ours = evolve_ce_batched([kernel, other @ other.T / other.shape[1]], [f0, torch.zeros(len(y) + 7, 10)],
-                                 [Y, F.one_hot(torch.arange(len(y) + 7) % 10, 10).float()], eta, TAUS)[0]
+        ours = evolve_ce_batched(
+            [kernel, other @ other.T / other.shape[1]],
+            [f0, torch.zeros(len(y) + 7, 10)],
+            [Y, F.one_hot(torch.arange(len(y) + 7) % 10, 10).float()],
+            eta,
+            TAUS,
+        )[0]
     else:
         ours = evolve_ce(kernel, f0, Y, eta, TAUS)  # the default method
     ref = tight_ce_sums(jac.kernel(shape, w), f0, Y, eta, TAUS)
@@ -55,8 +73,10 @@ def test_evolution_matches_a_tight_ode_solution(peers, kappa, samples, peer, bat
     mine, theirs = updates(fast, ours.residual_sums), updates(jac, ref)
     errors = (mine - theirs).norm(dim=1) / theirs.norm(dim=1)
     assert float(errors.max()) < 1e-4, (len(y), errors)
-    pick = [int(torch.argmin(candidate_losses(ctx.stack, (w[None] - u).float(), x, y, pixels=p)))
-            for u, p in ((mine, pixels), (theirs, None))]
+    pick = [
+        int(torch.argmin(candidate_losses(ctx.stack, (w[None] - u).float(), x, y, pixels=p)))
+        for u, p in ((mine, pixels), (theirs, None))
+    ]
     assert pick[0] == pick[1]
 
 
@@ -67,8 +87,20 @@ def test_ntk_on_pixels_takes_integer_products_with_the_float_results(algo):
     pixel codes (NTK-DFL keeps each peer's): the weights of two rounds match a run with float32 products."""
 
     def run(levels):
-        cfg = resolve(make_config({"algo": algo, "dataset": "fashion-mnist", "peers": 10, "kappa": 3,
-                                   "alpha": 0.1, "samples_per_peer": 40, "progress": False}), 1)
+        cfg = resolve(
+            make_config(
+                {
+                    "algo": algo,
+                    "dataset": "fashion-mnist",
+                    "peers": 10,
+                    "kappa": 3,
+                    "alpha": 0.1,
+                    "samples_per_peer": 40,
+                    "progress": False,
+                }
+            ),
+            1,
+        )
         ctx, algorithm = build(cfg, 0, 1, 0)
         ctx.data.pixel_levels = levels(ctx.data.pixel_levels)
         for r in range(2):
@@ -98,8 +130,12 @@ def _random_problem(n: int, seed: int, top: float = 0.0):
     gen = torch.Generator().manual_seed(seed)
     if top:
         U = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64)).Q
-        lam = torch.cat([torch.linspace(top, 0.24 * n, 16, dtype=torch.float64),
-                         torch.linspace(0.2 * n, 0.0, n - 16, dtype=torch.float64)])
+        lam = torch.cat(
+            [
+                torch.linspace(top, 0.24 * n, 16, dtype=torch.float64),
+                torch.linspace(0.2 * n, 0.0, n - 16, dtype=torch.float64),
+            ]
+        )
         H = ((U * lam) @ U.T).float()
     else:
         A = torch.randn(n, 2 * n, generator=gen)
@@ -115,8 +151,12 @@ def test_batched_evolution_is_each_kernels_own(stiffness):
     from p2pfl.ntk.evolution import FULL_SPLIT, SPLIT_SLOW
 
     eta, taus = 1.0, [3, 20, 41, 60]
-    problems = [_random_problem(150, 0, stiffness * 150), _random_problem(200, 1, 4.0 * 200),
-                _random_problem(64, 2), _random_problem(23, 3)]
+    problems = [
+        _random_problem(150, 0, stiffness * 150),
+        _random_problem(200, 1, 4.0 * 200),
+        _random_problem(64, 2),
+        _random_problem(23, 3),
+    ]
     lam = torch.linalg.eigvalsh(problems[0][0].double())
     assert len(lam) > FULL_SPLIT and eta / 150 * float(lam[-16]) <= SPLIT_SLOW  # the split applies to the first
     together = evolve_ce_batched(*map(list, zip(*problems)), eta, taus)
@@ -150,8 +190,20 @@ def test_ntk_dfl_rounds_with_the_batched_evolution_are_the_cpu_loops(monkeypatch
         if batched:
             monkeypatch.setattr(step, "evolves_batched", lambda device, settings: True)
             monkeypatch.setattr(plan, "evolves_batched", lambda device, settings: True)
-        cfg = resolve(make_config({"algo": "ntk-dfl", "dataset": "fashion-mnist", "peers": 8, "kappa": 3,
-                                   "alpha": 0.1, "samples_per_peer": 30, "progress": False}), 1)
+        cfg = resolve(
+            make_config(
+                {
+                    "algo": "ntk-dfl",
+                    "dataset": "fashion-mnist",
+                    "peers": 8,
+                    "kappa": 3,
+                    "alpha": 0.1,
+                    "samples_per_peer": 30,
+                    "progress": False,
+                }
+            ),
+            1,
+        )
         ctx, algorithm = build(cfg, 0, 1, 0)
         for r in range(2):
             algorithm.round(r)
@@ -173,8 +225,13 @@ def test_a_small_neighbourhood_beside_a_large_one_evolves_as_on_the_cpu(small):
     problems = []
     for n in (300, small):
         A = torch.rand(n, 784, generator=gen)
-        problems.append((A @ A.T / 784 * 50, torch.randn(n, 10, generator=gen),
-                         F.one_hot(torch.randint(0, 10, (n,), generator=gen), 10).float()))
+        problems.append(
+            (
+                A @ A.T / 784 * 50,
+                torch.randn(n, 10, generator=gen),
+                F.one_hot(torch.randint(0, 10, (n,), generator=gen), 10).float(),
+            )
+        )
     eta, taus = 0.01, [100, 200]
     together = evolve_ce_batched(*map(list, zip(*problems)), eta, taus)
     for (H, f0, Y), evo in zip(problems, together):
@@ -206,12 +263,15 @@ def test_a_kernel_too_stiff_to_integrate_evolves_to_nan_at_once(ode):
     assert torch.isnan(both[0].outputs).all() and torch.isfinite(both[1].outputs).all()
 
 
-@pytest.mark.parametrize("algo,extra", [
-    ("ntk-dfl", ["--kappa", "2"]),
-    ("ntk-dfl", ["--kappa", "2", "--ntk-ode", "adaptive", "--samples-per-peer", "40"]),
-    ("ntk-fl", ["--clients-per-round", "0"]),
-    ("cp-ntk-fl", ["--ntk-projection", "32"]),
-])
+@pytest.mark.parametrize(
+    "algo,extra",
+    [
+        ("ntk-dfl", ["--kappa", "2"]),
+        ("ntk-dfl", ["--kappa", "2", "--ntk-ode", "adaptive", "--samples-per-peer", "40"]),
+        ("ntk-fl", ["--clients-per-round", "0"]),
+        ("cp-ntk-fl", ["--ntk-projection", "32"]),
+    ],
+)
 def test_a_learning_rate_far_too_large_ends_the_run_in_one_line(tmp_path, algo, extra):
     """The issue's case (lr 1000 on 4 peers of 20 samples ran for more than 15 minutes in the integrator):
     exit 3, one line, the rows before it kept. A hang fails the test after 2 minutes (faulthandler)."""
@@ -221,9 +281,26 @@ def test_a_learning_rate_far_too_large_ends_the_run_in_one_line(tmp_path, algo, 
 
     faulthandler.dump_traceback_later(120, exit=True)
     try:
-        result = run_here("--algo", algo, "--dataset", "synthetic", "--peers", "4", "--rounds", "2",
-                          "--samples-per-peer", "20", "--lr", "1000", "--ntk-taus", "100", "--no-progress", *extra,
-                          "--out", str(tmp_path / "run"))
+        result = run_here(
+            "--algo",
+            algo,
+            "--dataset",
+            "synthetic",
+            "--peers",
+            "4",
+            "--rounds",
+            "2",
+            "--samples-per-peer",
+            "20",
+            "--lr",
+            "1000",
+            "--ntk-taus",
+            "100",
+            "--no-progress",
+            *extra,
+            "--out",
+            str(tmp_path / "run"),
+        )
     finally:
         faulthandler.cancel_dump_traceback_later()
     assert result.returncode == 3, result.stderr[-2000:]

@@ -1,5 +1,6 @@
 """Output paths, overwritten folders, pickles and damaged data at their edges: one line and exit 2 (5
 for a write that fails mid-run), never a traceback, never a run folder holding two runs."""
+
 import json
 import pickle
 import resource
@@ -11,8 +12,19 @@ import pytest
 
 from tests.conftest import ROOT, run_here, write_cifar, write_femnist, write_idx, write_stripes
 
-SYN = ["--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--rounds", "1", "--local-epochs", "1",
-       "--no-progress"]
+SYN = [
+    "--dataset",
+    "synthetic",
+    "--peers",
+    "6",
+    "--kappa",
+    "2",
+    "--rounds",
+    "1",
+    "--local-epochs",
+    "1",
+    "--no-progress",
+]
 
 
 def _one_line(result):
@@ -21,12 +33,15 @@ def _one_line(result):
     return lines[0]
 
 
-@pytest.mark.parametrize("out,needle", [
-    ("x" * 300, "a name of 300 characters"),
-    ("é" * 200, "a name of 200 characters (éééééééééééééééééééé...), 400 bytes; at most 255 bytes"),
-    ("d/" * 2600, "characters long; use a shorter path"),
-    ("dangling/run", "is a link to nothing"),
-])
+@pytest.mark.parametrize(
+    "out,needle",
+    [
+        ("x" * 300, "a name of 300 characters"),
+        ("é" * 200, "a name of 200 characters (éééééééééééééééééééé...), 400 bytes; at most 255 bytes"),
+        ("d/" * 2600, "characters long; use a shorter path"),
+        ("dangling/run", "is a link to nothing"),
+    ],
+)
 def test_an_out_no_file_system_takes_is_one_line(tmp_path, out, needle):
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     result = run_here(*SYN, "--out", str(tmp_path / out))
@@ -37,13 +52,34 @@ def test_an_out_no_file_system_takes_is_one_line(tmp_path, out, needle):
 def test_a_write_that_fails_mid_run_is_one_line_and_what_was_written_stays_readable(tmp_path):
     """A file-size limit (as a full disk does) hits the run's checkpoint: it stops naming the file, exit 5,
     and metrics.jsonl holds whole lines."""
+
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
 
     out = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "p2pfl.run", *SYN, "--rounds", "50", "--checkpoint-every", "1",
-                             "--peers", "12", "--kappa", "3", "--out", str(out)], cwd=ROOT, capture_output=True,
-                            text=True, preexec_fn=limit, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "p2pfl.run",
+            *SYN,
+            "--rounds",
+            "50",
+            "--checkpoint-every",
+            "1",
+            "--peers",
+            "12",
+            "--kappa",
+            "3",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+        timeout=300,
+    )
     line = _one_line(result)
     assert result.returncode == 5 and "cannot write" in line and str(out) in line
     rows = [json.loads(row) for row in (out / "metrics.jsonl").read_text().splitlines()]
@@ -70,8 +106,23 @@ def test_numpy_2_pickles_at_protocol_5_are_read(tmp_path):
     for path in folder.iterdir():  # the same batches, pickled again by numpy 2 at protocol 5
         batch = pickle.loads(path.read_bytes(), encoding="bytes")
         path.write_bytes(pickle.dumps({k: np.asarray(v) if k == b"data" else v for k, v in batch.items()}, protocol=5))
-    result = run_here("--dataset", "cifar10", "--data-dir", str(tmp_path / "c"), "--peers", "4", "--kappa", "2",
-                      "--rounds", "1", "--samples-per-peer", "10", "--no-progress", "--out", str(tmp_path / "b"))
+    result = run_here(
+        "--dataset",
+        "cifar10",
+        "--data-dir",
+        str(tmp_path / "c"),
+        "--peers",
+        "4",
+        "--kappa",
+        "2",
+        "--rounds",
+        "1",
+        "--samples-per-peer",
+        "10",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "b"),
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -82,8 +133,22 @@ def test_a_pickle_bomb_is_refused_not_built(tmp_path):
         nested = [nested] * 10
     with (tmp_path / "bomb.pkl").open("wb") as fh:
         pickle.dump({p: nested for p in range(6)}, fh)
-    result = subprocess.run([sys.executable, "-m", "p2pfl.run", *SYN, "--partition-file", str(tmp_path / "bomb.pkl"),
-                             "--out", str(tmp_path / "r")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "p2pfl.run",
+            *SYN,
+            "--partition-file",
+            str(tmp_path / "bomb.pkl"),
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and "needs a non-empty list of integer indices" in _one_line(result)
 
 
@@ -124,20 +189,35 @@ def _idx(tmp_path, damage):
     return ["--dataset", "mnist", "--data-dir", str(root)]
 
 
-@pytest.mark.parametrize("make,damage,needle", [
-    (_femnist, "a folder", "is a folder, not a LEAF JSON file"),
-    (_femnist, "a dangling link", "is a link to nothing"),
-    (_femnist, "NaN pixels", "has NaN or infinite pixels"),
-    (_cifar, "string data", "'data' is not 8-bit pixels"),
-    (_cifar, "string labels", "'labels' is not a list of integer labels"),
-    (_cifar, "empty arrays", "is corrupt"),
-    (_cifar, "float pixels", "'data' is not 8-bit pixels (it is float32)"),
-    (_idx, "zero-size images", "have no pixels"),
-])
+@pytest.mark.parametrize(
+    "make,damage,needle",
+    [
+        (_femnist, "a folder", "is a folder, not a LEAF JSON file"),
+        (_femnist, "a dangling link", "is a link to nothing"),
+        (_femnist, "NaN pixels", "has NaN or infinite pixels"),
+        (_cifar, "string data", "'data' is not 8-bit pixels"),
+        (_cifar, "string labels", "'labels' is not a list of integer labels"),
+        (_cifar, "empty arrays", "is corrupt"),
+        (_cifar, "float pixels", "'data' is not 8-bit pixels (it is float32)"),
+        (_idx, "zero-size images", "have no pixels"),
+    ],
+)
 def test_damaged_data_is_named_in_one_line(tmp_path, make, damage, needle):
     args = make(tmp_path, damage)
-    result = run_here(*args, "--peers", "4", "--kappa", "2", "--rounds", "1", "--samples-per-peer", "5",
-                      "--no-progress", "--out", str(tmp_path / "r"))
+    result = run_here(
+        *args,
+        "--peers",
+        "4",
+        "--kappa",
+        "2",
+        "--rounds",
+        "1",
+        "--samples-per-peer",
+        "5",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "r"),
+    )
     assert result.returncode == 2 and needle in _one_line(result)
     assert not (tmp_path / "r").exists()
 
@@ -149,7 +229,7 @@ def test_a_partition_file_names_the_same_images_under_fedavg_ft(tmp_path):
 
     labels = load_dataset("synthetic", DataRequest()).train_y.numpy()
     kept = np.flatnonzero(labels < 8)
-    shards = {p: kept[p * 30:(p + 1) * 30].tolist() for p in range(6)}
+    shards = {p: kept[p * 30 : (p + 1) * 30].tolist() for p in range(6)}
     (tmp_path / "split.json").write_text(json.dumps(shards))
     args = [*SYN, "--algo", "fedavg-ft", "--ft-trials", "1", "--partition-file", str(tmp_path / "split.json")]
     assert run_here(*args, "--out", str(tmp_path / "r")).returncode == 0
@@ -164,18 +244,26 @@ def test_a_partition_file_names_the_same_images_under_fedavg_ft(tmp_path):
     assert result.returncode == 2 and "keeps out of training" in _one_line(result)
 
 
-@pytest.mark.parametrize("refused,needle", [
-    ("--peers abc", "--peers takes an integer, not 'abc'"),  # by the parser, on every rank
-    ("--out {taken}", "already holds files"),  # by the checks of the resolved settings, as every other refusal
-])
+@pytest.mark.parametrize(
+    "refused,needle",
+    [
+        ("--peers abc", "--peers takes an integer, not 'abc'"),  # by the parser, on every rank
+        ("--out {taken}", "already holds files"),  # by the checks of the resolved settings, as every other refusal
+    ],
+)
 @pytest.mark.mpi
 def test_launch_mpirun_ends_a_refused_run_with_our_line_alone(tmp_path, refused, needle):
     """Without Open MPI's banner, with exit 2. (What each refusal says: tests/test_cli_errors.py, in-process.)"""
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("x")
     args = refused.format(taken=tmp_path / "taken").split()
-    result = subprocess.run(["bash", str(ROOT / "launch" / "mpirun.sh"), "2", *SYN, *args], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["bash", str(ROOT / "launch" / "mpirun.sh"), "2", *SYN, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and needle in _one_line(result)
 
 
@@ -190,8 +278,25 @@ def test_a_folder_name_with_control_characters_round_trips_through_config_toml(t
     odd.mkdir()
     for f in tiny_mnist.glob("*.gz"):
         f.rename(odd / f.name)
-    args = ["--dataset", "mnist", "--data-dir", str(odd), "--peers", "4", "--kappa", "2", "--rounds", "2",
-            "--samples-per-peer", "20", "--local-epochs", "1", "--no-progress", "--out", str(tmp_path / "run")]
+    args = [
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        str(odd),
+        "--peers",
+        "4",
+        "--kappa",
+        "2",
+        "--rounds",
+        "2",
+        "--samples-per-peer",
+        "20",
+        "--local-epochs",
+        "1",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     cut = testing.run_in_process(args, stop_after_first_round=True)
     assert cut.returncode == 130, cut.stderr[-2000:]
     config = tomllib.loads((tmp_path / "run" / "config.toml").read_text())

@@ -1,4 +1,5 @@
 """--partition-file: a run on a split read from a file (the reference codes' pickled dicts, .json, .npz)."""
+
 import json
 import pickle
 
@@ -50,15 +51,18 @@ def test_a_pickle_that_would_run_code_is_refused_unrun(tmp_path, capsys):
     assert "a pickle ran code" not in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("shards,needle", [
-    ({0: [1], 1: [11]}, "index 11, outside the 10 training samples"),
-    ({0: [1], 1: [-1]}, "index -1, outside"),
-    ({0: [1]}, "holds 1 peers; peer 1 of the run's 2"),
-    ({0: [1], 1: []}, "peer 1 needs a non-empty list of integer indices"),
-    ({0: [1], 1: [0.5]}, "integer indices"),
-    ({"a": [1], 1: [2]}, "peer 'a' is not a number"),
-    ({0: [1], 1: [[1, 2], [3]]}, "peer 1 needs a non-empty list of integer indices"),
-])
+@pytest.mark.parametrize(
+    "shards,needle",
+    [
+        ({0: [1], 1: [11]}, "index 11, outside the 10 training samples"),
+        ({0: [1], 1: [-1]}, "index -1, outside"),
+        ({0: [1]}, "holds 1 peers; peer 1 of the run's 2"),
+        ({0: [1], 1: []}, "peer 1 needs a non-empty list of integer indices"),
+        ({0: [1], 1: [0.5]}, "integer indices"),
+        ({"a": [1], 1: [2]}, "peer 'a' is not a number"),
+        ({0: [1], 1: [[1, 2], [3]]}, "peer 1 needs a non-empty list of integer indices"),
+    ],
+)
 def test_bad_maps_are_named(tmp_path, shards, needle):
     path = tmp_path / "part.json"
     path.write_text(json.dumps({str(k): v for k, v in shards.items()}))
@@ -79,34 +83,64 @@ def test_a_run_on_a_file_equals_the_run_that_drew_it(tmp_path):
     data = load_dataset("synthetic")
     drawn = partition(data.train_y.numpy(), data.train_classes, 6, "dirichlet", per_peer=40, alpha=0.3, seed=3)
     path = _write(tmp_path, "dat", dict(enumerate(drawn)))
-    common = ["--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--rounds", "2", "--local-epochs", "1",
-              "--no-progress"]
+    common = [
+        "--dataset",
+        "synthetic",
+        "--peers",
+        "6",
+        "--kappa",
+        "2",
+        "--rounds",
+        "2",
+        "--local-epochs",
+        "1",
+        "--no-progress",
+    ]
     runs = {}
-    for name, extra in (("drawn", ["--alpha", "0.3", "--samples-per-peer", "40", "--seed", "3"]),
-                        ("file", ["--seed", "3", "--partition-file", str(path)])):
+    for name, extra in (
+        ("drawn", ["--alpha", "0.3", "--samples-per-peer", "40", "--seed", "3"]),
+        ("file", ["--seed", "3", "--partition-file", str(path)]),
+    ):
         done = run_here(*common, *extra, "--out", str(tmp_path / name))
         assert done.returncode == 0, done.stderr
-        runs[name] = [{k: v for k, v in json.loads(line).items() if k not in MACHINE_FACTS}
-                      for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        runs[name] = [
+            {k: v for k, v in json.loads(line).items() if k not in MACHINE_FACTS}
+            for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        ]
     assert runs["file"] == runs["drawn"]
     assert (tmp_path / "file" / "partition.json").read_text() == (tmp_path / "drawn" / "partition.json").read_text()
 
 
-@pytest.mark.parametrize("extra,needle", [
-    (["--partition-file", "{tmp}/absent.dat"], "no such file"),
-    (["--partition-file", "{tmp}/part.dat", "--train-samples", "100"], "would renumber it"),
-    (["--partition-file", "{tmp}/garbage.dat"], "cannot be read as .json, .npz or a pickled dict"),
-    (["--partition-file", "{tmp}/garbage.npz"], "cannot be read as .json, .npz or a pickled dict"),
-    (["--partition-file", "{tmp}/cut.dat"], "cannot be read as .json, .npz or a pickled dict"),
-])
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--partition-file", "{tmp}/absent.dat"], "no such file"),
+        (["--partition-file", "{tmp}/part.dat", "--train-samples", "100"], "would renumber it"),
+        (["--partition-file", "{tmp}/garbage.dat"], "cannot be read as .json, .npz or a pickled dict"),
+        (["--partition-file", "{tmp}/garbage.npz"], "cannot be read as .json, .npz or a pickled dict"),
+        (["--partition-file", "{tmp}/cut.dat"], "cannot be read as .json, .npz or a pickled dict"),
+    ],
+)
 def test_cli_refuses_in_one_line(tmp_path, extra, needle):
     _write(tmp_path, "dat")
     (tmp_path / "garbage.dat").write_bytes(b"\x00 not a pickle")
     (tmp_path / "garbage.npz").write_bytes(b"PK\x03\x04 a cut zip")
     (tmp_path / "cut.dat").write_bytes((tmp_path / "part.dat").read_bytes()[:40])
     argv = [a.replace("{tmp}", str(tmp_path)) for a in extra]
-    done = run_here("--dataset", "synthetic", "--peers", "3", "--kappa", "2", "--rounds", "1", *argv,
-                    "--out", str(tmp_path / "run"), "--no-progress")
+    done = run_here(
+        "--dataset",
+        "synthetic",
+        "--peers",
+        "3",
+        "--kappa",
+        "2",
+        "--rounds",
+        "1",
+        *argv,
+        "--out",
+        str(tmp_path / "run"),
+        "--no-progress",
+    )
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and needle in lines[0], done.stderr
     assert not (tmp_path / "run").exists()

@@ -1,6 +1,7 @@
 """Products with 8-bit pixel inputs in integer arithmetic: as accurate as float32 products, the same on
 any number of threads, used by the factored kernel, its transpose and the candidates' first layer, and
 refused for inputs that are not pixels."""
+
 import pytest
 import torch
 
@@ -29,8 +30,11 @@ def test_products_match_float64_at_least_as_well_as_float32():
     gen = torch.Generator().manual_seed(1)
     W, A = 0.05 * torch.randn(200, 784, generator=gen), torch.randn(150, 300, generator=gen)
     X = x.double()
-    for got, float32, exact in ((pixels.gram(), x @ x.T, X @ X.T), (pixels.right(W), W @ x.T, W.double() @ X.T),
-                                (pixels.left(A), A @ x, A.double() @ X)):
+    for got, float32, exact in (
+        (pixels.gram(), x @ x.T, X @ X.T),
+        (pixels.right(W), W @ x.T, W.double() @ X.T),
+        (pixels.left(A), A @ x, A.double() @ X),
+    ):
         assert relative_error(got, exact) < 3e-7
         assert relative_error(got, exact) <= 2 * relative_error(float32, exact)
     assert torch.equal(pixels.right(torch.zeros(3, 784)), torch.zeros(3, 300))  # a zero row: no division by 0
@@ -81,5 +85,6 @@ def test_kernel_transpose_and_candidate_outputs_with_pixels_equal_the_float_ones
     assert torch.allclose(fast.rows(half).kernel(shape, w), plain.rows(half).kernel(shape, w), rtol=1e-5, atol=1e-5)
     stack = PeerStack(model)
     candidates, x, y = w[None] + 0.01 * torch.randn(5, len(w)), torch.cat(xs), torch.randint(0, 4, (15,))
-    assert torch.allclose(candidate_losses(stack, candidates, x, y, pixels=pixels),
-                          candidate_losses(stack, candidates, x, y), rtol=1e-5)
+    assert torch.allclose(
+        candidate_losses(stack, candidates, x, y, pixels=pixels), candidate_losses(stack, candidates, x, y), rtol=1e-5
+    )

@@ -1,5 +1,6 @@
 """Checkpoints, --resume and faults: a run stopped by Ctrl-C, by a stalled or a killed rank, resumes to
 exactly the numbers of the uninterrupted run, also on another number of ranks."""
+
 import json
 import os
 import re
@@ -203,11 +204,41 @@ def test_tct_interrupted_in_stage_2_resumes_from_the_end_of_stage_1(tmp_path):
 
     (tmp_path / "digits").mkdir()
     digits = write_stripes(tmp_path / "digits", 4, 120, 40)
-    args = ["--algo", "tct", "--dataset", "mnist", "--data-dir", str(digits), "--model", "simple-cnn", "--peers", "4",
-            "--partition", "classes", "--classes-style", "niid-bench", "--classes-per-peer", "1",
-            "--tct-stage1-rounds", "2", "--tct-stage2-rounds", "5", "--tct-features", "2000", "--tct-local-steps",
-            "400", "--tct-lr", "1e-5", "--local-epochs", "1", "--batch-size", "16", "--no-progress",
-            "--checkpoint-every", "1"]
+    args = [
+        "--algo",
+        "tct",
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        str(digits),
+        "--model",
+        "simple-cnn",
+        "--peers",
+        "4",
+        "--partition",
+        "classes",
+        "--classes-style",
+        "niid-bench",
+        "--classes-per-peer",
+        "1",
+        "--tct-stage1-rounds",
+        "2",
+        "--tct-stage2-rounds",
+        "5",
+        "--tct-features",
+        "2000",
+        "--tct-local-steps",
+        "400",
+        "--tct-lr",
+        "1e-5",
+        "--local-epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--no-progress",
+        "--checkpoint-every",
+        "1",
+    ]
     _full_and_ctrl_c(tmp_path, args, 3)
     assert json.loads((tmp_path / "cut" / "checkpoint" / "latest.json").read_text())["round"] == 2
     assert run_here("--resume", str(tmp_path / "cut"), "--no-progress").returncode == 0

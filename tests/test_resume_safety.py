@@ -1,6 +1,7 @@
 """Stopping and resuming never loses what is there: a resume that fails writes nothing, a damaged
 newest checkpoint falls back to the previous slot, the command that started a run plus --resume is
 accepted, and SIGTERM saves the last completed round."""
+
 import hashlib
 import json
 import os
@@ -17,8 +18,25 @@ from p2pfl import testing
 from tests.conftest import ROOT
 from tests.test_resume import _start, _wait_for_rows
 
-ARGS = ["--dataset", "synthetic", "--peers", "8", "--kappa", "3", "--rounds", "4", "--local-epochs", "2",
-        "--samples-per-peer", "60", "--algo", "scaffold", "--clients-per-round", "5", "--no-progress"]
+ARGS = [
+    "--dataset",
+    "synthetic",
+    "--peers",
+    "8",
+    "--kappa",
+    "3",
+    "--rounds",
+    "4",
+    "--local-epochs",
+    "2",
+    "--samples-per-peer",
+    "60",
+    "--algo",
+    "scaffold",
+    "--clients-per-round",
+    "5",
+    "--no-progress",
+]
 
 
 def _stopped(tmp_path, name, rounds_done):
@@ -44,8 +62,11 @@ def whole(tmp_path):
 
 
 def _fingerprint(folder):
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _one_line(err):
@@ -75,8 +96,12 @@ def _damage(path, how, tmp_path):
         path.write_text(LATEST_DAMAGE[how])
 
 
-LATEST_DAMAGE = {"garbage": "{not json", "empty": "", "a list": "[1, 0, 1]", "a string round":
-                 '{"round": "2", "slot": 1, "ranks": 1}'}
+LATEST_DAMAGE = {
+    "garbage": "{not json",
+    "empty": "",
+    "a list": "[1, 0, 1]",
+    "a string round": '{"round": "2", "slot": 1, "ranks": 1}',
+}
 SLOT_DAMAGE = ["random bytes", "zero bytes", "a plain tensor", "a foreign class"]
 
 
@@ -170,12 +195,32 @@ def test_a_toml_resume_key_follows_the_same_rules(tmp_path, whole):
     testing.assert_same_results(whole, run, "resumed through a TOML resume key")
 
 
-SLOW = ["--dataset", "synthetic", "--peers", "12", "--kappa", "3", "--rounds", "5", "--local-epochs", "300",
-        "--algo", "dfedavg", "--no-progress", "--checkpoint-every", "0"]  # long rounds, no checkpoint of its own
+SLOW = [
+    "--dataset",
+    "synthetic",
+    "--peers",
+    "12",
+    "--kappa",
+    "3",
+    "--rounds",
+    "5",
+    "--local-epochs",
+    "300",
+    "--algo",
+    "dfedavg",
+    "--no-progress",
+    "--checkpoint-every",
+    "0",
+]  # long rounds, no checkpoint of its own
 
 
-@pytest.mark.parametrize("ranks", [pytest.param(0, marks=pytest.mark.subprocess, id="one process"),
-                                   pytest.param(3, marks=pytest.mark.mpi, id="mpirun -n 3")])
+@pytest.mark.parametrize(
+    "ranks",
+    [
+        pytest.param(0, marks=pytest.mark.subprocess, id="one process"),
+        pytest.param(3, marks=pytest.mark.mpi, id="mpirun -n 3"),
+    ],
+)
 def test_sigterm_saves_the_last_completed_round_and_the_resume_equals_the_whole_run(tmp_path, ranks):
     """SIGTERM to every process (as SLURM sends it to a job's tasks) after round 2, with no checkpoint
     written by then: the run saves round 2 from memory, exits 143, and resumes to the whole run's numbers."""
@@ -209,9 +254,15 @@ def test_ctrl_c_at_the_terminal_reaches_launch_mpiruns_ranks_and_saves(tmp_path)
     into SIGUSR1. The ranks save the last completed round and exit 143, within seconds."""
     run = tmp_path / "cut"
     terminal = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731 - as a shell's foreground job
-    proc = subprocess.Popen(["bash", str(ROOT / "launch" / "mpirun.sh"), "3", *SLOW, "--out", str(run)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=terminal)
+    proc = subprocess.Popen(
+        ["bash", str(ROOT / "launch" / "mpirun.sh"), "3", *SLOW, "--out", str(run)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=terminal,
+    )
     _wait_for_rows(proc, run, 2)
     os.killpg(proc.pid, signal.SIGINT)
     start = time.monotonic()
@@ -222,9 +273,11 @@ def test_ctrl_c_at_the_terminal_reaches_launch_mpiruns_ranks_and_saves(tmp_path)
     assert json.loads((run / "checkpoint" / "latest.json").read_text())["round"] >= 2
 
 
-@pytest.mark.parametrize("console,signum,code", [(False, signal.SIGINT, 130), (True, signal.SIGINT, 130),
-                                                 (True, signal.SIGUSR1, 143)],
-                         ids=["python -m p2pfl.run, Ctrl-C", "p2pfl-run, Ctrl-C", "p2pfl-run, SIGUSR1"])
+@pytest.mark.parametrize(
+    "console,signum,code",
+    [(False, signal.SIGINT, 130), (True, signal.SIGINT, 130), (True, signal.SIGUSR1, 143)],
+    ids=["python -m p2pfl.run, Ctrl-C", "p2pfl-run, Ctrl-C", "p2pfl-run, SIGUSR1"],
+)
 @pytest.mark.subprocess
 def test_a_stop_while_starting_is_one_line(tmp_path, console, signum, code):
     """While torch loads (0.3 s in), from the module and from the console script, which once lost a
@@ -234,8 +287,13 @@ def test_a_stop_while_starting_is_one_line(tmp_path, console, signum, code):
 
     script = Path(sys.executable).parent / "p2pfl-run"
     if console:
-        proc = subprocess.Popen([str(script), "--dataset", "synthetic", "--out", str(tmp_path / "r")], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [str(script), "--dataset", "synthetic", "--out", str(tmp_path / "r")],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     else:
         proc = _start(["--dataset", "synthetic"], tmp_path / "r")
     time.sleep(0.3)  # torch is loading
@@ -247,6 +305,7 @@ def test_a_stop_while_starting_is_one_line(tmp_path, console, signum, code):
 def _sigterm_when(event: threading.Event, sent: list) -> threading.Thread:
     """A thread that sends this process SIGTERM once `event` is set (the run says it is in the middle of
     its compute), noting when."""
+
     def send():
         event.wait()
         sent.append(time.monotonic())
@@ -292,15 +351,33 @@ def test_sigterm_in_the_middle_of_the_kernel_evolution_stops_within_seconds(tmp_
             if len(calls) <= 4:  # round 1: one evolution a peer
                 return real(*args)
             wanted = np.full(10_000_000, -1, dtype=np.int64)
-            wanted[:len(args[8])] = args[8]
+            wanted[: len(args[8])] = args[8]
             event.set()
             return real(*args[:8], wanted, *args[9:])
 
         monkeypatch.setattr(split_loop, "left_sums", long_in_round_two)
 
-    args = ["--algo", "ntk-dfl", "--dataset", "synthetic", "--peers", "4", "--kappa", "2", "--rounds", "3",
-            "--samples-per-peer", "20", "--ntk-taus", "50,100", "--lr", "0.1", "--checkpoint-every", "0",
-            "--no-progress"]
+    args = [
+        "--algo",
+        "ntk-dfl",
+        "--dataset",
+        "synthetic",
+        "--peers",
+        "4",
+        "--kappa",
+        "2",
+        "--rounds",
+        "3",
+        "--samples-per-peer",
+        "20",
+        "--ntk-taus",
+        "50,100",
+        "--lr",
+        "0.1",
+        "--checkpoint-every",
+        "0",
+        "--no-progress",
+    ]
     _stopped_in_round_two_then_resumed(tmp_path, args, monkeypatch, patch)
 
 
@@ -322,8 +399,23 @@ def test_sigterm_in_the_middle_of_local_training_stops_within_seconds(tmp_path, 
 
         monkeypatch.setattr(training, "_train_block", long_in_round_two)
 
-    args = ["--algo", "dfedavg", "--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--rounds", "3",
-            "--local-epochs", "2", "--checkpoint-every", "0", "--no-progress"]
+    args = [
+        "--algo",
+        "dfedavg",
+        "--dataset",
+        "synthetic",
+        "--peers",
+        "6",
+        "--kappa",
+        "2",
+        "--rounds",
+        "3",
+        "--local-epochs",
+        "2",
+        "--checkpoint-every",
+        "0",
+        "--no-progress",
+    ]
     _stopped_in_round_two_then_resumed(tmp_path, args, monkeypatch, patch)
 
 
@@ -347,11 +439,15 @@ def _folder_for_a_slot(run, tmp_path):
     newest.mkdir()
 
 
-@pytest.mark.parametrize("damage,needle", [
-    (_link_metrics_outside, "metrics.jsonl is a link; a run writes only inside its folder"),
-    (_pipe_for_latest, "checkpoint/latest.json is not a file"),
-    (_folder_for_a_slot, "is not a file (remove it to resume from the other checkpoint)"),
-], ids=["metrics.jsonl a link outside", "latest.json a named pipe", "the newest slot a folder"])
+@pytest.mark.parametrize(
+    "damage,needle",
+    [
+        (_link_metrics_outside, "metrics.jsonl is a link; a run writes only inside its folder"),
+        (_pipe_for_latest, "checkpoint/latest.json is not a file"),
+        (_folder_for_a_slot, "is not a file (remove it to resume from the other checkpoint)"),
+    ],
+    ids=["metrics.jsonl a link outside", "latest.json a named pipe", "the newest slot a folder"],
+)
 def test_a_resume_refused_for_its_files_changes_nothing(tmp_path, damage, needle):
     """Hostile cases of issue 40: the resume followed a link out of the folder (the outside file got the
     rows), hung on a pipe, or rewrote the metrics and plot before failing on a slot that is a folder. Each
@@ -366,8 +462,11 @@ def test_a_resume_refused_for_its_files_changes_nothing(tmp_path, damage, needle
         assert len(outside.read_text().splitlines()) == 2
 
 
-@pytest.mark.parametrize("make", [lambda t: Path("/dev/zero"), lambda t: os.mkfifo(t / "pipe.toml") or t / "pipe.toml"],
-                         ids=["/dev/zero", "a named pipe"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda t: Path("/dev/zero"), lambda t: os.mkfifo(t / "pipe.toml") or t / "pipe.toml"],
+    ids=["/dev/zero", "a named pipe"],
+)
 def test_a_config_that_is_not_a_regular_file_is_refused_not_read(tmp_path, make):
     done = testing.run_in_process(["--config", str(make(tmp_path))])
     assert done.returncode == 2 and "is not a regular file" in done.stderr, done.stderr
@@ -380,8 +479,21 @@ def test_a_run_folder_in_use_is_refused_to_a_second_run(tmp_path, monkeypatch):
     from p2pfl import metrics
 
     run = tmp_path / "run"
-    args = ["--dataset", "synthetic", "--peers", "6", "--kappa", "2", "--rounds", "3", "--local-epochs", "1",
-            "--no-progress", "--out", str(run)]
+    args = [
+        "--dataset",
+        "synthetic",
+        "--peers",
+        "6",
+        "--kappa",
+        "2",
+        "--rounds",
+        "3",
+        "--local-epochs",
+        "1",
+        "--no-progress",
+        "--out",
+        str(run),
+    ]
     seen, real = [], metrics.MetricsLog.record
 
     def record(self, k, *rest):  # rounds 1 and 2 done: a second run into the folder, while the first holds it

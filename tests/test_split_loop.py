@@ -1,5 +1,6 @@
 """The compiled pieces of the split CE integrator against plain numpy in float64, and the lazy remainder
 against applying the whole kernel at every stage."""
+
 import os
 import subprocess
 import sys
@@ -121,8 +122,7 @@ def test_a_fresh_compile_and_a_cached_load_give_the_same_bits(tmp_path):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
     tests = str(Path(__file__).parent)
     for name in ("compiled", "cached"):
-        subprocess.run([sys.executable, "-c", _EVOLVE_AND_SAVE, tests, str(tmp_path / name)], env=env,
-                       check=True)
+        subprocess.run([sys.executable, "-c", _EVOLVE_AND_SAVE, tests, str(tmp_path / name)], env=env, check=True)
     assert any((tmp_path / "cache").rglob("*left_sums*.nbc"))  # the first process did compile and cache it
     compiled, cached = np.load(tmp_path / "compiled.npy"), np.load(tmp_path / "cached.npy")
     assert compiled.size > 0 and np.array_equal(compiled.view(np.uint32), cached.view(np.uint32))

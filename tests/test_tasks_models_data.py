@@ -1,4 +1,5 @@
 """Beyond the MLP: models, tasks, CIFAR / FEMNIST readers, the papers' partitions, algorithm settings."""
+
 import json
 import pickle
 
@@ -57,12 +58,15 @@ def test_batched_training_equals_one_peer_at_a_time(name, shape):
     if name == "resnet8":  # running statistics travel in the row and were updated
         layout = PeerStack(model).layout
         assert layout.size > layout.trainable
-        assert not torch.allclose(out[True][:, layout.trainable:],
-                                  initial_parameters(model, [0], 3, "same", torch.device("cpu"))[:, layout.trainable:])
+        assert not torch.allclose(
+            out[True][:, layout.trainable :],
+            initial_parameters(model, [0], 3, "same", torch.device("cpu"))[:, layout.trainable :],
+        )
 
 
-@pytest.mark.parametrize("name,kind", [("cifar10", "binary"), ("cifar10", "python"), ("cifar100", "binary"),
-                                       ("cifar100", "python")])
+@pytest.mark.parametrize(
+    "name,kind", [("cifar10", "binary"), ("cifar10", "python"), ("cifar100", "binary"), ("cifar100", "python")]
+)
 def test_cifar_layouts_load(tmp_path, name, kind):
     write_cifar(tmp_path, name, kind)
     fine = load_dataset(name, DataRequest(str(tmp_path)))
@@ -84,13 +88,15 @@ def _one_error_line(capsys, argv):
 def test_cifar_truncated_binary_and_corrupt_pickle(tmp_path, capsys):
     folder = write_cifar(tmp_path / "bin", "cifar10", "binary")
     (folder / "data_batch_3.bin").write_bytes((folder / "data_batch_3.bin").read_bytes()[:-100])
-    line = _one_error_line(capsys, ["--dataset", "cifar10", "--data-dir", str(tmp_path / "bin"), "--out",
-                                    str(tmp_path / "r1")])
+    line = _one_error_line(
+        capsys, ["--dataset", "cifar10", "--data-dir", str(tmp_path / "bin"), "--out", str(tmp_path / "r1")]
+    )
     assert "truncated or corrupt" in line and "data_batch_3.bin" in line
     folder = write_cifar(tmp_path / "py", "cifar100", "python")
     (folder / "test").write_bytes((folder / "test").read_bytes()[:500])
-    line = _one_error_line(capsys, ["--dataset", "cifar-100", "--data-dir", str(tmp_path / "py"), "--out",
-                                    str(tmp_path / "r2")])
+    line = _one_error_line(
+        capsys, ["--dataset", "cifar-100", "--data-dir", str(tmp_path / "py"), "--out", str(tmp_path / "r2")]
+    )
     assert "truncated or corrupt" in line
 
 
@@ -143,10 +149,35 @@ def test_feddyn_dirichlet_equal_sizes_disjoint_skewed():
 
 
 def test_niid_bench_from_the_cli_gives_one_whole_class(tiny_mnist, tmp_path):
-    result = run_here("--algo", "fedavg", "--model", "simple-cnn", "--dataset", "mnist", "--data-dir",
-                     str(tiny_mnist), "--peers", "10", "--partition", "classes", "--classes-style", "niid-bench",
-                     "--classes-per-peer", "1", "--rounds", "1", "--clients-per-round", "2", "--local-epochs", "1",
-                     "--test-samples", "20", "--no-progress", "--out", str(tmp_path / "r"))
+    result = run_here(
+        "--algo",
+        "fedavg",
+        "--model",
+        "simple-cnn",
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        str(tiny_mnist),
+        "--peers",
+        "10",
+        "--partition",
+        "classes",
+        "--classes-style",
+        "niid-bench",
+        "--classes-per-peer",
+        "1",
+        "--rounds",
+        "1",
+        "--clients-per-round",
+        "2",
+        "--local-epochs",
+        "1",
+        "--test-samples",
+        "20",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "r"),
+    )
     assert result.returncode == 0, result.stderr
     parts = json.loads((tmp_path / "r" / "partition.json").read_text())
     assert [p["classes"] for p in parts] == [[60 if c == i else 0 for c in range(10)] for i in range(10)]
@@ -169,38 +200,79 @@ def test_algorithm_help_lists_its_own_settings_only():
     assert "--ntk-taus" not in result.stdout and "--share-fraction" not in result.stdout
 
 
-@pytest.mark.parametrize("text,needle", [
-    ('algo = "fedavg"\nprox_mu = 0.1\n', "does not apply to --algo fedavg"),
-    ('algo = "fedprox"\nprox_mu = "a lot"\n', "--prox-mu takes a finite number"),
-    ('lr = "0.1"\n', "--lr takes a finite number"),
-    ('algo = "ntk-dfl"\nntk_taus = [100, 0]\n', "--ntk-taus needs positive integers"),
-    ('algo = "ntk-dfl"\nntk_ode = "rk4"\n', "--ntk-ode must be one of"),
-    ('save_edges = "no"\n', "--save-edges takes true or false"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ('algo = "fedavg"\nprox_mu = 0.1\n', "does not apply to --algo fedavg"),
+        ('algo = "fedprox"\nprox_mu = "a lot"\n', "--prox-mu takes a finite number"),
+        ('lr = "0.1"\n', "--lr takes a finite number"),
+        ('algo = "ntk-dfl"\nntk_taus = [100, 0]\n', "--ntk-taus needs positive integers"),
+        ('algo = "ntk-dfl"\nntk_ode = "rk4"\n', "--ntk-ode must be one of"),
+        ('save_edges = "no"\n', "--save-edges takes true or false"),
+    ],
+)
 def test_settings_from_toml_are_typed_and_checked(tmp_path, capsys, text, needle):
     cfg = tmp_path / "run.toml"
     cfg.write_text(text)
     assert needle in _one_error_line(capsys, ["--config", str(cfg), "--out", str(tmp_path / "r")])
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--model", "resnet18", "--dataset", "synthetic"], "needs images"),
-    (["--model", "linear-rep"], "is for regression"),
-    (["--algo", "ntk-dfl", "--dataset", "linear-rep"], "learns classification only"),
-    (["--partition", "writers"], "needs a dataset with a natural split"),
-    (["--algo", "ntk-dfl", "--model", "simple-cnn", "--ntk-jacobian", "factored", "--peers", "4", "--kappa", "2",
-      "--samples-per-peer", "5"], "serves MLPs only"),
-    (["--algo", "fedavg", "--peers", "5", "--clients-per-round", "6"], "exceeds the 5 clients"),
-    (["--norm", "layer"], "unknown norm"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--model", "resnet18", "--dataset", "synthetic"], "needs images"),
+        (["--model", "linear-rep"], "is for regression"),
+        (["--algo", "ntk-dfl", "--dataset", "linear-rep"], "learns classification only"),
+        (["--partition", "writers"], "needs a dataset with a natural split"),
+        (
+            [
+                "--algo",
+                "ntk-dfl",
+                "--model",
+                "simple-cnn",
+                "--ntk-jacobian",
+                "factored",
+                "--peers",
+                "4",
+                "--kappa",
+                "2",
+                "--samples-per-peer",
+                "5",
+            ],
+            "serves MLPs only",
+        ),
+        (["--algo", "fedavg", "--peers", "5", "--clients-per-round", "6"], "exceeds the 5 clients"),
+        (["--norm", "layer"], "unknown norm"),
+    ],
+)
 def test_model_data_algorithm_mismatch(argv, needle, capsys, tmp_path):
     assert needle in _one_error_line(capsys, [*argv, "--out", str(tmp_path / "r")])
 
 
 def test_regression_run_writes_loss_metrics_and_plot(tmp_path):
-    result = run_here("--algo", "fedavg", "--dataset", "linear-rep", "--peers", "8", "--clients-per-round", "8",
-                     "--samples-per-peer", "50", "--rounds", "3", "--lr", "0.05", "--local-steps", "2",
-                     "--batch-size", "50", "--no-progress", "--out", str(tmp_path / "r"))
+    result = run_here(
+        "--algo",
+        "fedavg",
+        "--dataset",
+        "linear-rep",
+        "--peers",
+        "8",
+        "--clients-per-round",
+        "8",
+        "--samples-per-peer",
+        "50",
+        "--rounds",
+        "3",
+        "--lr",
+        "0.05",
+        "--local-steps",
+        "2",
+        "--batch-size",
+        "50",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "r"),
+    )
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert "test_acc" not in rows[0] and {"test_loss", "client_loss_mean", "train_loss"} <= set(rows[0])
@@ -227,16 +299,16 @@ def test_dense_jacobian_of_a_batch_norm_net_matches_autograd():
     model = build_model("resnet8", (3, 8, 8), 4, Options)
     stack = PeerStack(model)
     flat = initial_parameters(model, [0], 1, "same", torch.device("cpu"))[0]
-    flat[stack.layout.trainable:] += torch.rand(stack.layout.size - stack.layout.trainable)  # non-trivial stats
+    flat[stack.layout.trainable :] += torch.rand(stack.layout.size - stack.layout.trainable)  # non-trivial stats
     x, R = torch.randn(3, 3, 8, 8), torch.randn(1, 3, 4)
     jac, f = DenseJacobian.compute(model, stack.layout, flat, x, chunk=2)
     assert jac.J.shape == (3, 4, stack.layout.trainable)
     views = list(stack.layout.views(flat).items())
     params = {k: v.detach().clone().requires_grad_(True) for k, v in views[: stack.layout.n_params]}
-    buffers = {k: v.detach() for k, v in views[stack.layout.n_params:]}
+    buffers = {k: v.detach() for k, v in views[stack.layout.n_params :]}
     out = torch.func.functional_call(model.eval(), {**params, **buffers}, (x,))
     assert torch.allclose(out, f, atol=1e-5)
     grad = torch.cat([g.reshape(-1) for g in torch.autograd.grad((R[0] * out).sum(), list(params.values()))])
     update = jac.transpose_apply(None, flat, R)[0]
     assert torch.allclose(update[: stack.layout.trainable], grad, atol=1e-4, rtol=1e-4)
-    assert torch.all(update[stack.layout.trainable:] == 0)
+    assert torch.all(update[stack.layout.trainable :] == 0)

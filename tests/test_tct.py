@@ -1,13 +1,19 @@
 """TCT: the eNTK features, the exact n-space form of the stage-2 local steps, SCAFFOLD on least squares,
 and the whole algorithm from the CLI (one process and mpirun -n 3)."""
+
 import json
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from p2pfl.algorithms.star.linear_stage import (StandardFeatures, centred_one_hot, client_round, local_steps_n_space,
-                                                local_steps_p_space)
+from p2pfl.algorithms.star.linear_stage import (
+    StandardFeatures,
+    centred_one_hot,
+    client_round,
+    local_steps_n_space,
+    local_steps_p_space,
+)
 from p2pfl.models import build_model, initial_parameters
 from p2pfl.ntk.entk import entk_features, one_logit_network, subsample_index
 from tests.conftest import ranked_cases, run_here, write_stripes
@@ -83,7 +89,7 @@ def test_entk_features_equal_per_sample_backward_passes():
     reference.eval()
     for i in range(len(x)):
         reference.zero_grad()
-        reference(x[i:i + 1])[0, 0].backward()
+        reference(x[i : i + 1])[0, 0].backward()
         row = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])[index]
         assert torch.allclose(got[i].float(), row.half().float(), rtol=1e-3, atol=1e-4)
     # the trunk is the trained network's and the head is one fresh logit, the same for every seed's caller
@@ -102,10 +108,37 @@ def digits(tmp_path_factory):
     return write_stripes(tmp_path_factory.mktemp("digits"), 4, 120, 40)
 
 
-TCT_ARGS = ["--algo", "tct", "--dataset", "mnist", "--model", "simple-cnn", "--peers", "4", "--partition", "classes",
-            "--classes-style", "niid-bench", "--classes-per-peer", "1", "--tct-stage1-rounds", "2",
-            "--tct-stage2-rounds", "2", "--tct-features", "2000", "--tct-local-steps", "20", "--tct-lr", "1e-5",
-            "--local-epochs", "1", "--batch-size", "16", "--no-progress"]
+TCT_ARGS = [
+    "--algo",
+    "tct",
+    "--dataset",
+    "mnist",
+    "--model",
+    "simple-cnn",
+    "--peers",
+    "4",
+    "--partition",
+    "classes",
+    "--classes-style",
+    "niid-bench",
+    "--classes-per-peer",
+    "1",
+    "--tct-stage1-rounds",
+    "2",
+    "--tct-stage2-rounds",
+    "2",
+    "--tct-features",
+    "2000",
+    "--tct-local-steps",
+    "20",
+    "--tct-lr",
+    "1e-5",
+    "--local-epochs",
+    "1",
+    "--batch-size",
+    "16",
+    "--no-progress",
+]
 
 
 def test_tct_runs_both_stages_from_the_cli(digits, tmp_path):
@@ -149,8 +182,9 @@ def test_tct_lr_auto_is_half_the_stability_limit_of_the_stiffest_client(digits):
     rounds = [algorithm.round(r) for r in range(3)]
     largest = 0.0
     for Z in algorithm.features.values():
-        dense = torch.cat([(Z.raw.double() - Z.mean.double()) * Z.inv_sd.double(),
-                           torch.ones(len(Z), 1, dtype=torch.float64)], 1)
+        dense = torch.cat(
+            [(Z.raw.double() - Z.mean.double()) * Z.inv_sd.double(), torch.ones(len(Z), 1, dtype=torch.float64)], 1
+        )
         largest = max(largest, float(torch.linalg.eigvalsh(dense.T @ dense / len(Z))[-1]))
     assert algorithm.lr == pytest.approx(AUTO_LR_SHARE * 2 / largest, rel=0.02)
     assert rounds[2].fields == {"stage": 2, "tct_lr": algorithm.lr}
@@ -174,8 +208,10 @@ def test_tct_lr_takes_a_positive_number_or_auto(value, ok):
     from p2pfl.configure import parse_config
 
     if ok:
-        assert parse_config(["--algo", "tct", "--tct-lr", value]).settings.tct_lr in ("auto", float(value) if
-                                                                                       value != "auto" else None)
+        assert parse_config(["--algo", "tct", "--tct-lr", value]).settings.tct_lr in (
+            "auto",
+            float(value) if value != "auto" else None,
+        )
     else:
         with pytest.raises(Exception, match="--tct-lr"):
             parse_config(["--algo", "tct", "--tct-lr", value])

@@ -1,5 +1,6 @@
 """The tools beside the run keep the run's contract on ordinary mistakes: one line `TOOL: error: ...`,
 exit 2, no traceback, nothing written."""
+
 import contextlib
 import importlib
 import io
@@ -10,8 +11,14 @@ import pytest
 from p2pfl import testing
 from tests.test_analysis import fake_run
 
-TOOLS = {"compare": "analysis.compare", "topology": "analysis.topology_views", "privacy": "analysis.privacy",
-         "table": "launch.table", "sweep": "launch.sweep", "figures": "analysis.figures"}
+TOOLS = {
+    "compare": "analysis.compare",
+    "topology": "analysis.topology_views",
+    "privacy": "analysis.privacy",
+    "table": "launch.table",
+    "sweep": "launch.sweep",
+    "figures": "analysis.figures",
+}
 
 
 def call(tool, *argv):
@@ -33,8 +40,9 @@ def place(tmp_path):
     (tmp_path / "a-folder").mkdir()
     (tmp_path / "bad.toml").write_text("rounds = [")
     (tmp_path / "preset.toml").write_text('dataset = "synthetic"\npeers = 6\nkappa = 2\nrounds = 2\n')
-    (tmp_path / "experiment.toml").write_text('[common]\ndataset = "synthetic"\n[columns.a]\npeers = 6\n'
-                                              '[fedavg]\nalgo = "fedavg"\n')
+    (tmp_path / "experiment.toml").write_text(
+        '[common]\ndataset = "synthetic"\n[columns.a]\npeers = 6\n[fedavg]\nalgo = "fedavg"\n'
+    )
     return tmp_path
 
 
@@ -50,15 +58,24 @@ CASES = [
     ("compare", lambda t: [_rows(t / "list", [[1, 2]])], "line 1 is not a round's row"),
     ("compare", lambda t: [_rows(t / "noround", [{"test_acc": 0.5}])], "line 1 is not a round's row"),
     ("compare", lambda t: [_rows(t / "empty", [])], "no evaluated round yet (0 rounds done, --eval-every 5)"),
-    ("compare", lambda t: [_rows(t / "running", [{"round": 1, "bytes_sent": 3}, {"round": 2}])],
-     "no evaluated round yet (2 rounds done, --eval-every 5)"),
+    (
+        "compare",
+        lambda t: [_rows(t / "running", [{"round": 1, "bytes_sent": 3}, {"round": 2}])],
+        "no evaluated round yet (2 rounds done, --eval-every 5)",
+    ),
     ("compare", lambda t: [_rows(t / "text", [{"round": 1, "test_acc": "0.5"}])], "test_acc is '0.5', not a number"),
-    ("compare", lambda t: [_rows(t / "text", [{"round": 1, "test_acc": 0.5, "bytes_sent": "9"}])],
-     "bytes_sent is '9', not a number"),
+    (
+        "compare",
+        lambda t: [_rows(t / "text", [{"round": 1, "test_acc": 0.5, "bytes_sent": "9"}])],
+        "bytes_sent is '9', not a number",
+    ),
     ("compare", lambda t: [t / "run", "--target", "nan"], "--target takes finite numbers, got 'nan'"),
     ("compare", lambda t: [t / "run", "--target", "0.5,inf"], "--target takes finite numbers"),
-    ("compare", lambda t: [t / "run", _rows(t / "regression", [{"round": 1, "test_loss": 0.5}])],
-     "their curves do not share an axis"),
+    (
+        "compare",
+        lambda t: [t / "run", _rows(t / "regression", [{"round": 1, "test_loss": 0.5}])],
+        "their curves do not share an axis",
+    ),
     ("compare", lambda t: [t / "run", "--out", t / "a-folder"], "is a folder; give a file name"),
     ("compare", lambda t: [t / "run", "--out", t / "a-file" / "c.png"], "a-file is a file, not a folder"),
     ("compare", lambda t: [t / "run", "--out", t / "c.txt"], "a figure is .png, .pdf, .svg, not .txt"),
@@ -82,8 +99,11 @@ CASES = [
     ("sweep", lambda t: [t / "bad.toml"], "is not valid TOML"),
     ("sweep", lambda t: [t / "preset.toml", "--seeds", "-1", "--out", t / "s"], "--seeds must be at least 0"),
     ("sweep", lambda t: [t / "preset.toml", "--out", t / "a-file"], "is a file; give a folder"),
-    ("sweep", lambda t: [t / "preset.toml", "--seeds", "0", "--set", "seed=1,2", "--out", t / "s"],
-     "--set seed: the sweep sets it itself (--seeds); give the seeds as --seeds 1,2"),
+    (
+        "sweep",
+        lambda t: [t / "preset.toml", "--seeds", "0", "--set", "seed=1,2", "--out", t / "s"],
+        "--set seed: the sweep sets it itself (--seeds); give the seeds as --seeds 1,2",
+    ),
     ("sweep", lambda t: [t / "preset.toml", "--set", "kapa=3", "--out", t / "s"], "--kapa"),
 ]
 
@@ -95,8 +115,10 @@ def test_a_tool_refuses_in_one_line_and_writes_nothing(place, tool, argv, messag
     code, _, err = call(tool, *args)
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith(f"{TOOLS[tool].split('.')[0] if tool in ('table', 'sweep') else 'analysis'}") \
-        and message in lines[0], lines[0]
+    assert (
+        lines[0].startswith(f"{TOOLS[tool].split('.')[0] if tool in ('table', 'sweep') else 'analysis'}")
+        and message in lines[0]
+    ), lines[0]
     assert listing(place) == before
 
 
@@ -114,7 +136,7 @@ def test_sweep_resumes_an_interrupted_run_and_refuses_another_presets_folder(tmp
     preset.write_text('dataset = "synthetic"\npeers = 6\nkappa = 2\nrounds = 3\nlocal-epochs = 1\n')
     out = tmp_path / "sweep"
     (run,) = plan(preset, [0], {}, out)
-    argv = run["argv"][run["argv"].index("p2pfl.run") + 1:]
+    argv = run["argv"][run["argv"].index("p2pfl.run") + 1 :]
     done = testing.run_in_process(argv, stop_after_first_round=True)  # stopped after round 1, checkpointed
     code, err = done.returncode, done.stderr
     assert code == 130, err
@@ -123,7 +145,7 @@ def test_sweep_resumes_an_interrupted_run_and_refuses_another_presets_folder(tmp
     assert code == 0, err
     assert (out / "base" / "seed0" / "metrics.jsonl").read_text().splitlines()[0] == first_row  # resumed, not rerun
     whole = tmp_path / "whole"
-    done = testing.run_in_process([*argv[:argv.index("--out")], "--out", str(whole)])
+    done = testing.run_in_process([*argv[: argv.index("--out")], "--out", str(whole)])
     code, err = done.returncode, done.stderr
     assert code == 0, err
     testing.assert_same_results(whole, out / "base" / "seed0", "a sweep's resumed run")

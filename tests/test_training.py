@@ -167,6 +167,16 @@ def test_train_loss_is_the_mean_over_the_calls_steps():
     model, flat, shards, x, y = setup(peers=1)
     whole = evaluate(PeerStack(model), flat, x[shards[0]], y[shards[0]])["loss"][0]
     for momentum in (0.0, 0.9):  # the hand-written MLP step and the general one
-        loss = train_epochs(PeerStack(model), flat.clone(), shards, [0], x, y,
-                            SGDSettings(batch_size=20, epochs=2, momentum=momentum), 0.0, 0, 0)
+        loss = train_epochs(
+            PeerStack(model),
+            flat.clone(),
+            shards,
+            [0],
+            x,
+            y,
+            SGDSettings(batch_size=20, epochs=2, momentum=momentum),
+            0.0,
+            0,
+            0,
+        )
         assert abs(float(loss[0]) - float(whole)) < 1e-5

@@ -13,9 +13,16 @@ def test_placement_contiguous_blocks():
 
 
 def test_pack_roundtrip_all_dtypes():
-    tensors = (torch.randn(3, 4), torch.arange(5, dtype=torch.int64), torch.tensor(2.5, dtype=torch.float64),
-               torch.randn(7).to(torch.bfloat16), torch.tensor([True, False, True]), torch.zeros(0, 3),
-               torch.randint(0, 255, (5,), dtype=torch.uint8), torch.randn(2, 3).half())
+    tensors = (
+        torch.randn(3, 4),
+        torch.arange(5, dtype=torch.int64),
+        torch.tensor(2.5, dtype=torch.float64),
+        torch.randn(7).to(torch.bfloat16),
+        torch.tensor([True, False, True]),
+        torch.zeros(0, 3),
+        torch.randint(0, 255, (5,), dtype=torch.uint8),
+        torch.randn(2, 3).half(),
+    )
     msgs = [Message(0, 5, Tensors(tensors)), Message(1, 6, Tensors((torch.ones(2),)))]
     out = unpack(pack(msgs))
     assert [(s, d) for s, d, _ in out] == [(0, 5), (1, 6)]
@@ -25,9 +32,11 @@ def test_pack_roundtrip_all_dtypes():
 
 def test_local_exchange_delivers_and_counts_bytes():
     t = LocalTransport(4)
-    msgs = [Message(0, 1, Tensors((torch.ones(10),))),
-            Message(2, 1, Tensors((torch.zeros(5), torch.ones(1, dtype=torch.int64)))),
-            Message(3, 0, Tensors((torch.ones(4),)), dense_nbytes=100)]
+    msgs = [
+        Message(0, 1, Tensors((torch.ones(10),))),
+        Message(2, 1, Tensors((torch.zeros(5), torch.ones(1, dtype=torch.int64)))),
+        Message(3, 0, Tensors((torch.ones(4),)), dense_nbytes=100),
+    ]
     inbox = t.exchange("x", 0, msgs, [(0, 1), (2, 1), (3, 0)])
     assert torch.equal(inbox[1][0].items[0], torch.ones(10)) and len(inbox[1][2].items) == 2
     sent, dense, _ = t.counter.take()

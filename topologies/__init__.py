@@ -1,4 +1,5 @@
 """Graphs of peers: generators, the per-round schedule, mixing weights and drawings."""
+
 from topologies.generators import GraphError, build_graph, check_graph
 from topologies.mixing import mixing_weights
 from topologies.schedule import TopologySchedule

@@ -1,5 +1,6 @@
 """Pictures of the peer graph. Small graphs are drawn as nodes and edges; at the papers' scale (300
 peers) a drawing is a hairball, so the views there are matrices, rasters and histograms."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,13 +40,21 @@ def draw_graph(graph: nx.Graph, path: Path, title: str = "") -> None:
     size = max(8, 300 // max(1, n // 10))
     nx.draw_networkx_edges(graph, layout, ax=ax, alpha=0.35, width=0.6)
     peers = [v for v in graph.nodes if v != hub]
-    nx.draw_networkx_nodes(graph, layout, nodelist=peers, ax=ax, node_size=size, node_color="tab:blue",
-                           label="client" if hub is not None else None)
+    nx.draw_networkx_nodes(
+        graph,
+        layout,
+        nodelist=peers,
+        ax=ax,
+        node_size=size,
+        node_color="tab:blue",
+        label="client" if hub is not None else None,
+    )
     if n <= 40:
         nx.draw_networkx_labels(graph, layout, {v: str(v) for v in peers}, ax=ax, font_size=7, font_color="white")
     if hub is not None:
-        nx.draw_networkx_nodes(graph, layout, nodelist=[hub], ax=ax, node_size=1200, node_color="tab:red",
-                               node_shape="s", label="server")
+        nx.draw_networkx_nodes(
+            graph, layout, nodelist=[hub], ax=ax, node_size=1200, node_color="tab:red", node_shape="s", label="server"
+        )
         nx.draw_networkx_labels(graph, layout, {hub: "server"}, ax=ax, font_size=8, font_color="white")
         ax.legend(loc="upper left", fontsize=8, markerscale=0.5)
     ax.set_title(title)
@@ -66,8 +75,11 @@ def degree_panel(ax, graphs: list[nx.Graph]) -> None:
     ax.hist(degrees, bins=np.arange(low, high + 2) - 0.5, rwidth=0.85, color="tab:blue", alpha=0.8)
     ax.set_xlim(low - 1, high + 1)  # a regular graph's one degree stands as one bar among whole numbers
     whole_numbers(ax.xaxis, ax.yaxis)
-    ax.set(xlabel="degree (neighbours)", ylabel="peers" + (f" x {len(graphs)} rounds" if len(graphs) > 1 else ""),
-           title=f"degrees: mean {np.mean(degrees):.2f}, min {min(degrees)}, max {max(degrees)}")
+    ax.set(
+        xlabel="degree (neighbours)",
+        ylabel="peers" + (f" x {len(graphs)} rounds" if len(graphs) > 1 else ""),
+        title=f"degrees: mean {np.mean(degrees):.2f}, min {min(degrees)}, max {max(degrees)}",
+    )
 
 
 def draw_rounds(graphs: list[nx.Graph], path: Path, title: str) -> None:
@@ -86,8 +98,11 @@ def draw_statistics(graphs: list[nx.Graph], gaps: list[float], path: Path, title
     degree_panel(left, graphs)
     right.hist(gaps, bins=min(30, max(5, len(gaps) // 2)), color="tab:green", alpha=0.8)
     whole_numbers(right.yaxis)
-    right.set(xlabel="spectral gap 1 - |lambda_2| of the round's mixing matrix", ylabel="rounds",
-              title=f"spectral gap over {len(gaps)} rounds: mean {np.mean(gaps):.3f}, min {min(gaps):.3f}")
+    right.set(
+        xlabel="spectral gap 1 - |lambda_2| of the round's mixing matrix",
+        ylabel="rounds",
+        title=f"spectral gap over {len(gaps)} rounds: mean {np.mean(gaps):.3f}, min {min(gaps):.3f}",
+    )
     fig.suptitle(title)
     _save(fig, path)
 
@@ -101,8 +116,9 @@ def draw_neighbourhood(graphs: list[nx.Graph], peer: int, path: Path, title: str
         raster[k, list(graph.neighbors(peer))] = 1
     met = np.cumsum(raster, 0) > 0
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [2, 1]})
-    left.imshow(raster, aspect="auto", cmap="Greys", interpolation="nearest",
-                extent=(-0.5, n - 0.5, len(graphs) + 0.5, 0.5))
+    left.imshow(
+        raster, aspect="auto", cmap="Greys", interpolation="nearest", extent=(-0.5, n - 0.5, len(graphs) + 0.5, 0.5)
+    )
     left.axvline(peer, color="tab:red", lw=0.8)
     left.set(xlabel="peer", ylabel="round", title=f"neighbours of peer {peer} (red line: the peer)")
     right.plot(range(1, len(graphs) + 1), met.sum(1), "o-", ms=3)
@@ -113,8 +129,15 @@ def draw_neighbourhood(graphs: list[nx.Graph], peer: int, path: Path, title: str
     _save(fig, path)
 
 
-def draw_views(graph_of: Callable[[int], nx.Graph], rounds: int, gap_of: Callable[[nx.Graph], float], out: Path,
-               title: str, peer: int = 0, multiples: int = 6) -> list[Path]:
+def draw_views(
+    graph_of: Callable[[int], nx.Graph],
+    rounds: int,
+    gap_of: Callable[[nx.Graph], float],
+    out: Path,
+    title: str,
+    peer: int = 0,
+    multiples: int = 6,
+) -> list[Path]:
     """Every view of a run's topology over its rounds into out/: adjacency.png, rounds.png,
     statistics.png, neighbourhood.png."""
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
 """Graph generators. Every graph is a pure function of (kind, n, kappa, seed)."""
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,10 @@ def check_graph(kind: str, n: int, kappa: float) -> None:
             raise GraphError(f"an Erdos-Renyi mean degree must be in (0, peers-1] = (0, {n - 1}], got {kappa}")
         if connected_share(n, kappa) < MIN_CONNECTED_SHARE:
             least = math.log(n / -math.log(MIN_CONNECTED_SHARE))
-            raise GraphError(f"an Erdos-Renyi graph of mean degree {kappa:g} on {n} peers is almost never connected "
-                            f"(about {100 * connected_share(n, kappa):.2g}% of draws); use kappa >= {least:.1f}")
+            raise GraphError(
+                f"an Erdos-Renyi graph of mean degree {kappa:g} on {n} peers is almost never connected "
+                f"(about {100 * connected_share(n, kappa):.2g}% of draws); use kappa >= {least:.1f}"
+            )
     elif kind == "ring" and n < 3:
         raise GraphError(f"a ring needs at least 3 peers, got {n}")
     elif kind in ("star", "chain", "full") and n < 2:
@@ -57,8 +60,10 @@ def build_graph(kind: str, n: int, kappa: float, seed: int) -> nx.Graph:
             if nx.is_connected(graph):
                 break
         else:
-            raise GraphError(f"no connected Erdos-Renyi graph of mean degree {kappa:g} on {n} peers in "
-                            f"{MAX_CONNECT_TRIES} draws; use a larger kappa")
+            raise GraphError(
+                f"no connected Erdos-Renyi graph of mean degree {kappa:g} on {n} peers in "
+                f"{MAX_CONNECT_TRIES} draws; use a larger kappa"
+            )
     elif kind in ("ring", "chain"):
         order = rng.permutation(n).tolist()
         graph = nx.Graph()

@@ -1,5 +1,6 @@
 """Mixing weights W_ij for neighbour averaging. Each row sums to 1 and lists j in increasing order,
 including i itself, so sums over a neighbourhood happen in the same order on every rank."""
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -7,8 +8,9 @@ from typing import Sequence
 import networkx as nx
 
 
-def mixing_weights(graph: nx.Graph, kind: str = "uniform",
-                   sample_counts: Sequence[int] | None = None) -> dict[int, list[tuple[int, float]]]:
+def mixing_weights(
+    graph: nx.Graph, kind: str = "uniform", sample_counts: Sequence[int] | None = None
+) -> dict[int, list[tuple[int, float]]]:
     """uniform: 1/(deg_i+1) (NTK-DFL reference code); metropolis: 1/(1+max(deg_i, deg_j)), the rest on
     i (symmetric, doubly stochastic); sample-weighted: n_j / sum of n over the neighbourhood (paper eq. 1)."""
     rows: dict[int, list[tuple[int, float]]] = {}

@@ -1,4 +1,5 @@
 """Which graph is used in round k: a pure function of (seed, k), so every rank builds it locally."""
+
 from __future__ import annotations
 
 from functools import lru_cache

@@ -1,6 +1,7 @@
 """The algorithms by name. Each class declares its name, summary, settings and training defaults, and is
 registered when it is defined (p2pfl.algorithms.base); the built-in ones are the modules of graph/ and
 star/, imported here. The CLI, the TOML keys and the README's tables are derived from the declarations."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,9 @@ def lookup(algo: str) -> type[Algorithm]:
         if not (isinstance(cls, type) and issubclass(cls, Algorithm) and cls.__dict__.get("name")):
             raise UserError(f"--algo {algo} is not an algorithm: a subclass of p2pfl.Algorithm with a name of its own")
         return cls
-    raise UserError(f"unknown algorithm {algo!r}; choose one of: {', '.join(REGISTRY)}, or name your own as "
-                    "package.module:Class")
+    raise UserError(
+        f"unknown algorithm {algo!r}; choose one of: {', '.join(REGISTRY)}, or name your own as package.module:Class"
+    )
 
 
 def setting_names(algo: str) -> list[str]:

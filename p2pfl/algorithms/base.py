@@ -1,5 +1,6 @@
 """The Algorithm contract, what a round returns (Round), and the one exchange most algorithms share
 (neighbour averaging)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -111,8 +112,10 @@ def check_round_result(algorithm: Algorithm, ctx: RunContext, k: int, result, sh
     where = f"--algo {algorithm.name}: round {k + 1}"
     if not isinstance(ctx.flat, torch.Tensor) or tuple(ctx.flat.shape) != shape:
         got = tuple(ctx.flat.shape) if isinstance(ctx.flat, torch.Tensor) else type(ctx.flat).__name__
-        raise UserError(f"{where} left ctx.flat as {got}; it must stay {shape} (a row of the model's "
-                        f"{shape[1]:,} parameters for each of the rank's {shape[0]} peers)")
+        raise UserError(
+            f"{where} left ctx.flat as {got}; it must stay {shape} (a row of the model's "
+            f"{shape[1]:,} parameters for each of the rank's {shape[0]} peers)"
+        )
     if not isinstance(result, Round):
         raise UserError(f"{where} returned {type(result).__name__}; a round returns p2pfl.Round(losses, ...)")
     losses = result.losses
@@ -131,20 +134,28 @@ def register(cls: type[Algorithm]) -> None:
     known = REGISTRY.get(cls.name)
     where = f"algorithm {cls.name!r} ({cls.__module__}.{cls.__qualname__})"
     if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
-        raise UserError(f"two algorithms are named {cls.name!r}: {known.__module__}.{known.__qualname__} and "
-                        f"{cls.__module__}.{cls.__qualname__}; give one a name of its own")
+        raise UserError(
+            f"two algorithms are named {cls.name!r}: {known.__module__}.{known.__qualname__} and "
+            f"{cls.__module__}.{cls.__qualname__}; give one a name of its own"
+        )
     if not dataclasses.is_dataclass(cls.Settings) or not isinstance(cls.Settings, type):
-        raise UserError(f"{where}: Settings must be a dataclass of p2pfl.option fields, not "
-                        f"{type(cls.Settings).__name__} {cls.Settings!r}"[:300])
+        raise UserError(
+            f"{where}: Settings must be a dataclass of p2pfl.option fields, not "
+            f"{type(cls.Settings).__name__} {cls.Settings!r}"[:300]
+        )
     core = sorted(f.name for f in dataclasses.fields(cls.Settings) if f.name in RUN_FIELDS)
     if core:
-        raise UserError(f"{where}: its setting {core[0]!r} is named like the run's own --{core[0].replace('_', '-')}; "
-                        "give it a name of its own")
+        raise UserError(
+            f"{where}: its setting {core[0]!r} is named like the run's own --{core[0].replace('_', '-')}; "
+            "give it a name of its own"
+        )
     kinds = cls.state if isinstance(cls.state, dict) else {}
     wrong = [f"{name}: {kind!r}" for name, kind in kinds.items() if kind not in STATE_KINDS]
     if not isinstance(cls.state, (dict, property)) or wrong:
-        raise UserError(f"{where}: state maps attribute names to one of {', '.join(STATE_KINDS)}; got "
-                        f"{(wrong[0] if wrong else repr(cls.state))}"[:300])
+        raise UserError(
+            f"{where}: state maps attribute names to one of {', '.join(STATE_KINDS)}; got "
+            f"{(wrong[0] if wrong else repr(cls.state))}"[:300]
+        )
     REGISTRY[cls.name] = cls
 
 
@@ -166,8 +177,9 @@ def neighbour_average(ctx: RunContext, round_index: int, flat: torch.Tensor, pha
     return mix_rows(terms, flat)
 
 
-def mix_rows(terms: list[list[tuple[float, torch.Tensor]]], like: torch.Tensor,
-             stacked: bool | None = None) -> torch.Tensor:
+def mix_rows(
+    terms: list[list[tuple[float, torch.Tensor]]], like: torch.Tensor, stacked: bool | None = None
+) -> torch.Tensor:
     """Row i = sum of w * x over terms[i], added in order from zero. On a GPU (stacked), the k-th terms
     of every row as one stacked product and sum: a few launches per neighbour instead of one per edge
     (3,600 a round at 300 peers). On the CPU edge by edge, which copies nothing (stacking the rows of a

@@ -1,5 +1,6 @@
 """What every algorithm gets (RunContext): the run's data, model, peers and graph, and the verbs algorithms
 repeat: local training, keyed random numbers, an exchange with neighbours, the peer-to-row map."""
+
 from __future__ import annotations
 
 import functools
@@ -96,8 +97,9 @@ class RunContext:
 
     def minibatch(self, round_index: int, size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One minibatch per peer of this rank (--batch-size by default): indices and mask (peers, size)."""
-        return sample_batch(self.local_shards, size or self.cfg.batch_size, self.cfg.seed, round_index, self.peers,
-                            self.device)
+        return sample_batch(
+            self.local_shards, size or self.cfg.batch_size, self.cfg.seed, round_index, self.peers, self.device
+        )
 
     # -- local training ---------------------------------------------------------------------------------
     def lr(self, round_index: int) -> float:
@@ -108,18 +110,38 @@ class RunContext:
         c = self.cfg
         return SGDSettings(c.batch_size, c.local_epochs, c.momentum, c.weight_decay)
 
-    def train(self, round_index: int, flat: torch.Tensor, peers: list[int], opt: SGDSettings | None = None,
-              terms: StepTerms | None = None, *, shards: list[torch.Tensor] | None = None,
-              data: tuple[torch.Tensor, torch.Tensor] | None = None, lr: float | None = None) -> torch.Tensor:
+    def train(
+        self,
+        round_index: int,
+        flat: torch.Tensor,
+        peers: list[int],
+        opt: SGDSettings | None = None,
+        terms: StepTerms | None = None,
+        *,
+        shards: list[torch.Tensor] | None = None,
+        data: tuple[torch.Tensor, torch.Tensor] | None = None,
+        lr: float | None = None,
+    ) -> torch.Tensor:
         """Local SGD of the given peers, in place on flat (a row per peer): their own shards of the training
         set by default, the round's lr and the run's settings; returns each one's mean training loss."""
         x, y = data if data is not None else (self.data.train_x, self.data.train_y)
-        return train_epochs(self.stack, flat, shards if shards is not None else [self.shards[p] for p in peers],
-                            peers, x, y, opt or self.sgd(), self.lr(round_index) if lr is None else lr,
-                            self.cfg.seed, round_index, terms)
+        return train_epochs(
+            self.stack,
+            flat,
+            shards if shards is not None else [self.shards[p] for p in peers],
+            peers,
+            x,
+            y,
+            opt or self.sgd(),
+            self.lr(round_index) if lr is None else lr,
+            self.cfg.seed,
+            round_index,
+            terms,
+        )
 
-    def train_online(self, round_index: int, flat: torch.Tensor, opt: SGDSettings | None = None,
-                     terms: StepTerms | None = None) -> torch.Tensor:
+    def train_online(
+        self, round_index: int, flat: torch.Tensor, opt: SGDSettings | None = None, terms: StepTerms | None = None
+    ) -> torch.Tensor:
         """Local SGD of this rank's peers that take part in the round (all of them without simulated
         faults), in place on flat (one row per peer of the rank); an offline peer keeps its weights and
         reports a NaN loss."""
@@ -129,15 +151,22 @@ class RunContext:
         losses = torch.full((len(self.peers),), math.nan, device=self.device)
         if rows:
             part = flat[rows]
-            losses[rows] = self.train(round_index, part, [self.peers[i] for i in rows], opt,
-                                      terms.rows(rows) if terms else None)
+            losses[rows] = self.train(
+                round_index, part, [self.peers[i] for i in rows], opt, terms.rows(rows) if terms else None
+            )
             flat[rows] = part
         return losses
 
     # -- exchanges --------------------------------------------------------------------------------------
-    def neighbour_exchange(self, phase: str, round_index: int, kind: type[Payload],
-                           sends: dict[int, Payload | tuple[Payload, int]] | list[Message],
-                           receivers: set[int] | None = None, answering: str | None = None) -> dict:
+    def neighbour_exchange(
+        self,
+        phase: str,
+        round_index: int,
+        kind: type[Payload],
+        sends: dict[int, Payload | tuple[Payload, int]] | list[Message],
+        receivers: set[int] | None = None,
+        answering: str | None = None,
+    ) -> dict:
         """One synchronous exchange on the round's graph: sends is {peer: payload, or (payload, dense
         bytes)} for each of this rank's peers, sent to all its neighbours, or the messages themselves.
         Each peer of the rank (in receivers, if given) expects every neighbour to send, or, with
@@ -145,8 +174,16 @@ class RunContext:
         {peer: {sender: payload}}."""
         graph = self.schedule.graph(round_index)
         if isinstance(sends, dict):
-            sends = [Message(p, j, *(s if isinstance(s, tuple) else (s,))) for p, s in sends.items()
-                     for j in graph.neighbors(p)]
-        expect = [(j, p) for p in self.peers if receivers is None or p in receivers for j in graph.neighbors(p)
-                  if answering is None or self.transport.delivered(round_index, p, j, answering)]
+            sends = [
+                Message(p, j, *(s if isinstance(s, tuple) else (s,)))
+                for p, s in sends.items()
+                for j in graph.neighbors(p)
+            ]
+        expect = [
+            (j, p)
+            for p in self.peers
+            if receivers is None or p in receivers
+            for j in graph.neighbors(p)
+            if answering is None or self.transport.delivered(round_index, p, j, answering)
+        ]
         return self.transport.exchange(phase, round_index, sends, expect, kind)

@@ -1,5 +1,6 @@
 """The settings NTK-DFL, NTK-FL and CP-NTK-FL share, and what they make of them: the NTK step's
 settings, the Jacobian codec, the input projection and the memory cap of dense Jacobians."""
+
 from __future__ import annotations
 
 import sys
@@ -48,37 +49,57 @@ class JacobianMessage(Payload):
 
 @dataclass(frozen=True)
 class NTKOptions:
-    ntk_taus: tuple[int, ...] = option((100, 200, 300, 400, 500, 600, 700, 800),
-                                       "candidate evolution steps t, comma-separated", step_counts)
-    ntk_loss: str = option("ce", "kernel evolution: ce (ODE, as the reference code) or mse (the reference code's closed "
-                           "form: rate eta/(N C), right sums, t selected by squared error)",
-                           choices=("ce", "mse"))
-    ntk_ode: str = option("split", "CE evolution: split (accurate ODE solution, as the reference code's solver; "
-                          "fast: Runge-Kutta with the kernel's stiff top subspace exact and the rest extrapolated), "
-                          "adaptive (ODE solver with error control; slower), euler (unit steps = gradient descent "
-                          "on the linearized model, not the ODE) or deflated (those Euler steps, faster)",
-                          choices=("split", "adaptive", "euler", "deflated"))
-    ntk_selection: str = option("network", "pick t by: network (the true network's loss on the round's training "
-                                "samples: NTK-FL's eq. 11a, NTK-DFL's reference code), linearized (the loss of the "
-                                "evolved outputs, NTK-DFL's appendix C; it falls with t, so it takes the largest "
-                                "candidate), own (NTK-DFL: the true loss on the peer's own samples) or validation "
-                                "(NTK-FL, CP-NTK-FL: the true loss on held-out clients' samples)",
-                                choices=("network", "linearized", "own", "validation"))
-    ntk_jacobian: str = option("auto", "Jacobian path: auto (factored for MLPs, else dense), factored (exact, "
-                               "fast, MLPs only) or dense (any model; needed by compression)",
-                               choices=("auto", "factored", "dense"))
-    ntk_topk: float = option(1.0, "Jacobian compression: keep this fraction of entries (top-k by magnitude)",
-                             fraction)
+    ntk_taus: tuple[int, ...] = option(
+        (100, 200, 300, 400, 500, 600, 700, 800), "candidate evolution steps t, comma-separated", step_counts
+    )
+    ntk_loss: str = option(
+        "ce",
+        "kernel evolution: ce (ODE, as the reference code) or mse (the reference code's closed "
+        "form: rate eta/(N C), right sums, t selected by squared error)",
+        choices=("ce", "mse"),
+    )
+    ntk_ode: str = option(
+        "split",
+        "CE evolution: split (accurate ODE solution, as the reference code's solver; "
+        "fast: Runge-Kutta with the kernel's stiff top subspace exact and the rest extrapolated), "
+        "adaptive (ODE solver with error control; slower), euler (unit steps = gradient descent "
+        "on the linearized model, not the ODE) or deflated (those Euler steps, faster)",
+        choices=("split", "adaptive", "euler", "deflated"),
+    )
+    ntk_selection: str = option(
+        "network",
+        "pick t by: network (the true network's loss on the round's training "
+        "samples: NTK-FL's eq. 11a, NTK-DFL's reference code), linearized (the loss of the "
+        "evolved outputs, NTK-DFL's appendix C; it falls with t, so it takes the largest "
+        "candidate), own (NTK-DFL: the true loss on the peer's own samples) or validation "
+        "(NTK-FL, CP-NTK-FL: the true loss on held-out clients' samples)",
+        choices=("network", "linearized", "own", "validation"),
+    )
+    ntk_jacobian: str = option(
+        "auto",
+        "Jacobian path: auto (factored for MLPs, else dense), factored (exact, "
+        "fast, MLPs only) or dense (any model; needed by compression)",
+        choices=("auto", "factored", "dense"),
+    )
+    ntk_topk: float = option(1.0, "Jacobian compression: keep this fraction of entries (top-k by magnitude)", fraction)
     ntk_quant_bits: int = option(0, "Jacobian compression: quantize kept entries to this many bits (0 = off)", bits)
-    ntk_projection: int = option(0, "project inputs to this many dims with a shared-seed Gaussian matrix "
-                                 "(0 = off; MLP only)", non_negative)
-    ntk_projection_entries: str = option("scaled", "the projection's entries: scaled (N(0, 1/d1'), keeps input "
-                                         "norms on average) or standard (N(0, 1), as the NTK-FL paper writes it: "
-                                         "inputs sqrt(d1') times larger, the kernel about d1' times)",
-                                         choices=("scaled", "standard"))
-    ntk_memory_gb: float = option(8.0, "cap on the dense Jacobians a rank holds at once, in GB (NTK-DFL holds them "
-                                  "a group of neighbourhoods at a time; a run where one neighbourhood, or NTK-FL's "
-                                  "round, would exceed it is refused before it starts)", positive)
+    ntk_projection: int = option(
+        0, "project inputs to this many dims with a shared-seed Gaussian matrix (0 = off; MLP only)", non_negative
+    )
+    ntk_projection_entries: str = option(
+        "scaled",
+        "the projection's entries: scaled (N(0, 1/d1'), keeps input "
+        "norms on average) or standard (N(0, 1), as the NTK-FL paper writes it: "
+        "inputs sqrt(d1') times larger, the kernel about d1' times)",
+        choices=("scaled", "standard"),
+    )
+    ntk_memory_gb: float = option(
+        8.0,
+        "cap on the dense Jacobians a rank holds at once, in GB (NTK-DFL holds them "
+        "a group of neighbourhoods at a time; a run where one neighbourhood, or NTK-FL's "
+        "round, would exceed it is refused before it starts)",
+        positive,
+    )
 
     def step_settings(self) -> NTKSettings:
         return NTKSettings(self.ntk_loss, tuple(self.ntk_taus), self.ntk_ode, self.ntk_selection)
@@ -87,10 +108,17 @@ class NTKOptions:
 def announce_compiling(ctx, options: NTKOptions) -> None:
     """Where the run's CE evolutions go through the compiled (numba) integrator loop and this machine's
     numba cache lacks it, say on rank 0 that the first evolution compiles it."""
-    if ctx.transport.rank == 0 and options.ntk_loss == "ce" and options.ntk_ode in ("split", "deflated") \
-            and not loop_is_cached():
-        print("p2pfl: compiling the NTK integrator loop (numba) for this machine: about 1-2 minutes, once "
-              "(make install does it ahead)", file=sys.stderr)
+    if (
+        ctx.transport.rank == 0
+        and options.ntk_loss == "ce"
+        and options.ntk_ode in ("split", "deflated")
+        and not loop_is_cached()
+    ):
+        print(
+            "p2pfl: compiling the NTK integrator loop (numba) for this machine: about 1-2 minutes, once "
+            "(make install does it ahead)",
+            file=sys.stderr,
+        )
 
 
 def make_codec(ctx, options: NTKOptions) -> JacobianCodec:
@@ -99,8 +127,15 @@ def make_codec(ctx, options: NTKOptions) -> JacobianCodec:
     per_sample = ctx.data.n_classes * ctx.stack.layout.trainable * 4
     chunk = max(1, min(50, int(options.ntk_memory_gb * GB / 10 / (4 * per_sample))))
     try:
-        return JacobianCodec(ctx.stack.model, ctx.stack.layout, ctx.device, options.ntk_jacobian,
-                             options.ntk_topk, options.ntk_quant_bits, chunk)
+        return JacobianCodec(
+            ctx.stack.model,
+            ctx.stack.layout,
+            ctx.device,
+            options.ntk_jacobian,
+            options.ntk_topk,
+            options.ntk_quant_bits,
+            chunk,
+        )
     except ValueError as exc:
         raise UserError(str(exc))
 
@@ -112,6 +147,8 @@ def project_inputs(data, cfg) -> None:
             raise UserError(f"--ntk-projection turns images into vectors; --model {cfg.model} needs images")
         features = data.train_x[0].numel()
         if cfg.settings.ntk_projection >= features:
-            raise UserError(f"--ntk-projection {cfg.settings.ntk_projection} does not reduce the {features} input "
-                            f"features of {data.name}; use fewer dimensions (or 0 for none)")
+            raise UserError(
+                f"--ntk-projection {cfg.settings.ntk_projection} does not reduce the {features} input "
+                f"features of {data.name}; use fewer dimensions (or 0 for none)"
+            )
         project_dataset(data, cfg.settings.ntk_projection, cfg.seed, cfg.settings.ntk_projection_entries == "standard")

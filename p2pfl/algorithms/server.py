@@ -3,6 +3,7 @@ the clients. Each round the server samples --clients-per-round clients (seeded b
 what they need ('download'), they work locally and send back ('upload'), and the server updates the
 global model. Both directions go through the transport, so every byte is counted.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,7 @@ from p2pfl.models import initial_parameters
 
 @dataclass(frozen=True)
 class ServerOptions:
-    clients_per_round: int = option(20, "clients the server samples each round (at most --peers; 0: all)",
-                                    non_negative)
+    clients_per_round: int = option(20, "clients the server samples each round (at most --peers; 0: all)", non_negative)
 
 
 def clients_per_round(settings, peers: int) -> int:
@@ -40,8 +40,7 @@ class ServerAlgorithm(Algorithm):
         self.is_server = self.server in ctx.transport.local_nodes
         self.per_round = clients_per_round(self.settings, ctx.cfg.peers)
         if self.is_server:
-            ctx.global_weights = initial_parameters(ctx.stack.model, [self.server], ctx.cfg.seed, "same",
-                                                    ctx.device)[0]
+            ctx.global_weights = initial_parameters(ctx.stack.model, [self.server], ctx.cfg.seed, "same", ctx.device)[0]
 
     def sample(self, round_index: int) -> list[int]:
         rng = self.ctx.rng("clients", round_index)
@@ -50,16 +49,30 @@ class ServerAlgorithm(Algorithm):
     def round(self, round_index: int) -> Round:
         ctx, clients = self.ctx, self.sample(round_index)
         losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)  # NaN: not sampled this round
-        got = self.star_round(round_index, clients, lambda c: self.download(round_index, c),
-                              lambda mine, received: self.client_work(round_index, mine, received, losses),
-                              self.Download, self.Upload)
+        got = self.star_round(
+            round_index,
+            clients,
+            lambda c: self.download(round_index, c),
+            lambda mine, received: self.client_work(round_index, mine, received, losses),
+            self.Download,
+            self.Upload,
+        )
         heard = [c for c in clients if c in got]  # every sampled client, unless simulated faults lost some
         if self.is_server and heard:
             ctx.global_weights = self.server_update(round_index, heard, got)
         return Round(losses if self.trains_locally else None)
 
-    def star_round(self, round_index, clients, download, work, Download, Upload,
-                   phases=("download", "upload"), reliable: bool = False) -> dict:
+    def star_round(
+        self,
+        round_index,
+        clients,
+        download,
+        work,
+        Download,
+        Upload,
+        phases=("download", "upload"),
+        reliable: bool = False,
+    ) -> dict:
         """Server -> clients -> server: download(client) is what the server sends each client;
         work(this rank's clients, {client: received}) returns {client: (upload, dense bytes or None)}.
         Returns {client: upload} on the server, {} elsewhere; under simulated faults only the clients the
@@ -83,8 +96,15 @@ class ServerAlgorithm(Algorithm):
         on the server, {} elsewhere."""
         up = [Message(c, self.server, payload, dense) for c, (payload, dense) in uploads.items()]
         delivered = self.ctx.transport.delivered
-        expect = [(c, self.server) for c in clients if reliable or answering is None or
-                  delivered(round_index, self.server, c, answering)] if self.is_server else []
+        expect = (
+            [
+                (c, self.server)
+                for c in clients
+                if reliable or answering is None or delivered(round_index, self.server, c, answering)
+            ]
+            if self.is_server
+            else []
+        )
         inbox = self.ctx.transport.exchange(phase, round_index, up, expect, kind, reliable)
         return {c: inbox[self.server][c] for c in clients if c in inbox[self.server]} if self.is_server else {}
 

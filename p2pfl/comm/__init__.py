@@ -1,4 +1,5 @@
 """Transports: in-process and MPI, behind one interface; make_transport picks by how we were launched."""
+
 from __future__ import annotations
 
 import os
@@ -40,6 +41,17 @@ def make_transport(peers: int, extra_on_root: int = 0, timeout: float = 600.0, d
     return transport
 
 
-__all__ = ["CommTimeout", "Inbox", "LocalTransport", "Message", "Payload", "Placement", "Tensors", "Transport",
-           "Weights", "make_transport",
-           "launched_by_mpi", "mpi_world"]
+__all__ = [
+    "CommTimeout",
+    "Inbox",
+    "LocalTransport",
+    "Message",
+    "Payload",
+    "Placement",
+    "Tensors",
+    "Transport",
+    "Weights",
+    "make_transport",
+    "launched_by_mpi",
+    "mpi_world",
+]

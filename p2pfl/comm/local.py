@@ -1,4 +1,5 @@
 """In-process transport: every peer lives in this process, messages are handed over in memory."""
+
 from p2pfl.comm.transport import Placement, Transport
 
 

@@ -7,6 +7,7 @@ bookkeeping collectives (gather to rank 0, broadcast from it) are point-to-point
 the same way, so a rank that dies or stalls stops the others there too, within --comm-timeout.
 Under `mpirun --with-ft ulfm` a dead rank is reported by MPI itself, at once.
 """
+
 from __future__ import annotations
 
 import threading
@@ -20,8 +21,18 @@ import torch
 
 from p2pfl.comm.transport import CommTimeout, Message, Placement, Transport
 
-_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-           torch.int16, torch.int8, torch.uint8, torch.bool]
+_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
 _CODE = {dt: i for i, dt in enumerate(_DTYPES)}
 _ALIGN = 8
 
@@ -56,26 +67,26 @@ def pack(messages: list[Message]) -> np.ndarray:
     head = np.asarray([len(header)] + header, dtype=np.int64).view(np.uint8)
     sizes = [(r.size + _ALIGN - 1) // _ALIGN * _ALIGN for r in raws]
     buf = np.zeros(head.size + sum(sizes), dtype=np.uint8)
-    buf[:head.size] = head
+    buf[: head.size] = head
     pos = head.size
     for r, size in zip(raws, sizes):
-        buf[pos:pos + r.size] = r
+        buf[pos : pos + r.size] = r
         pos += size
     return buf
 
 
 def unpack(buf: np.ndarray) -> list[tuple[int, int, tuple[torch.Tensor, ...]]]:
     n_header = int(buf[:8].view(np.int64)[0])
-    header = buf[8:8 + 8 * n_header].view(np.int64).tolist()
+    header = buf[8 : 8 + 8 * n_header].view(np.int64).tolist()
     pos, h = 8 + 8 * n_header, 1
     out = []
     for _ in range(header[0]):
-        src, dst, n_tensors = header[h:h + 3]
+        src, dst, n_tensors = header[h : h + 3]
         h += 3
         tensors = []
         for _ in range(n_tensors):
             dtype, ndim = _DTYPES[header[h]], header[h + 1]
-            shape = header[h + 2:h + 2 + ndim]
+            shape = header[h + 2 : h + 2 + ndim]
             h += 2 + ndim
             count = int(np.prod(shape)) if shape else 1
             wire = torch.int16 if dtype == torch.bfloat16 else dtype
@@ -83,7 +94,7 @@ def unpack(buf: np.ndarray) -> list[tuple[int, int, tuple[torch.Tensor, ...]]]:
             if nbytes == 0:
                 tensors.append(torch.empty(shape, dtype=dtype))
                 continue
-            t = torch.from_numpy(buf[pos:pos + nbytes].copy()).view(wire).reshape(shape)
+            t = torch.from_numpy(buf[pos : pos + nbytes].copy()).view(wire).reshape(shape)
             tensors.append(t.view(dtype) if wire is not dtype else t)
             pos += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
         out.append((src, dst, tuple(tensors)))
@@ -118,8 +129,9 @@ class MpiTransport(Transport):
         except self.MPI.Exception as exc:
             try:
                 group = self.comm.Get_failed()
-                failed = set(self.MPI.Group.Translate_ranks(group, list(range(group.Get_size())),
-                                                            self.comm.Get_group()))
+                failed = set(
+                    self.MPI.Group.Translate_ranks(group, list(range(group.Get_size())), self.comm.Get_group())
+                )
             except self.MPI.Exception:
                 failed = set()
             self._missing(what, failed, peers_on, f"rank failed ({exc.Get_error_string()})")
@@ -144,8 +156,13 @@ class MpiTransport(Transport):
             for src, dst, tensors in unpack(buf):
                 inbox[dst][src] = kind.from_tensors(tensors).to(self.device)
 
-        deadline = self._poll(senders, tag, receive, what, lambda ranks: sorted({s for s, _ in pending
-                                                                              if self.placement.rank_of(s) in ranks}))
+        deadline = self._poll(
+            senders,
+            tag,
+            receive,
+            what,
+            lambda ranks: sorted({s for s, _ in pending if self.placement.rank_of(s) in ranks}),
+        )
         self._complete(sends, sorted(buffers), what, deadline)
 
     def _poll(self, sources, tag: int, receive, what: str, peers_on=None) -> float:
@@ -181,8 +198,10 @@ class MpiTransport(Transport):
         peers = peers_on(ranks) if peers_on else sorted(p for r in ranks for p in self.placement.nodes_of(r))
         shown = f"{peers[:20]}{' ...' if len(peers) > 20 else ''}"
         alive = [r for r in range(self.size) if r not in ranks]
-        exc = CommTimeout(f"{what}: {why} from peers {shown} on ranks {sorted(ranks)}",
-                          (alive[0] if alive else 0) if reporter is None else reporter)
+        exc = CommTimeout(
+            f"{what}: {why} from peers {shown} on ranks {sorted(ranks)}",
+            (alive[0] if alive else 0) if reporter is None else reporter,
+        )
         exc.notify = lambda: self._notify(exc)
         raise exc
 
@@ -224,12 +243,17 @@ class MpiTransport(Transport):
     # Bookkeeping collectives, as polled point-to-point messages (see the module's docstring).
     def _gather_objects(self, obj, what: str) -> list | None:
         if self.rank != 0:
-            self._complete([self.comm.isend(obj, dest=0, tag=self.collective_tag)], [0], what,
-                           time.monotonic() + self.timeout)
+            self._complete(
+                [self.comm.isend(obj, dest=0, tag=self.collective_tag)], [0], what, time.monotonic() + self.timeout
+            )
             return None
         got = {0: obj}
-        self._poll(range(1, self.size), self.collective_tag,
-                   lambda r, status: got.__setitem__(r, self.comm.recv(source=r, tag=self.collective_tag)), what)
+        self._poll(
+            range(1, self.size),
+            self.collective_tag,
+            lambda r, status: got.__setitem__(r, self.comm.recv(source=r, tag=self.collective_tag)),
+            what,
+        )
         return [got[r] for r in range(self.size)]
 
     def _bcast_object(self, obj, what: str):
@@ -238,8 +262,12 @@ class MpiTransport(Transport):
             self._complete(sends, list(range(1, self.size)), what, time.monotonic() + self.timeout)
             return obj
         got = []
-        self._poll([0], self.collective_tag, lambda r, status: got.append(self.comm.recv(source=0, tag=self.collective_tag)),
-                   what)
+        self._poll(
+            [0],
+            self.collective_tag,
+            lambda r, status: got.append(self.comm.recv(source=0, tag=self.collective_tag)),
+            what,
+        )
         return got[0]
 
     def _what(self, name: str) -> str:

@@ -4,6 +4,7 @@ Algorithms never see MPI. A phase hands the transport the (src peer, dst peer, t
 this rank's peers and the (src, dst) pairs it expects to receive, and gets back what arrived. Every
 message is counted in bytes (what was sent, and its dense equivalent where a codec compressed it).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import torch
+
 
 class Payload:
     """What a message carries: a dataclass whose fields are tensors, the last one may be a tuple of tensors
@@ -34,7 +36,7 @@ class Payload:
         fixed = names[:-1] if variadic else names
         values = dict(zip(fixed, tensors))
         if variadic:
-            values[names[-1]] = tuple(tensors[len(fixed):])
+            values[names[-1]] = tuple(tensors[len(fixed) :])
         return cls(**values)
 
     def to(self, device) -> "Payload":
@@ -161,8 +163,15 @@ class Transport:
         self.counter = ByteCounter()
         self.local_nodes = set(placement.nodes_of(self.rank))
 
-    def exchange(self, phase: str, round_index: int, messages: Sequence[Message],
-                 expect: Iterable[tuple[int, int]], kind: type[Payload] = Tensors, reliable: bool = False) -> Inbox:
+    def exchange(
+        self,
+        phase: str,
+        round_index: int,
+        messages: Sequence[Message],
+        expect: Iterable[tuple[int, int]],
+        kind: type[Payload] = Tensors,
+        reliable: bool = False,
+    ) -> Inbox:
         """Send messages from this rank's peers; return what this rank's peers receive, as payloads of
         class kind (what the phase carries).
 

@@ -1,5 +1,6 @@
 """What a loaded dataset is (Dataset: tensors, classes, task, how to change it before a run) and what a
 loader is asked for (DataRequest)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,8 +12,18 @@ from p2pfl.errors import UserError
 from p2pfl.seeding import numpy_rng
 
 CLASS_NAMES = {  # the datasets' own names for their classes, in label order
-    "fashion-mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                      "Ankle boot"),
+    "fashion-mnist": (
+        "T-shirt/top",
+        "Trouser",
+        "Pullover",
+        "Dress",
+        "Coat",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "Bag",
+        "Ankle boot",
+    ),
     "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"),
 }
 

@@ -1,4 +1,5 @@
 """Reader for the IDX format of MNIST and Fashion-MNIST, gzipped or not, with clear errors."""
+
 from __future__ import annotations
 
 import gzip

@@ -1,5 +1,6 @@
 """FEMNIST from LEAF's JSON files: {"users": [...], "user_data": {user: {"x": [[784 floats]], "y": [...]}}},
 several files per split. Each writer's training samples are one natural client (--partition writers)."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,10 @@ def _read_split(folder: Path) -> tuple[list[str], list[np.ndarray], list[np.ndar
         except OSError as exc:
             raise UserError(f"data file {path} cannot be read ({exc.strerror or exc.__class__.__name__})")
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-            raise UserError(f"data file {path} is not a LEAF FEMNIST file or is truncated ({exc.__class__.__name__}: "
-                            f"{str(exc)[:80]})")
+            raise UserError(
+                f"data file {path} is not a LEAF FEMNIST file or is truncated ({exc.__class__.__name__}: "
+                f"{str(exc)[:80]})"
+            )
     return users, xs, ys
 
 
@@ -60,6 +63,11 @@ def read_leaf(folder: Path) -> dict:
     for split, y in (("train", train_y), ("test", test_y_all)):
         if y.min() < 0 or y.max() >= N_CLASSES:
             raise UserError(f"FEMNIST {split} labels in {folder} lie outside 0..{N_CLASSES - 1}")
-    return {"train_x": np.concatenate([xs[i] for i in order]).reshape(-1, 1, 28, 28), "train_y": train_y,
-            "test_x": np.concatenate(test_x).reshape(-1, 1, 28, 28), "test_y": test_y_all,
-            "groups": groups, "n_classes": N_CLASSES}
+    return {
+        "train_x": np.concatenate([xs[i] for i in order]).reshape(-1, 1, 28, 28),
+        "train_y": train_y,
+        "test_x": np.concatenate(test_x).reshape(-1, 1, 28, 28),
+        "test_y": test_y_all,
+        "groups": groups,
+        "n_classes": N_CLASSES,
+    }

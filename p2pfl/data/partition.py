@@ -8,6 +8,7 @@ Two Dirichlet styles exist in the papers:
 - feddyn (FedDyn, used by FedAvg-FT): a class prior per peer, equal sizes, disjoint.
 #C classes per peer comes as 'random' (#C random classes, equal counts) and 'niid-bench'.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,7 +31,7 @@ def dirichlet_per_peer(labels, n_classes, peers, per_peer, alpha, rng) -> list[n
     shards = []
     for _ in range(peers):
         q = rng.dirichlet(np.full(n_classes, alpha))
-        takes = [pools[c][:min(int(np.floor(per_peer * q[c])), len(pools[c]))] for c in range(n_classes)]
+        takes = [pools[c][: min(int(np.floor(per_peer * q[c])), len(pools[c]))] for c in range(n_classes)]
         shard = np.concatenate(takes)
         if shard.size == 0:  # tiny per_peer: at least the most likely class's first sample
             shard = pools[int(np.argmax(q))][:1]
@@ -42,8 +43,10 @@ def dirichlet_per_peer(labels, n_classes, peers, per_peer, alpha, rng) -> list[n
 def _subset(labels, peers, per_peer, rng) -> np.ndarray:
     total = peers * per_peer
     if total > len(labels):
-        raise UserError(f"{peers} peers x {per_peer} samples = {total} is beyond the dataset's "
-                        f"{len(labels)} training samples (disjoint partition)")
+        raise UserError(
+            f"{peers} peers x {per_peer} samples = {total} is beyond the dataset's "
+            f"{len(labels)} training samples (disjoint partition)"
+        )
     return rng.permutation(len(labels))[:total]
 
 
@@ -63,8 +66,10 @@ def dirichlet_per_class(labels, n_classes, peers, per_peer, alpha, rng) -> list[
                 shard.extend(part.tolist())
         if min(len(s) for s in shards) >= need:
             return [np.sort(np.asarray(s, dtype=np.int64)) for s in shards]
-    raise UserError(f"per-class Dirichlet split with alpha={alpha} left a peer with fewer than {need} samples "
-                    f"after {MAX_TRIES} tries; raise --alpha or --samples-per-peer")
+    raise UserError(
+        f"per-class Dirichlet split with alpha={alpha} left a peer with fewer than {need} samples "
+        f"after {MAX_TRIES} tries; raise --alpha or --samples-per-peer"
+    )
 
 
 def iid(labels, n_classes, peers, per_peer, alpha, rng) -> list[np.ndarray]:
@@ -85,9 +90,11 @@ def classes_per_peer(labels, n_classes, peers, per_peer, classes, rng) -> list[n
         parts = []
         for c, k in zip(mine, counts):
             if used[c] + k > len(pools[c]):
-                raise UserError(f"--samples-per-peer {per_peer} with {classes} classes per peer is beyond the "
-                                f"dataset: class {c} has only {len(pools[c])} samples for its peers")
-            parts.append(pools[c][used[c]:used[c] + k])
+                raise UserError(
+                    f"--samples-per-peer {per_peer} with {classes} classes per peer is beyond the "
+                    f"dataset: class {c} has only {len(pools[c])} samples for its peers"
+                )
+            parts.append(pools[c][used[c] : used[c] + k])
             used[c] += k
         shards.append(np.sort(np.concatenate(parts)))
     return shards
@@ -122,8 +129,10 @@ def dirichlet_feddyn(labels, n_classes, peers, per_peer, alpha, rng) -> list[np.
     that class is used up (drawn here directly from the prior restricted to the classes left)."""
     total = peers * per_peer
     if total > len(labels):
-        raise UserError(f"{peers} peers x {per_peer} samples = {total} is beyond the dataset's "
-                        f"{len(labels)} training samples (disjoint partition)")
+        raise UserError(
+            f"{peers} peers x {per_peer} samples = {total} is beyond the dataset's "
+            f"{len(labels)} training samples (disjoint partition)"
+        )
     priors = rng.dirichlet(np.full(n_classes, alpha), size=peers)
     pools = _class_pools(labels, n_classes, rng)
     left = np.array([len(p) for p in pools])
@@ -151,9 +160,20 @@ def by_writer(groups: np.ndarray | None, peers: int) -> list[np.ndarray]:
     return [np.flatnonzero(groups == i).astype(np.int64) for i in range(peers)]
 
 
-def partition(labels: np.ndarray, n_classes: int, peers: int, kind: str, *, per_peer: int = 200,
-              alpha: float = 0.1, classes: int = 2, style: str = "per-peer", classes_style: str = "random",
-              groups: np.ndarray | None = None, seed: int = 0) -> list[np.ndarray]:
+def partition(
+    labels: np.ndarray,
+    n_classes: int,
+    peers: int,
+    kind: str,
+    *,
+    per_peer: int = 200,
+    alpha: float = 0.1,
+    classes: int = 2,
+    style: str = "per-peer",
+    classes_style: str = "random",
+    groups: np.ndarray | None = None,
+    seed: int = 0,
+) -> list[np.ndarray]:
     """Index arrays into the training set, one per peer; a pure function of its arguments."""
     rng = numpy_rng(seed, "partition")
     if kind == "writers":
@@ -176,6 +196,7 @@ def summary(shards: list[np.ndarray], labels: np.ndarray, n_classes: int) -> lis
     """Per peer: its sample count and, for classes, its class histogram (what partition.json holds)."""
     if not np.issubdtype(labels.dtype, np.integer):
         return [{"peer": i, "samples": int(len(s))} for i, s in enumerate(shards)]
-    return [{"peer": i, "samples": int(len(s)),
-             "classes": np.bincount(labels[s], minlength=n_classes).astype(int).tolist()}
-            for i, s in enumerate(shards)]
+    return [
+        {"peer": i, "samples": int(len(s)), "classes": np.bincount(labels[s], minlength=n_classes).astype(int).tolist()}
+        for i, s in enumerate(shards)
+    ]

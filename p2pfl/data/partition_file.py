@@ -6,6 +6,7 @@ the training set in its published order (`--partition-file user_dataidx_map_0.10
 Pickles are read as plain data (p2pfl.data.plain_pickle), so a file cannot run code. As the reference
 code, a run of P peers takes the file's peers 0..P-1.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,9 @@ def _read(path: Path) -> dict[int, object]:
         with path.open("rb") as f:
             raw = PlainUnpickler(f).load()
     if not isinstance(raw, dict):
-        raise UserError(f"--partition-file {path}: expected a map from peer to training indices, got "
-                        f"{type(raw).__name__}")
+        raise UserError(
+            f"--partition-file {path}: expected a map from peer to training indices, got {type(raw).__name__}"
+        )
     return {_peer_key(k): v for k, v in raw.items()}
 
 
@@ -50,8 +52,10 @@ def through_origin(shards: list[np.ndarray], origin: np.ndarray | None, path: st
         at = np.searchsorted(origin, index)
         dropped = (at >= len(origin)) | (origin[np.minimum(at, len(origin) - 1)] != index)
         if dropped.any():
-            raise UserError(f"--partition-file {path}: peer {p} has training sample {int(index[dropped][0])}, which "
-                            "this run keeps out of training (a held-out class)")
+            raise UserError(
+                f"--partition-file {path}: peer {p} has training sample {int(index[dropped][0])}, which "
+                "this run keeps out of training (a held-out class)"
+            )
         out.append(at.astype(np.int64))
     return out
 
@@ -67,8 +71,10 @@ def read_partition_file(path: str, peers: int, n_train: int) -> list[np.ndarray]
         raise UserError(f"--partition-file {path}: cannot be read as .json, .npz or a pickled dict ({e})") from None
     missing = [p for p in range(peers) if p not in shards]
     if missing:
-        raise UserError(f"--partition-file {path} holds {len(shards)} peers; peer {missing[0]} of the run's "
-                        f"{peers} is not among them")
+        raise UserError(
+            f"--partition-file {path} holds {len(shards)} peers; peer {missing[0]} of the run's "
+            f"{peers} is not among them"
+        )
     out = []
     for p in range(peers):
         index = integers(shards[p])
@@ -76,7 +82,8 @@ def read_partition_file(path: str, peers: int, n_train: int) -> list[np.ndarray]
             raise UserError(f"--partition-file {path}: peer {p} needs a non-empty list of integer indices")
         outside = index[(index < 0) | (index >= n_train)]
         if outside.size:
-            raise UserError(f"--partition-file {path}: peer {p} has index {int(outside[0])}, outside the "
-                            f"{n_train} training samples")
+            raise UserError(
+                f"--partition-file {path}: peer {p} has index {int(outside[0])}, outside the {n_train} training samples"
+            )
         out.append(np.sort(index.astype(np.int64)))
     return out

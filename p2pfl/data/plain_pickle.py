@@ -2,6 +2,7 @@
 unpickler resolves no name but numpy's array constructors (and the bytes codec of Python 2 pickles), so
 a file that names anything else is refused before it is built. CIFAR's python version and the NTK-FL /
 NTK-DFL reference codes' partition files are read this way."""
+
 from __future__ import annotations
 
 import importlib
@@ -9,11 +10,18 @@ import pickle
 
 import numpy as np
 
-ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-           ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
-           ("numpy._core.multiarray", "scalar"), ("_codecs", "encode"),
-           # protocol 5 (numpy 2's pickles): an array rebuilt from its bytes
-           ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer")}
+ALLOWED = {
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+    ("_codecs", "encode"),
+    # protocol 5 (numpy 2's pickles): an array rebuilt from its bytes
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
+}
 
 
 class RefusedName(pickle.UnpicklingError):
@@ -46,8 +54,9 @@ def integers(value) -> np.ndarray | None:
     if isinstance(value, np.ndarray):
         ok = value.ndim == 1 and np.issubdtype(value.dtype, np.integer)
         return value.astype(np.int64) if ok else None
-    if isinstance(value, (list, tuple)) and all(isinstance(i, (int, np.integer)) and not isinstance(i, bool)
-                                                for i in value):
+    if isinstance(value, (list, tuple)) and all(
+        isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in value
+    ):
         try:
             return np.asarray(value, dtype=np.int64)
         except OverflowError:

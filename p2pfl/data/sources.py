@@ -4,6 +4,7 @@ Roots are tried in order: --data-dir, $P2PFL_DATA, the Debian package location (
 then torchvision's downloader where one exists and a network does (never when $P2PFL_NO_DOWNLOAD is
 set). Images are kept as (C, H, W); models that want vectors flatten them.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,12 +26,17 @@ from p2pfl.seeding import torch_generator
 DEBIAN_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
 TORCHVISION_NAMES = {"fashion-mnist": "FashionMNIST", "mnist": "MNIST", "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
 NORMALISATION = {  # per-channel mean and std of the training images (the reference codes' values)
-    "fashion-mnist": ((0.2860,), (0.3530,)), "mnist": ((0.1307,), (0.3081,)),
+    "fashion-mnist": ((0.2860,), (0.3530,)),
+    "mnist": ((0.1307,), (0.3081,)),
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
-IDX_FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
-             "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}
+IDX_FILES = {
+    "train_x": "train-images-idx3-ubyte",
+    "train_y": "train-labels-idx1-ubyte",
+    "test_x": "t10k-images-idx3-ubyte",
+    "test_y": "t10k-labels-idx1-ubyte",
+}
 
 
 def _find_file(folder: Path, stem: str) -> Path | None:
@@ -63,7 +69,8 @@ def _locate(name: str, data_dir: str | None, find: Callable[[Path], object | Non
         if found is not None:
             return found
     hint = f"{name} not found; pass --data-dir or set $P2PFL_DATA to a folder with {files}" + (
-        " (or apt-get install dataset-fashion-mnist)" if name == "fashion-mnist" else "")
+        " (or apt-get install dataset-fashion-mnist)" if name == "fashion-mnist" else ""
+    )
     if name not in TORCHVISION_NAMES or os.environ.get("P2PFL_NO_DOWNLOAD"):
         raise UserError(hint)
     try:
@@ -100,18 +107,23 @@ def _check_splits(name: str, where, arrays: dict) -> None:
         if 0 in x.shape[1:]:
             raise UserError(f"{name} {split} images in {where} have no pixels: {x.shape}")
     if arrays["train_x"].shape[1:] != arrays["test_x"].shape[1:]:
-        raise UserError(f"{name} in {where}: test images {arrays['test_x'].shape[1:]} differ from training "
-                        f"images {arrays['train_x'].shape[1:]}")
+        raise UserError(
+            f"{name} in {where}: test images {arrays['test_x'].shape[1:]} differ from training "
+            f"images {arrays['train_x'].shape[1:]}"
+        )
 
 
 def load_idx(name: str, req: DataRequest) -> Dataset:
-    folder = _locate(name, req.data_dir, lambda root: _idx_folder(root, name),
-                     f"{', '.join(IDX_FILES.values())}, gzipped or not")
+    folder = _locate(
+        name, req.data_dir, lambda root: _idx_folder(root, name), f"{', '.join(IDX_FILES.values())}, gzipped or not"
+    )
     arrays = {key: read_idx(_find_file(folder, stem)) for key, stem in IDX_FILES.items()}
     for split in ("train", "test"):
         if arrays[f"{split}_x"].ndim != 3 or arrays[f"{split}_y"].ndim != 1:
-            raise UserError(f"{name} {split} files in {folder} are not images and labels: "
-                            f"{arrays[f'{split}_x'].shape}, {arrays[f'{split}_y'].shape}")
+            raise UserError(
+                f"{name} {split} files in {folder} are not images and labels: "
+                f"{arrays[f'{split}_x'].shape}, {arrays[f'{split}_y'].shape}"
+            )
     _check_splits(name, folder, arrays)
     labels = [torch.from_numpy(arrays[k].astype(np.int64)) for k in ("train_y", "test_y")]
     n_classes = 10
@@ -123,13 +135,21 @@ def load_idx(name: str, req: DataRequest) -> Dataset:
 
 
 def load_cifar(name: str, req: DataRequest) -> Dataset:
-    sub = {"cifar10": "cifar-10-batches-bin or cifar-10-batches-py",
-           "cifar100": "cifar-100-binary or cifar-100-python"}[name]
+    sub = {
+        "cifar10": "cifar-10-batches-bin or cifar-10-batches-py",
+        "cifar100": "cifar-100-binary or cifar-100-python",
+    }[name]
     kind, folder = _locate(name, req.data_dir, lambda root: find_cifar(root, name), sub)
     arrays = read_cifar(name, kind, folder, req.labels)
     _check_splits(name, folder, arrays)
-    return Dataset(name, _images(arrays["train_x"], name), torch.from_numpy(arrays["train_y"]),
-                   _images(arrays["test_x"], name), torch.from_numpy(arrays["test_y"]), arrays["n_classes"])
+    return Dataset(
+        name,
+        _images(arrays["train_x"], name),
+        torch.from_numpy(arrays["train_y"]),
+        _images(arrays["test_x"], name),
+        torch.from_numpy(arrays["test_y"]),
+        arrays["n_classes"],
+    )
 
 
 def load_femnist(name: str, req: DataRequest) -> Dataset:
@@ -138,13 +158,25 @@ def load_femnist(name: str, req: DataRequest) -> Dataset:
     _check_splits(name, folder, arrays)
     train = torch.from_numpy(arrays["train_x"])
     mean, std = float(train.mean()), float(train.std()) or 1.0  # LEAF gives [0, 1] floats; no published stats
-    return Dataset(name, (train - mean) / std, torch.from_numpy(arrays["train_y"]),
-                   (torch.from_numpy(arrays["test_x"]) - mean) / std, torch.from_numpy(arrays["test_y"]),
-                   arrays["n_classes"], groups=arrays["groups"])
+    return Dataset(
+        name,
+        (train - mean) / std,
+        torch.from_numpy(arrays["train_y"]),
+        (torch.from_numpy(arrays["test_x"]) - mean) / std,
+        torch.from_numpy(arrays["test_y"]),
+        arrays["n_classes"],
+        groups=arrays["groups"],
+    )
 
 
-def synthetic_dataset(name: str = "synthetic", req: DataRequest | None = None, n_train: int = 6000,
-                      n_test: int = 1000, features: int = 64, classes: int = 10) -> Dataset:
+def synthetic_dataset(
+    name: str = "synthetic",
+    req: DataRequest | None = None,
+    n_train: int = 6000,
+    n_test: int = 1000,
+    features: int = 64,
+    classes: int = 10,
+) -> Dataset:
     """Gaussian class clusters: learnable in a few steps, for fast tests. Always the same data."""
     gen = torch.Generator().manual_seed(1234)
     means = torch.randn(classes, features, generator=gen) * 0.6
@@ -175,14 +207,24 @@ def linear_rep_dataset(name: str, req: DataRequest) -> Dataset:
 
     def draw(per_client: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         x = torch.randn(m, per_client, d, generator=gen)
-        y = torch.einsum("mnd,dk,mk->mn", x, b_star, w_star) + LINEAR_REP_NOISE * torch.randn(m, per_client,
-                                                                                            generator=gen)
+        y = torch.einsum("mnd,dk,mk->mn", x, b_star, w_star) + LINEAR_REP_NOISE * torch.randn(
+            m, per_client, generator=gen
+        )
         return x.reshape(-1, d), y.reshape(-1), np.repeat(np.arange(m), per_client)
 
     train_x, train_y, groups = draw(req.samples_per_peer)
     test_x, test_y, _ = draw(LINEAR_REP_TEST)
-    return Dataset(name, train_x, train_y, test_x, test_y, 1, task="regression", groups=groups,
-                   truth={"B": b_star, "w": w_star, "noise": LINEAR_REP_NOISE})
+    return Dataset(
+        name,
+        train_x,
+        train_y,
+        test_x,
+        test_y,
+        1,
+        task="regression",
+        groups=groups,
+        truth={"B": b_star, "w": w_star, "noise": LINEAR_REP_NOISE},
+    )
 
 
 @dataclass(frozen=True)
@@ -198,15 +240,20 @@ class DatasetSpec:
     generated: bool = False  # made in memory, not read from files (--data-dir does not apply)
 
 
-DATASETS = {s.name: s for s in [
-    DatasetSpec("fashion-mnist", load_idx, ("fmnist", "fashion_mnist", "fashionmnist")),
-    DatasetSpec("mnist", load_idx),
-    DatasetSpec("cifar10", load_cifar, ("cifar-10", "cifar_10"), "lenet5"),
-    DatasetSpec("cifar100", load_cifar, ("cifar-100", "cifar_100"), "resnet8"),
-    DatasetSpec("femnist", load_femnist, (), "cnn-femnist", "writers", natural_split=True),
-    DatasetSpec("synthetic", synthetic_dataset, images=False, generated=True),
-    DatasetSpec("linear-rep", linear_rep_dataset, ("linear_rep",), "linear-rep", "writers", "regression", False, True, True),
-]}
+DATASETS = {
+    s.name: s
+    for s in [
+        DatasetSpec("fashion-mnist", load_idx, ("fmnist", "fashion_mnist", "fashionmnist")),
+        DatasetSpec("mnist", load_idx),
+        DatasetSpec("cifar10", load_cifar, ("cifar-10", "cifar_10"), "lenet5"),
+        DatasetSpec("cifar100", load_cifar, ("cifar-100", "cifar_100"), "resnet8"),
+        DatasetSpec("femnist", load_femnist, (), "cnn-femnist", "writers", natural_split=True),
+        DatasetSpec("synthetic", synthetic_dataset, images=False, generated=True),
+        DatasetSpec(
+            "linear-rep", linear_rep_dataset, ("linear_rep",), "linear-rep", "writers", "regression", False, True, True
+        ),
+    ]
+}
 ALIASES = {alias: s.name for s in DATASETS.values() for alias in (s.name, *s.aliases)}
 
 
@@ -232,35 +279,50 @@ def _user_dataset(reference: str, req: DataRequest) -> Dataset:
         return out
     parts = tuple(out) if isinstance(out, (tuple, list)) else ()
     if len(parts) not in (4, 5):
-        raise UserError(f"--dataset {reference} must return (train_x, train_y, test_x, test_y[, owners]) or a "
-                        f"p2pfl Dataset, not {type(out).__name__}")
+        raise UserError(
+            f"--dataset {reference} must return (train_x, train_y, test_x, test_y[, owners]) or a "
+            f"p2pfl Dataset, not {type(out).__name__}"
+        )
     where = f"--dataset {reference}"
-    train_x, train_y, test_x, test_y = (_numbers(v, f"{where}: {name}") for v, name in
-                                        zip(parts, ("train_x", "train_y", "test_x", "test_y")))
+    train_x, train_y, test_x, test_y = (
+        _numbers(v, f"{where}: {name}") for v, name in zip(parts, ("train_x", "train_y", "test_x", "test_y"))
+    )
     for x, name in ((train_x, "train_x"), (test_x, "test_x")):
         if x.ndim < 2 or len(x) == 0:
-            raise UserError(f"{where}: {name} has shape {tuple(x.shape)}; it must be (samples, features...) with at "
-                            "least one sample")
+            raise UserError(
+                f"{where}: {name} has shape {tuple(x.shape)}; it must be (samples, features...) with at "
+                "least one sample"
+            )
         if not torch.isfinite(x.float()).all():
             raise UserError(f"{where}: {name} holds NaN or inf")
     if train_x.shape[1:] != test_x.shape[1:]:
-        raise UserError(f"{where}: test_x's samples are {tuple(test_x.shape[1:])}, train_x's {tuple(train_x.shape[1:])}")
+        raise UserError(
+            f"{where}: test_x's samples are {tuple(test_x.shape[1:])}, train_x's {tuple(train_x.shape[1:])}"
+        )
     for y, x, name in ((train_y, train_x, "train_y"), (test_y, test_x, "test_y")):
         if y.ndim != 1 or len(y) != len(x) or y.is_floating_point():
-            raise UserError(f"{where}: {name} must hold one integer class per sample ({len(x)}), not "
-                            f"{y.dtype} of shape {tuple(y.shape)}")
+            raise UserError(
+                f"{where}: {name} must hold one integer class per sample ({len(x)}), not "
+                f"{y.dtype} of shape {tuple(y.shape)}"
+            )
     n_classes = int(max(train_y.max(), test_y.max())) + 1
     low = int(min(train_y.min(), test_y.min()))
     empty = sorted(set(range(n_classes)) - set(train_y.unique().tolist()))
     if low < 0 or empty:
-        raise UserError(f"{where}: labels must be the classes 0..C-1, each with training samples; "
-                        + (f"a label is {low}" if low < 0 else
-                           f"they reach {n_classes - 1}, but {len(empty)} of those classes have no training sample "
-                           f"(such as {empty[0]})"))
+        raise UserError(
+            f"{where}: labels must be the classes 0..C-1, each with training samples; "
+            + (
+                f"a label is {low}"
+                if low < 0
+                else f"they reach {n_classes - 1}, but {len(empty)} of those classes have no training sample "
+                f"(such as {empty[0]})"
+            )
+        )
     groups = np.asarray(parts[4]) if len(parts) == 5 else None
     if groups is not None and (groups.ndim != 1 or len(groups) != len(train_x)):
-        raise UserError(f"{where}: owners must name one owner per training sample ({len(train_x)}), not "
-                        f"shape {groups.shape}")
+        raise UserError(
+            f"{where}: owners must name one owner per training sample ({len(train_x)}), not shape {groups.shape}"
+        )
     return Dataset(reference, train_x.float(), train_y.long(), test_x.float(), test_y.long(), n_classes, groups=groups)
 
 

@@ -1,4 +1,5 @@
 """Models by name, and the stacked (peers x parameters) representation they are trained in."""
+
 from __future__ import annotations
 
 import math
@@ -28,19 +29,35 @@ class ModelSpec:
     images: bool = True  # needs (C, H, W) inputs
 
 
-MODELS = {s.name: s for s in [
-    ModelSpec("mlp", "the papers' MLP, --hidden widths (784-100-10 by default)",
-              lambda shape, n, o: MLP(math.prod(shape), o.hidden, n), images=False),
-    ModelSpec("simple-cnn", "TCT's FMNIST net: 2 conv+pool, 2 FC", lambda shape, n, o: SimpleCNN(shape, n)),
-    ModelSpec("cnn-fmnist", "CyclicFL's CNN-FMNIST: 2 conv, dropout, 2 FC", lambda shape, n, o: CNNFashionMNIST(shape, n)),
-    ModelSpec("cnn-femnist", "CyclicFL's CNN-FEMNIST: 2 conv, 1 FC", lambda shape, n, o: CNNFEMNIST(shape, n)),
-    ModelSpec("lenet5", "LeNet-5: 2 conv, 3 FC", lambda shape, n, o: LeNet5(shape, n)),
-    ModelSpec("resnet8", "ResNet-8, CIFAR stem, --norm", lambda shape, n, o: resnet8(shape, n, o.norm)),
-    ModelSpec("resnet18", "ResNet-18, CIFAR stem, --norm", lambda shape, n, o: resnet18(shape, n, o.norm)),
-    ModelSpec("cnn-cifar", "FedAvg-FT's CNN: 3 x (conv, conv, pool), 3-layer MLP", lambda shape, n, o: CNNCifar(shape, n)),
-    ModelSpec("linear-rep", "y = <B w, x>, B (d, --rep-dim), w (--rep-dim,)",
-              lambda shape, n, o: LinearRepresentation(math.prod(shape), o.rep_dim), task="regression", images=False),
-]}
+MODELS = {
+    s.name: s
+    for s in [
+        ModelSpec(
+            "mlp",
+            "the papers' MLP, --hidden widths (784-100-10 by default)",
+            lambda shape, n, o: MLP(math.prod(shape), o.hidden, n),
+            images=False,
+        ),
+        ModelSpec("simple-cnn", "TCT's FMNIST net: 2 conv+pool, 2 FC", lambda shape, n, o: SimpleCNN(shape, n)),
+        ModelSpec(
+            "cnn-fmnist", "CyclicFL's CNN-FMNIST: 2 conv, dropout, 2 FC", lambda shape, n, o: CNNFashionMNIST(shape, n)
+        ),
+        ModelSpec("cnn-femnist", "CyclicFL's CNN-FEMNIST: 2 conv, 1 FC", lambda shape, n, o: CNNFEMNIST(shape, n)),
+        ModelSpec("lenet5", "LeNet-5: 2 conv, 3 FC", lambda shape, n, o: LeNet5(shape, n)),
+        ModelSpec("resnet8", "ResNet-8, CIFAR stem, --norm", lambda shape, n, o: resnet8(shape, n, o.norm)),
+        ModelSpec("resnet18", "ResNet-18, CIFAR stem, --norm", lambda shape, n, o: resnet18(shape, n, o.norm)),
+        ModelSpec(
+            "cnn-cifar", "FedAvg-FT's CNN: 3 x (conv, conv, pool), 3-layer MLP", lambda shape, n, o: CNNCifar(shape, n)
+        ),
+        ModelSpec(
+            "linear-rep",
+            "y = <B w, x>, B (d, --rep-dim), w (--rep-dim,)",
+            lambda shape, n, o: LinearRepresentation(math.prod(shape), o.rep_dim),
+            task="regression",
+            images=False,
+        ),
+    ]
+}
 
 
 def model_spec(name: str) -> ModelSpec:
@@ -49,15 +66,21 @@ def model_spec(name: str) -> ModelSpec:
     if name in MODELS:
         return MODELS[name]
     if not is_reference(name):
-        raise UserError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}, or name your own as "
-                        "package.module:function")
+        raise UserError(
+            f"unknown model {name!r}; choose one of: {', '.join(MODELS)}, or name your own as package.module:function"
+        )
     make = load_object(name, "--model")
     if not callable(make):
         raise UserError(f"--model {name} is not a function of (input_shape, n_classes)")
-    return ModelSpec(name, "the user's model",
-                     lambda shape, n, o: _checked(call_plugin(f"--model {name} (building the model)", make, shape, n),
-                                                  name, shape, n),
-                     task=getattr(make, "task", "classification"), images=False)
+    return ModelSpec(
+        name,
+        "the user's model",
+        lambda shape, n, o: _checked(
+            call_plugin(f"--model {name} (building the model)", make, shape, n), name, shape, n
+        ),
+        task=getattr(make, "task", "classification"),
+        images=False,
+    )
 
 
 def _checked(model, name: str, shape: tuple[int, ...], n_outputs: int) -> nn.Module:
@@ -76,13 +99,16 @@ def _checked(model, name: str, shape: tuple[int, ...], n_outputs: int) -> nn.Mod
     training = model.training
     model.eval()
     with torch.no_grad():
-        out = call_plugin(f"{where} (a forward pass of 2 inputs of shape {tuple(shape)})", model,
-                          torch.zeros(2, *shape))
+        out = call_plugin(
+            f"{where} (a forward pass of 2 inputs of shape {tuple(shape)})", model, torch.zeros(2, *shape)
+        )
     model.train(training)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, n_outputs):
         got = f"a {type(out).__name__}" if not isinstance(out, torch.Tensor) else f"shape {tuple(out.shape)}"
-        raise UserError(f"{where}: a batch of 2 inputs of shape {tuple(shape)} gave {got}; p2pfl needs one tensor of "
-                        f"shape (2, {n_outputs}), a score per {'class' if n_outputs > 1 else 'output'}")
+        raise UserError(
+            f"{where}: a batch of 2 inputs of shape {tuple(shape)} gave {got}; p2pfl needs one tensor of "
+            f"shape (2, {n_outputs}), a score per {'class' if n_outputs > 1 else 'output'}"
+        )
     return model
 
 
@@ -95,5 +121,16 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["MLP", "MLPShape", "MODELS", "ModelSpec", "ParamLayout", "PeerStack", "build_model", "count_parameters",
-           "initial_parameters", "model_spec", "reset_model"]
+__all__ = [
+    "MLP",
+    "MLPShape",
+    "MODELS",
+    "ModelSpec",
+    "ParamLayout",
+    "PeerStack",
+    "build_model",
+    "count_parameters",
+    "initial_parameters",
+    "model_spec",
+    "reset_model",
+]

@@ -1,6 +1,7 @@
 """Convolutional networks of the TCT, CyclicFL and FedAvg-FT papers. Inputs are (C, H, W) images;
 the first fully connected layer's width is found by running one dummy image through the trunk, so
 every net fits 28x28 (MNIST-like) and 32x32 (CIFAR) inputs alike."""
+
 from __future__ import annotations
 
 import torch
@@ -41,8 +42,7 @@ class CNNFashionMNIST(nn.Module):
         super().__init__()
         self.trunk = nn.Sequential(*conv_pool(input_shape[0], 32, 5), *conv_pool(32, 64, 5), nn.Flatten())
         flat = _flat_size(self.trunk, input_shape)
-        self.head = nn.Sequential(PeerDropout(0.5, flat), nn.Linear(flat, 512), nn.ReLU(),
-                                  nn.Linear(512, n_classes))
+        self.head = nn.Sequential(PeerDropout(0.5, flat), nn.Linear(flat, 512), nn.ReLU(), nn.Linear(512, n_classes))
 
     def forward(self, x):
         return self.head(self.trunk(x))
@@ -67,8 +67,9 @@ class LeNet5(nn.Module):
         super().__init__()
         self.trunk = nn.Sequential(*conv_pool(input_shape[0], 6, 5), *conv_pool(6, 16, 5), nn.Flatten())
         flat = _flat_size(self.trunk, input_shape)
-        self.head = nn.Sequential(nn.Linear(flat, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
-                                  nn.Linear(84, n_classes))
+        self.head = nn.Sequential(
+            nn.Linear(flat, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, n_classes)
+        )
 
     def forward(self, x):
         return self.head(self.trunk(x))
@@ -83,13 +84,19 @@ class CNNCifar(nn.Module):
         layers: list[nn.Module] = []
         c_in = input_shape[0]
         for c in (32, 64, 128):
-            layers += [nn.Conv2d(c_in, c, 3, padding=1), nn.ReLU(), nn.Conv2d(c, c, 3, padding=1), nn.ReLU(),
-                       nn.MaxPool2d(2)]
+            layers += [
+                nn.Conv2d(c_in, c, 3, padding=1),
+                nn.ReLU(),
+                nn.Conv2d(c, c, 3, padding=1),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+            ]
             c_in = c
         self.trunk = nn.Sequential(*layers, nn.Flatten())
         flat = _flat_size(self.trunk, input_shape)
-        self.head = nn.Sequential(nn.Linear(flat, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
-                                  nn.Linear(128, n_classes))
+        self.head = nn.Sequential(
+            nn.Linear(flat, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, n_classes)
+        )
 
     def forward(self, x):
         return self.head(self.trunk(x))

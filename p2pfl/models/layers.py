@@ -1,4 +1,5 @@
 """Layers whose randomness and statistics stay per peer when a rank's peers run as one vmap batch."""
+
 from __future__ import annotations
 
 import torch

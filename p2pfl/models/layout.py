@@ -1,5 +1,6 @@
 """Where each parameter and float buffer of a model sits in its flat vector (a peer's row of the stack):
 the trainable parameters first, then the float buffers (batch norm's running statistics)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ class ParamLayout:
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """Named views into flat, which is (D,) or (L, D)."""
         lead = flat.shape[:-1]
-        return {s.name: flat[..., s.offset:s.offset + s.numel].view(*lead, *s.shape) for s in self.slots}
+        return {s.name: flat[..., s.offset : s.offset + s.numel].view(*lead, *s.shape) for s in self.slots}
 
     def flatten(self, model: nn.Module) -> torch.Tensor:
         tensors = [*model.parameters(), *(b for _, b in _state_buffers(model))]

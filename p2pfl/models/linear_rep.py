@@ -1,5 +1,6 @@
 """The two-layer linear representation of FedAvg with fine-tuning (Collins et al. 2022, section 5.1):
 y = <B w, x> with a shared representation B (d, k) and a head w (k,)."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """The papers' MLP: flatten -> Linear -> ReLU -> ... -> Linear (Kaiming-normal weights, zero biases)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

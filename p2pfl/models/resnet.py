@@ -1,5 +1,6 @@
 """CIFAR-style ResNets (3x3 stem, no max-pool): ResNet-18 (TCT: 4 stages of 2 basic blocks, 64-512
 channels) and ResNet-8 (CyclicFL: 3 basic blocks, 16-64 channels), with batch or group norm."""
+
 from __future__ import annotations
 
 from torch import nn
@@ -28,8 +29,9 @@ class ResNet(nn.Module):
     def __init__(self, input_shape, n_classes, stages: list[tuple[int, int, int]], stem: int, norm: str):
         """stages: (channels, blocks, stride) per stage."""
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(input_shape[0], stem, 3, 1, 1, bias=False), norm_layer(norm, stem),
-                                  nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(input_shape[0], stem, 3, 1, 1, bias=False), norm_layer(norm, stem), nn.ReLU()
+        )
         blocks, c_in = [], stem
         for channels, count, stride in stages:
             for i in range(count):

@@ -5,6 +5,7 @@ one batch: functional_call + vmap over the stacked parameters (DESIGN, "a rank's
 A row holds the trainable parameters first, then the float buffers (batch norm's running statistics):
 buffers travel and are averaged with the weights, and are counted in bytes, but SGD never steps them.
 """
+
 from __future__ import annotations
 
 import copy
@@ -47,15 +48,22 @@ class PeerStack:
         # batch norm couples the samples of a batch: padded rows must not enter its statistics
         self.couples_samples = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
-    def forward(self, flat: torch.Tensor, x: torch.Tensor, shared_input: bool = False,
-                features: bool = False) -> torch.Tensor:
+    def forward(
+        self, flat: torch.Tensor, x: torch.Tensor, shared_input: bool = False, features: bool = False
+    ) -> torch.Tensor:
         """Evaluation: flat (L, D); x (L, B, ...) or, with shared_input, (B, ...) -> (L, B, outputs);
         with features, also the representation (L, B, E)."""
         return self.forward_views(self.layout.views(flat), x, shared_input, features=features)
 
-    def forward_views(self, params: dict[str, torch.Tensor], x: torch.Tensor, shared_input: bool = False,
-                      train: bool = False, noise: dict[str, torch.Tensor] | None = None,
-                      features: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward_views(
+        self,
+        params: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        shared_input: bool = False,
+        train: bool = False,
+        noise: dict[str, torch.Tensor] | None = None,
+        features: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """As forward, from named (L, ...) tensors; train=True uses batch statistics (and updates the
         running ones in place) and the given dropout noise. features=True also returns the model's
         representation: the input of its last Linear layer (the penultimate layer's output)."""
@@ -92,9 +100,15 @@ class PeerStack:
         shape by a forward pass of one sample."""
         if sample_shape not in self._activations:
             sizes = []
-            hooks = [m.register_forward_hook(lambda module, inputs, output: sizes.append(
-                output.numel() * output.element_size() if isinstance(output, torch.Tensor) else 0))
-                for m in self.model.modules() if m is not self.model]
+            hooks = [
+                m.register_forward_hook(
+                    lambda module, inputs, output: sizes.append(
+                        output.numel() * output.element_size() if isinstance(output, torch.Tensor) else 0
+                    )
+                )
+                for m in self.model.modules()
+                if m is not self.model
+            ]
             try:
                 with torch.no_grad():
                     self.model.eval()(torch.zeros(1, *sample_shape, device=self.device))
@@ -119,8 +133,10 @@ class PeerStack:
         """Uniform draws (L, batch * features) for every dropout layer, on the device where keys are:
         row i keyed by keys[i] (the peer's, p2pfl.seeding.peer_keys), the counters (the step) and the
         layer, so each peer's mask is its own whatever shares the batch, on every layout and device."""
-        return {f"{name}.noise": keyed_uniform(keys, batch * layer.features, *counters, j)
-                for j, (name, layer) in enumerate(self.dropouts.items())}
+        return {
+            f"{name}.noise": keyed_uniform(keys, batch * layer.features, *counters, j)
+            for j, (name, layer) in enumerate(self.dropouts.items())
+        }
 
 
 def _mlp_shape(model: nn.Module, layout: ParamLayout):
@@ -147,8 +163,7 @@ def reset_model(model: nn.Module, gen: torch.Generator) -> None:
                     module.reset_running_stats()
 
 
-def initial_parameters(model: nn.Module, peers: list[int], seed: int, init: str,
-                       device: torch.device) -> torch.Tensor:
+def initial_parameters(model: nn.Module, peers: list[int], seed: int, init: str, device: torch.device) -> torch.Tensor:
     """(len(peers), D) on device: one shared initial model ('same') or one per peer ('different').
     Drawn on a CPU copy of the model, from the keyed CPU generators, whatever device the model is on:
     the same initial weights on every device and layout."""

@@ -23,6 +23,7 @@ are one batch instead, and each stage is a few batched products:
 
 Nothing inside the loop waits for the device: the step plans are read once, before it.
 """
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -36,8 +37,14 @@ from p2pfl.ntk.evolution import FULL_SPLIT, SPLIT_RANK, SPLIT_SLOW, SPLIT_WARMUP
 SUBSPACE_ITERATIONS = 6  # as evolution.top_subspace
 
 
-def evolve_ce_batched(kernels: list[torch.Tensor], f0s: list[torch.Tensor], targets: list[torch.Tensor],
-                      eta: float, taus: list[int], euler: bool = False) -> list[Evolution]:
+def evolve_ce_batched(
+    kernels: list[torch.Tensor],
+    f0s: list[torch.Tensor],
+    targets: list[torch.Tensor],
+    eta: float,
+    taus: list[int],
+    euler: bool = False,
+) -> list[Evolution]:
     """evolution.evolve_ce for each (H, f0, Y), all on their device at once: 'split' (the accurate ODE)
     or, with euler, unit Euler steps ('euler' and 'deflated' compute those)."""
     sizes = [len(H) for H in kernels]
@@ -61,17 +68,23 @@ def evolve_ce_batched(kernels: list[torch.Tensor], f0s: list[torch.Tensor], targ
     for plan in sorted(set(plans) - {None}):
         rows = [i for i, p in enumerate(plans) if p == plan]
         index = torch.tensor(rows, device=H.device)
-        slope = _Slope(H.index_select(0, index), Y.index_select(0, index),
-                       (V.index_select(0, index), M.index_select(0, index)) if plan[2] else None)
+        slope = _Slope(
+            H.index_select(0, index),
+            Y.index_select(0, index),
+            (V.index_select(0, index), M.index_select(0, index)) if plan[2] else None,
+        )
         sums, outputs = _integrate(slope, f.index_select(0, index), taus, plan[0], plan[1], euler)
         for j, i in enumerate(rows):
             n, like = sizes[i], f0s[i]
-            results[i] = Evolution(list(taus), sums[:, j, :n].to(like.dtype), outputs[:, j, :n].to(like.dtype), rates[i])
+            results[i] = Evolution(
+                list(taus), sums[:, j, :n].to(like.dtype), outputs[:, j, :n].to(like.dtype), rates[i]
+            )
     return results
 
 
-def top_subspace(H: torch.Tensor, sizes: list[int] | None = None, rank: int = SPLIT_RANK,
-                 iterations: int = SUBSPACE_ITERATIONS) -> torch.Tensor:
+def top_subspace(
+    H: torch.Tensor, sizes: list[int] | None = None, rank: int = SPLIT_RANK, iterations: int = SUBSPACE_ITERATIONS
+) -> torch.Tensor:
     """An orthonormal basis (B, N, rank) close to each symmetric H's top (largest magnitude) eigenvectors:
     subspace iteration by batched products, orthonormalized by Cholesky QR twice (thin batched products;
     a batched Householder QR is slow on a GPU). The start vectors are numpy's, of a fixed seed, row by
@@ -154,12 +167,13 @@ def _padded(tensors: list[torch.Tensor], square: bool = False) -> torch.Tensor:
     n = max(len(t) for t in tensors)
     out = tensors[0].new_zeros(len(tensors), n, n if square else tensors[0].shape[1])
     for i, t in enumerate(tensors):
-        out[i, :len(t), :t.shape[1]] = t
+        out[i, : len(t), : t.shape[1]] = t
     return out
 
 
-def _integrate(slope: _Slope, f: torch.Tensor, taus: list[int], warm_steps: int, h: float,
-               euler: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _integrate(
+    slope: _Slope, f: torch.Tensor, taus: list[int], warm_steps: int, h: float, euler: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The left sums S_t and outputs f_t (T, B, N, C) of df/ds = slope(f, s): unit Euler steps (euler),
     else RK3 substeps of 1/warm_steps for the first SPLIT_WARMUP units and SSPRK(4,3) steps of h after
     them (shorter at the end, to land on the last candidate). The remainder's exact products: at every
@@ -220,5 +234,5 @@ def _ssprk43(f, k1, t, h, slope):
 
 def _hermite(y0, m0, y1, m1, theta: float, h: float):
     """The cubic through y0 and y1 with slopes m0 and m1 at the ends of a step of length h, at theta."""
-    t2, t3 = theta * theta, theta ** 3
+    t2, t3 = theta * theta, theta**3
     return (2 * t3 - 3 * t2 + 1) * y0 + h * (t3 - 2 * t2 + theta) * m0 + (3 * t2 - 2 * t3) * y1 + h * (t3 - t2) * m1

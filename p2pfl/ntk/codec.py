@@ -1,4 +1,5 @@
 """How NTK algorithms compute a Jacobian, put it into message tensors and read it back."""
+
 from __future__ import annotations
 
 import torch
@@ -18,16 +19,25 @@ def jacobian_path(choice: str, model: nn.Module, compress: bool) -> str:
     if choice == "factored" and compress:
         raise ValueError("Jacobian compression acts on dense entries; use --ntk-jacobian dense (or auto)")
     if choice == "factored" and not isinstance(model, MLP):
-        raise ValueError(f"the factored Jacobian serves MLPs only, not {type(model).__name__}; "
-                         "use --ntk-jacobian dense (or auto)")
+        raise ValueError(
+            f"the factored Jacobian serves MLPs only, not {type(model).__name__}; use --ntk-jacobian dense (or auto)"
+        )
     return choice
 
 
 class JacobianCodec:
     """Computes a Jacobian at given weights and turns it into a message and back."""
 
-    def __init__(self, model: nn.Module, layout: ParamLayout, device: torch.device, path: str = "auto",
-                 keep: float = 1.0, bits: int = 0, chunk: int = 50):
+    def __init__(
+        self,
+        model: nn.Module,
+        layout: ParamLayout,
+        device: torch.device,
+        path: str = "auto",
+        keep: float = 1.0,
+        bits: int = 0,
+        chunk: int = 50,
+    ):
         self.model, self.layout, self.device = model, layout, device
         self.keep, self.bits, self.chunk = keep, bits, chunk
         self.path = jacobian_path(path, model, keep < 1 or bits > 0)

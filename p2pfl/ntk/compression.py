@@ -1,6 +1,7 @@
 """Jacobian compression (NTK-DFL appendix D.2, CP-NTK-FL): top-k sparsification, b-bit quantization of
 what is kept (really bit-packed, so the byte count is honest), and a shared-seed Gaussian projection
 of the inputs that shrinks the model's input size."""
+
 from __future__ import annotations
 
 import math

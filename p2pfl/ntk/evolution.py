@@ -20,6 +20,7 @@ weight update w_t = w0 - scale J^T S_t, all as the reference code: for CE the le
 whole steps, sum_{s<t} (softmax(f_s) - Y), and scale eta/N; for MSE the right sum sum_{s=1..t} (f_s - Y)
 and scale eta/(N C). (The paper's eq. 5 has an extra 1/d2 for CE that the reference code leaves out.)
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,9 @@ class Evolution:
     scale: float  # w_t = w0 - scale J^T S_t
 
 
-def evolve_ce(H: torch.Tensor, f0: torch.Tensor, Y: torch.Tensor, eta: float, taus: list[int],
-              method: str = "split") -> Evolution:
+def evolve_ce(
+    H: torch.Tensor, f0: torch.Tensor, Y: torch.Tensor, eta: float, taus: list[int], method: str = "split"
+) -> Evolution:
     """The CE trajectory at whole steps s = 0..max(taus), then the left Riemann sums at each t.
 
     Runs in numpy float32: for the thin (N, N) @ (N, C) products of this loop its BLAS is several times
@@ -72,7 +74,8 @@ def evolve_ce(H: torch.Tensor, f0: torch.Tensor, Y: torch.Tensor, eta: float, ta
     else:
         raise ValueError(f"unknown ODE method {method!r}")
     as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(np.swapaxes(a, -1, -2))).to(  # noqa: E731
-        f0.device, f0.dtype)
+        f0.device, f0.dtype
+    )
     return Evolution(list(taus), as_tensor(sums), as_tensor(outputs), rate)
 
 
@@ -153,9 +156,11 @@ def check_stiffness(stiffness: float) -> None:
     past MAX_STIFFNESS, where lr is far above the kernel's stable range (gradient descent on the same
     kernel diverges past a rate of 4) and the run would spend hours in one round."""
     if not stiffness <= MAX_STIFFNESS:  # NaN too
-        raise DivergenceError(f"the kernel evolution is too stiff to integrate: its stiffest rate eta lambda_max / N "
-                              f"is {stiffness:.4g}, above {MAX_STIFFNESS:g} (gradient descent diverges past 4); "
-                              "lower --lr")
+        raise DivergenceError(
+            f"the kernel evolution is too stiff to integrate: its stiffest rate eta lambda_max / N "
+            f"is {stiffness:.4g}, above {MAX_STIFFNESS:g} (gradient descent diverges past 4); "
+            "lower --lr"
+        )
 
 
 def step_plan(stiffness: float, euler: bool = False) -> tuple[int, float]:
@@ -200,9 +205,24 @@ def _split_sums(H, Y, rate, f, taus, euler: bool):
     wanted[list(taus)] = np.arange(len(taus))
     sums = np.empty((len(taus),) + f.shape, dtype=f.dtype)
     outputs = np.empty_like(sums)
-    split_loop.left_sums(f.copy(), Y, Vt, (-rate * VMt).astype(f.dtype), H2,
-                         DEFLATE_TOL if euler else SPLIT_TOL, SPLIT_WARMUP, SPLIT_MAX_GAP, wanted,
-                         warm_steps, h, euler, wide, sums, outputs, stopping.NOW)
+    split_loop.left_sums(
+        f.copy(),
+        Y,
+        Vt,
+        (-rate * VMt).astype(f.dtype),
+        H2,
+        DEFLATE_TOL if euler else SPLIT_TOL,
+        SPLIT_WARMUP,
+        SPLIT_MAX_GAP,
+        wanted,
+        warm_steps,
+        h,
+        euler,
+        wide,
+        sums,
+        outputs,
+        stopping.NOW,
+    )
     return sums, outputs
 
 
@@ -230,15 +250,21 @@ def _adaptive_whole_steps(rhs, f0: np.ndarray, t_max: int) -> np.ndarray:
         if ratio <= 1.0:
             while filled <= t_max and filled <= t + h + 1e-9:  # Hermite on [t, t+h]
                 th = (filled - t) / h
-                out[filled] = ((2 * th**3 - 3 * th**2 + 1) * f + (th**3 - 2 * th**2 + th) * h * k1
-                               + (-2 * th**3 + 3 * th**2) * f_new + (th**3 - th**2) * h * k4)
+                out[filled] = (
+                    (2 * th**3 - 3 * th**2 + 1) * f
+                    + (th**3 - 2 * th**2 + th) * h * k1
+                    + (-2 * th**3 + 3 * th**2) * f_new
+                    + (th**3 - th**2) * h * k4
+                )
                 filled += 1
             t, f, k1 = t + h, f_new, k4
         h *= min(5.0, max(0.2, 0.9 * (ratio + 1e-12) ** (-1 / 3)))
     if filled > t_max:
         return out
-    raise DivergenceError(f"the kernel evolution took {_adaptive_step_bound(t_max):,} steps for {t_max} units and "
-                          "is not done: the kernel is too stiff for this lr; lower --lr")
+    raise DivergenceError(
+        f"the kernel evolution took {_adaptive_step_bound(t_max):,} steps for {t_max} units and "
+        "is not done: the kernel is too stiff for this lr; lower --lr"
+    )
 
 
 def _adaptive_step_bound(t_max: int) -> int:
@@ -247,8 +273,9 @@ def _adaptive_step_bound(t_max: int) -> int:
     return 256 * t_max + 10_000
 
 
-def tight_ce_sums(H: torch.Tensor, f0: torch.Tensor, Y: torch.Tensor, eta: float, taus: list[int],
-                  substeps: int = 4) -> torch.Tensor:
+def tight_ce_sums(
+    H: torch.Tensor, f0: torch.Tensor, Y: torch.Tensor, eta: float, taus: list[int], substeps: int = 4
+) -> torch.Tensor:
     """The yardstick for the CE methods, not for runs: classic Runge-Kutta in float64 with quarter steps
     (eighth steps agree to 1e-7 at the paper's settings), left sums S_t at whole steps (T, N, C). Slow:
     every stage applies the whole kernel."""

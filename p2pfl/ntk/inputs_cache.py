@@ -1,6 +1,7 @@
 """What the factored kernel reuses of a peer's inputs: their 8-bit pixel codes where they are pixels
 (exact integer products, p2pfl.ntk.pixels), else their Gram. A peer's block is in the kernel of every
 neighbourhood it belongs to and unchanged while its samples are, so a rank keeps them (within a budget)."""
+
 from __future__ import annotations
 
 import torch

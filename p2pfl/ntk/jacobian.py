@@ -9,6 +9,7 @@ its layer inputs a_0..a_{L-1} and its derivatives sigma'(z_1)..sigma'(z_{L-1}); 
 weights the Jacobian was taken at (in NTK-DFL: the receiver, whose own averaged weights they are)
 rebuilds every kernel entry and J^T r exactly, in O(N^2 (d_in + width)) instead of O(N^2 C D).
 """
+
 from __future__ import annotations
 
 import math
@@ -137,8 +138,11 @@ class FactoredJacobian:
         return out
 
     def rows(self, index: torch.Tensor) -> "FactoredJacobian":
-        return FactoredJacobian([a[index] for a in self.acts], [g[index] for g in self.gates],
-                                pixels=None if self.pixels is None else self.pixels.rows(index))
+        return FactoredJacobian(
+            [a[index] for a in self.acts],
+            [g[index] for g in self.gates],
+            pixels=None if self.pixels is None else self.pixels.rows(index),
+        )
 
     def to_wire(self) -> tuple[torch.Tensor, ...]:
         """ReLU gates are 0/1: sent as bytes, not floats."""
@@ -147,28 +151,34 @@ class FactoredJacobian:
     @staticmethod
     def from_wire(tensors: tuple[torch.Tensor, ...], dtype=torch.float32) -> "FactoredJacobian":
         n_layers = (len(tensors) + 1) // 2
-        return FactoredJacobian([t.to(dtype) for t in tensors[:n_layers]],
-                                [t.to(dtype) for t in tensors[n_layers:]])
+        return FactoredJacobian([t.to(dtype) for t in tensors[:n_layers]], [t.to(dtype) for t in tensors[n_layers:]])
 
     @staticmethod
-    def cat(parts: list["FactoredJacobian"], input_grams: list[torch.Tensor | None] | None = None,
-            pixels: PixelInputs | None = None) -> "FactoredJacobian":
+    def cat(
+        parts: list["FactoredJacobian"],
+        input_grams: list[torch.Tensor | None] | None = None,
+        pixels: PixelInputs | None = None,
+    ) -> "FactoredJacobian":
         """The parts stacked, as blocks of the kernel; input_grams: each part's input_gram() where known;
         pixels: the stacked inputs' pixel codes where they are pixels."""
-        return FactoredJacobian([torch.cat(a) for a in zip(*(p.acts for p in parts))],
-                                [torch.cat(g) for g in zip(*(p.gates for p in parts))],
-                                tuple(p.n for p in parts), tuple(input_grams or [None] * len(parts)), pixels)
+        return FactoredJacobian(
+            [torch.cat(a) for a in zip(*(p.acts for p in parts))],
+            [torch.cat(g) for g in zip(*(p.gates for p in parts))],
+            tuple(p.n for p in parts),
+            tuple(input_grams or [None] * len(parts)),
+            pixels,
+        )
 
 
 def sample_function(model: nn.Module, layout: ParamLayout, flat: torch.Tensor):
     """(f, w): f(w, x) is the model's output for one sample x as a function of its trainable parameters
     w (flat), in evaluation mode with the state buffers of flat held fixed; w is flat's trainable part."""
     model.eval()
-    buffers = {k: v.detach() for k, v in list(layout.views(flat).items())[layout.n_params:]}
+    buffers = {k: v.detach() for k, v in list(layout.views(flat).items())[layout.n_params :]}
     params = layout.slots[: layout.n_params]
 
     def f(w, xi):
-        named = {s.name: w[s.offset:s.offset + s.numel].view(s.shape) for s in params}
+        named = {s.name: w[s.offset : s.offset + s.numel].view(s.shape) for s in params}
         return functional_call(model, {**named, **buffers}, (xi[None],))[0]
 
     return f, flat[: layout.trainable]
@@ -183,14 +193,17 @@ class DenseJacobian:
         return self.J.shape[0]
 
     @staticmethod
-    def compute(model: nn.Module, layout: ParamLayout, flat: torch.Tensor, x: torch.Tensor,
-                chunk: int = 50) -> tuple["DenseJacobian", torch.Tensor]:
+    def compute(
+        model: nn.Module, layout: ParamLayout, flat: torch.Tensor, x: torch.Tensor, chunk: int = 50
+    ) -> tuple["DenseJacobian", torch.Tensor]:
         """Per-sample Jacobians with respect to the trainable parameters (torch.func, vmap of jacrev),
         chunk samples at a time, in evaluation mode (batch norm on its running statistics, no dropout)."""
         f, w = sample_function(model, layout, flat)
         jac = vmap(jacrev(f), in_dims=(None, 0))
         out = vmap(f, in_dims=(None, 0))
-        parts = [(jac(w, x[s:s + chunk]).detach(), out(w, x[s:s + chunk]).detach()) for s in range(0, len(x), chunk)]
+        parts = [
+            (jac(w, x[s : s + chunk]).detach(), out(w, x[s : s + chunk]).detach()) for s in range(0, len(x), chunk)
+        ]
         return DenseJacobian(torch.cat([j for j, _ in parts])), torch.cat([o for _, o in parts])
 
     def kernel(self, shape=None, flat=None) -> torch.Tensor:

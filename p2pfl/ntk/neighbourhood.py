@@ -1,6 +1,7 @@
 """A peer's NTK evolution problem over its neighbourhood: its own Jacobian and the ones it received
 stacked (with the inputs' pixel codes or Grams the factored kernel reuses), and the samples its
 candidate t is selected on."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +26,11 @@ def neighbourhood_problem(ctx, codec, inputs, settings, peer, hood, parts, w, sa
     on the CPU (the inputs cache's keys) and on the device. settings.ntk_selection 'own' selects t on the
     peer's own samples, else on the neighbourhood's (with settings.ntk_loss)."""
     data, placed = samples
-    blocks = [inputs.block(j, part[0], data[j]) for j, part in zip(hood, parts)] \
-        if codec.path == "factored" else [None] * len(hood)
+    blocks = (
+        [inputs.block(j, part[0], data[j]) for j, part in zip(hood, parts)]
+        if codec.path == "factored"
+        else [None] * len(hood)
+    )
     pixels = PixelInputs.cat(blocks) if all(isinstance(b, PixelInputs) for b in blocks) else None
     grams = None if pixels is not None else [b if isinstance(b, torch.Tensor) else None for b in blocks]
     jac = codec.cat([part[0] for part in parts], grams, pixels)
@@ -35,5 +39,6 @@ def neighbourhood_problem(ctx, codec, inputs, settings, peer, hood, parts, w, sa
     selection_pixels = None if pixels is None else blocks[hood.index(peer)] if own_only else pixels
     index = torch.cat([placed[j] for j in ([peer] if own_only else hood)])
     x, y = ctx.rows(index) if selection_pixels is None else (None, ctx.data.train_y[index.to(ctx.device)])
-    return NTKProblem(jac, w, f0, labels,
-                      lambda cands: candidate_losses(ctx.stack, cands, x, y, settings.ntk_loss, selection_pixels))
+    return NTKProblem(
+        jac, w, f0, labels, lambda cands: candidate_losses(ctx.stack, cands, x, y, settings.ntk_loss, selection_pixels)
+    )

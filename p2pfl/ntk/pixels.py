@@ -9,6 +9,7 @@ three int8 digits per entry, q1 + q2/254 + q3/254^2 times one scale per row, whi
 6e-8 of the row's largest entry, float32's own precision. Every integer product is exact, so the
 results are also the same on any number of threads.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,8 +32,13 @@ class PixelInputs:
         """x (n, ...) as codes, where levels = (alpha, beta) describe it and every entry lies on them (to
         float32 rounding); None where not, or where the inputs are not float32 on the CPU."""
         x = x.reshape(len(x), -1)
-        if levels is None or x.device.type != "cpu" or x.dtype != torch.float32 or x.numel() == 0 \
-                or max(x.shape) > MAX_ROWS:
+        if (
+            levels is None
+            or x.device.type != "cpu"
+            or x.dtype != torch.float32
+            or x.numel() == 0
+            or max(x.shape) > MAX_ROWS
+        ):
             return None
         alpha, beta = levels
         k = torch.round((x - beta) / alpha)
@@ -49,8 +55,9 @@ class PixelInputs:
         int32 sums."""
         if not parts or any(p is None for p in parts) or sum(len(p.codes) for p in parts) > MAX_ROWS:
             return None
-        return PixelInputs(torch.cat([p.codes for p in parts]), torch.cat([p.codes_t for p in parts], 1),
-                           parts[0].alpha, parts[0].zero)
+        return PixelInputs(
+            torch.cat([p.codes for p in parts]), torch.cat([p.codes_t for p in parts], 1), parts[0].alpha, parts[0].zero
+        )
 
     @property
     def nbytes(self) -> int:
@@ -65,8 +72,8 @@ class PixelInputs:
         d, end = self.codes.shape[1], len(self.codes) if end is None else end
         exact = torch._int_mm(self.codes[start:end], self.codes_t[:, start:]).to(torch.float32)
         sums = self.codes[start:].sum(1, dtype=torch.int32).to(torch.float32)
-        half = (self.alpha * self.zero) * sums + 0.5 * d * self.zero ** 2
-        return exact.mul_(self.alpha ** 2).add_(half[:end - start, None]).add_(half[None, :])
+        half = (self.alpha * self.zero) * sums + 0.5 * d * self.zero**2
+        return exact.mul_(self.alpha**2).add_(half[: end - start, None]).add_(half[None, :])
 
     def left(self, A: torch.Tensor) -> torch.Tensor:
         """A X (M, d) for a float A (M, n)."""
@@ -100,5 +107,5 @@ def _digits(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _combine(products: torch.Tensor, M: int, scale: torch.Tensor) -> torch.Tensor:
     """The three digits' exact products (3 M, k) int32 summed with their weights, times the rows' scale."""
     p = products.to(torch.float32)
-    out = torch.add(p[M:2 * M], p[2 * M:], alpha=1 / BASE)
+    out = torch.add(p[M : 2 * M], p[2 * M :], alpha=1 / BASE)
     return torch.add(p[:M], out, alpha=1 / BASE).mul_(scale)

@@ -1,5 +1,6 @@
 """How much of a round's NTK work a rank holds at once: dense Jacobians a group of neighbourhoods at a
 time within --ntk-memory-gb, and evolutions a chunk of peers at a time."""
+
 from __future__ import annotations
 
 import math
@@ -15,18 +16,21 @@ JACOBIAN_COPIES_ONE_RANK = 2  # in one process a message is the receiver's copy:
 KERNEL_COPIES = 4  # (N, N) float32 arrays a batched evolution holds per neighbourhood (kernel, padded, scaled, slack)
 
 
-def check_memory(codec: JacobianCodec, memory_gb: float, n_classes: int, samples_held: int, copies: int = 3,
-                 what: str = "one rank's") -> None:
+def check_memory(
+    codec: JacobianCodec, memory_gb: float, n_classes: int, samples_held: int, copies: int = 3, what: str = "one rank's"
+) -> None:
     """Refuse a dense-Jacobian run whose Jacobians held at once (computed, sent, received and stacked:
     `copies` of each) would exceed --ntk-memory-gb."""
     if codec.path != "dense":
         return
     need = copies * samples_held * n_classes * codec.n_params * 4
     if need > memory_gb * GB:
-        raise UserError(f"dense Jacobians of {codec.n_params:,} parameters for {what} {samples_held:,} samples would "
-                        f"take about {need / GB:.1f} GB on one rank, above --ntk-memory-gb {memory_gb:g}; "
-                        "use fewer --samples-per-peer or --peers per rank, a larger cap, or, in NTK-DFL, --ntk-batches "
-                        "or --ntk-subsample")
+        raise UserError(
+            f"dense Jacobians of {codec.n_params:,} parameters for {what} {samples_held:,} samples would "
+            f"take about {need / GB:.1f} GB on one rank, above --ntk-memory-gb {memory_gb:g}; "
+            "use fewer --samples-per-peer or --peers per rank, a larger cap, or, in NTK-DFL, --ntk-batches "
+            "or --ntk-subsample"
+        )
 
 
 class JacobianPlan:
@@ -43,15 +47,24 @@ class JacobianPlan:
         degree = max(d for _, d in ctx.schedule.graph(0).degree())
         smallest = min(shard_sizes)
         if batches * subsample > smallest:
-            raise UserError(f"--ntk-batches {batches} x --ntk-subsample {subsample} exceeds the {smallest} "
-                            "samples of the smallest peer: every Jacobian batch needs at least one sample")
+            raise UserError(
+                f"--ntk-batches {batches} x --ntk-subsample {subsample} exceeds the {smallest} "
+                "samples of the smallest peer: every Jacobian batch needs at least one sample"
+            )
         largest_hood = (degree + 1) * math.ceil(max(shard_sizes) // subsample / batches)
         self.copies = JACOBIAN_COPIES_ONE_RANK if ctx.transport.size == 1 else JACOBIAN_COPIES
-        check_memory(codec, memory_gb, n_classes, largest_hood, self.copies,
-                     "one neighbourhood's (the largest of the first round's graph)")
+        check_memory(
+            codec,
+            memory_gb,
+            n_classes,
+            largest_hood,
+            self.copies,
+            "one neighbourhood's (the largest of the first round's graph)",
+        )
         stacked = largest_hood * n_classes * codec.n_params * 4 if codec.path == "dense" else 0
-        self.chunk = evolve_chunk(settings.step_settings(), KERNEL_COPIES * 4 * largest_hood**2 + stacked,
-                                  len(ctx.peers), stack)
+        self.chunk = evolve_chunk(
+            settings.step_settings(), KERNEL_COPIES * 4 * largest_hood**2 + stacked, len(ctx.peers), stack
+        )
 
     def batch_size(self, peer: int) -> int:
         """How many samples peer uses in each of a round's Jacobian batches (the largest of them)."""
@@ -87,9 +100,11 @@ class JacobianPlan:
         hood_bytes = [self.jacobian_bytes(sum(self.batch_size(j) for j in hood[p])) for p in range(len(hood))]
         # the groups' copies, and one neighbourhood's transients (J^T R rearranges a stacked Jacobian)
         held = max(sum(self.copies * hood_bytes[p] for p in group) for group in groups) + max(hood_bytes)
-        return [f"ntk-dfl: dense Jacobians of at most {max(map(len, groups))} neighbourhoods held at once "
-                f"({len(groups)} Jacobian exchange{'s' if len(groups) > 1 else ''} in round 1): about "
-                f"{held / GB:.2f} GiB on a rank, within --ntk-memory-gb {self.memory_gb:g}"]
+        return [
+            f"ntk-dfl: dense Jacobians of at most {max(map(len, groups))} neighbourhoods held at once "
+            f"({len(groups)} Jacobian exchange{'s' if len(groups) > 1 else ''} in round 1): about "
+            f"{held / GB:.2f} GiB on a rank, within --ntk-memory-gb {self.memory_gb:g}"
+        ]
 
 
 def evolve_chunk(settings, hood_bytes: int, peers: int, stack) -> int:

@@ -1,6 +1,7 @@
 """Compile the split integrator's loop (numba) into its on-disk cache, so that the first NTK run after
 installing does not spend about a minute compiling, and MPI ranks that start together do not each
 compile it. `make install` runs it; `python -m p2pfl.ntk.precompile`."""
+
 from __future__ import annotations
 
 import time

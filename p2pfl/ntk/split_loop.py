@@ -15,13 +15,18 @@ numba's cache runs the copies inside it. With fastmath the two builds round diff
 run after installing (or editing this file) gave other numbers than every later run. Inlined, there
 is one build, and a fresh compile and a cached one give bitwise the same results.
 """
+
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
 CORRECTION = 0.375  # the integral over [0, 1] of x (x + 1) (x + 2) / 6: the quadratic's error over equal gaps
-_LOG2E, _LN2_HI, _LN2_LO = np.float32(1.4426950408889634), np.float32(0.693145751953125), np.float32(1.4286068203094173e-06)
+_LOG2E, _LN2_HI, _LN2_LO = (
+    np.float32(1.4426950408889634),
+    np.float32(0.693145751953125),
+    np.float32(1.4286068203094173e-06),
+)
 
 
 @njit(nogil=True, fastmath=True, cache=True, inline="always")
@@ -38,8 +43,22 @@ def softmax_minus(x, Y, out, tot, bits):
             v = min(np.float32(60.0), max(np.float32(-60.0), x[c, n]))
             k = np.floor(v * _LOG2E + np.float32(0.5))
             r = v - k * _LN2_HI - k * _LN2_LO
-            out[c, n] = np.float32(1.0) + r * (np.float32(1.0) + r * (np.float32(0.5) + r * (np.float32(1 / 6) + r * (
-                np.float32(1 / 24) + r * (np.float32(1 / 120) + r * (np.float32(1 / 720) + r * np.float32(1 / 5040)))))))
+            out[c, n] = np.float32(1.0) + r * (
+                np.float32(1.0)
+                + r
+                * (
+                    np.float32(0.5)
+                    + r
+                    * (
+                        np.float32(1 / 6)
+                        + r
+                        * (
+                            np.float32(1 / 24)
+                            + r * (np.float32(1 / 120) + r * (np.float32(1 / 720) + r * np.float32(1 / 5040)))
+                        )
+                    )
+                )
+            )
             bits[n] = (np.int32(k) + np.int32(127)) << np.int32(23)
         for n in range(N):
             e = out[c, n] * scale[n]
@@ -268,7 +287,9 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
                     for n in range(N):
                         new_slope = (q2[c, n] - q1[c, n]) / np.float32(s2 - s1)
                         if known >= 3 and s > warmup:
-                            curvature[c, n] = (new_slope - (q1[c, n] - q0[c, n]) / np.float32(s1 - s0)) / np.float32(s2 - s0)
+                            curvature[c, n] = (new_slope - (q1[c, n] - q0[c, n]) / np.float32(s1 - s0)) / np.float32(
+                                s2 - s0
+                            )
                         slope[c, n] = new_slope
             due = s + gap
             if span > 1 and due > warmup and (due - warmup) % span:
@@ -293,8 +314,27 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
             start, start_slope = f, k1
             for i in range(steps):
                 end, end_slope = (ahead, ahead_slope) if i == steps - 1 else (mid, mid_slope)
-                _ssprk43(start, s + i * length, length, start_slope, Y, Vt, top, q2, slope, curvature, s1, s2,
-                         stage, g2, k3, end, proj, tot, bits)
+                _ssprk43(
+                    start,
+                    s + i * length,
+                    length,
+                    start_slope,
+                    Y,
+                    Vt,
+                    top,
+                    q2,
+                    slope,
+                    curvature,
+                    s1,
+                    s2,
+                    stage,
+                    g2,
+                    k3,
+                    end,
+                    proj,
+                    tot,
+                    bits,
+                )
                 softmax_minus(end, Y, g2, tot, bits)
                 _slope(g2, Vt, top, q2, slope, curvature, s + (i + 1) * length, s1, s2, end_slope, proj)
                 start, start_slope = mid, mid_slope
@@ -316,8 +356,7 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
                 if i > 0:
                     softmax_minus(f, Y, grad, tot, bits)
                 _slope(grad, Vt, top, q2, slope, curvature, u, s1, s2, k1, proj)
-                _ssprk43(f, u, step, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3, f, proj, tot,
-                         bits)
+                _ssprk43(f, u, step, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3, f, proj, tot, bits)
         else:
             n_sub = warm_steps if s < warmup else int(np.floor(1.0 / h + 0.5))
             sub = 1.0 / n_sub

@@ -2,6 +2,7 @@
 
 NTK-DFL runs it at every peer over its neighbourhood; NTK-FL at the server over the sampled clients.
 """
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -60,8 +61,9 @@ def ntk_steps(problems: list[NTKProblem], shape, n_classes: int, eta: float, set
         return evolve(settings.loss, kernels[i], problems[i].f0, targets[i], eta, list(settings.taus), settings.ode)
 
     if problems and evolves_batched(kernels[0].device, settings):
-        evolutions = evolve_ce_batched(kernels, [p.f0 for p in problems], targets, eta, list(settings.taus),
-                                       euler=settings.ode != "split")
+        evolutions = evolve_ce_batched(
+            kernels, [p.f0 for p in problems], targets, eta, list(settings.taus), euler=settings.ode != "split"
+        )
     elif workers > 1 and len(problems) > 1:
         with ThreadPoolExecutor(workers) as pool:
             evolutions = list(pool.map(evolution, range(len(problems))))
@@ -88,7 +90,16 @@ def evolves_batched(device: torch.device, settings: NTKSettings) -> bool:
     return device.type != "cpu" and settings.loss == "ce" and settings.ode in ("split", "euler", "deflated")
 
 
-def ntk_step(jac, shape, w: torch.Tensor, f0: torch.Tensor, labels: torch.Tensor, n_classes: int, eta: float,
-             settings: NTKSettings, network_loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StepResult:
+def ntk_step(
+    jac,
+    shape,
+    w: torch.Tensor,
+    f0: torch.Tensor,
+    labels: torch.Tensor,
+    n_classes: int,
+    eta: float,
+    settings: NTKSettings,
+    network_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> StepResult:
     """One problem of ntk_steps: evolve from weights w with the stacked Jacobian jac taken at w."""
     return ntk_steps([NTKProblem(jac, w, f0, labels, network_loss)], shape, n_classes, eta, settings)[0]

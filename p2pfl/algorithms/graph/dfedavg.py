@@ -4,6 +4,7 @@ The order (train, then average) and the momentum reset each round follow NTK-DFL
 Its "D-PSGD" (one local epoch of batch 10, then averaging) is this class with
 --local-epochs 1 --batch-size 10 --lr 0.1; --algo dpsgd is the classic one-step D-PSGD.
 """
+
 from p2pfl.algorithms.base import Algorithm, Round, neighbour_average
 
 

@@ -12,6 +12,7 @@ layers by ERK). A round, for every peer at once:
 The rounds' models and masks are personal; the run's aggregated model is the same coordinate-wise
 average over all peers (over the peers whose weights hold each coordinate).
 """
+
 from __future__ import annotations
 
 import math
@@ -31,15 +32,19 @@ from p2pfl.training import StepTerms
 @dataclass(frozen=True)
 class DisPFLSettings:
     dispfl_density: float = option(0.5, "DisPFL: fraction of the weights each peer's mask keeps", fraction)
-    dispfl_anneal: float = option(0.5, "DisPFL: the mask update's drop rate at round 1 (annealed to 0 by a "
-                                  "cosine)", non_negative)
-    dispfl_regrow: str = option("gradient", "DisPFL: regrow where one minibatch's gradient is largest, or at "
-                                "random", choices=("gradient", "random"))
-    dispfl_erk_power: float = option(1.0, "DisPFL: ERK's exponent of (sum of a layer's dims / its size)",
-                                     non_negative)
+    dispfl_anneal: float = option(
+        0.5, "DisPFL: the mask update's drop rate at round 1 (annealed to 0 by a cosine)", non_negative
+    )
+    dispfl_regrow: str = option(
+        "gradient",
+        "DisPFL: regrow where one minibatch's gradient is largest, or at random",
+        choices=("gradient", "random"),
+    )
+    dispfl_erk_power: float = option(1.0, "DisPFL: ERK's exponent of (sum of a layer's dims / its size)", non_negative)
     dispfl_different_masks: bool = option(False, "DisPFL: draw each peer's initial mask from its own seed")
-    dispfl_clip: float = option(10.0, "DisPFL: the largest gradient 2-norm of a local step (0: no clipping)",
-                                non_negative)
+    dispfl_clip: float = option(
+        10.0, "DisPFL: the largest gradient 2-norm of a local step (0: no clipping)", non_negative
+    )
 
 
 @dataclass
@@ -72,18 +77,28 @@ class DisPFL(Algorithm):
     Settings = DisPFLSettings
     state = {"mask": "peer", "trained_mask": "peer"}
     # lr x0.998 a round (lr_decay = -ln 0.998 to 4 digits): DisPFL's own schedule
-    training = {"lr": 0.1, "lr_decay": 0.002002, "batch_size": 10, "local_epochs": 10, "momentum": 0.0,
-                "weight_decay": 5e-4}
+    training = {
+        "lr": 0.1,
+        "lr_decay": 0.002002,
+        "batch_size": 10,
+        "local_epochs": 10,
+        "momentum": 0.0,
+        "weight_decay": 5e-4,
+    }
 
     def __init__(self, ctx):
         super().__init__(ctx)
         layout = ctx.stack.layout
         self.width = layout.trainable
         self.slots = layout.slots[: layout.n_params]
-        self.densities = erk_densities([s.shape for s in self.slots], self.settings.dispfl_density,
-                                       self.settings.dispfl_erk_power)
-        self.mask = torch.stack([self.initial_mask(p) for p in ctx.peers]).to(ctx.device) if ctx.peers else \
-            torch.zeros(0, self.width, dtype=torch.bool, device=ctx.device)
+        self.densities = erk_densities(
+            [s.shape for s in self.slots], self.settings.dispfl_density, self.settings.dispfl_erk_power
+        )
+        self.mask = (
+            torch.stack([self.initial_mask(p) for p in ctx.peers]).to(ctx.device)
+            if ctx.peers
+            else torch.zeros(0, self.width, dtype=torch.bool, device=ctx.device)
+        )
         self.trained_mask = self.mask.clone()  # the mask each peer's current weights were trained with
         ctx.flat[:, : self.width] *= self.mask
 
@@ -97,8 +112,10 @@ class DisPFL(Algorithm):
 
     def notes(self) -> list[str]:
         kept = sum(int(d * s.numel) for s, d in zip(self.slots, self.densities))
-        return [f"DisPFL masks keep {kept:,} of {self.width:,} weights ({kept / self.width:.3f}); ERK layer "
-                f"densities {', '.join(f'{d:.2f}' for d in self.densities)}"]
+        return [
+            f"DisPFL masks keep {kept:,} of {self.width:,} weights ({kept / self.width:.3f}); ERK layer "
+            f"densities {', '.join(f'{d:.2f}' for d in self.densities)}"
+        ]
 
     def round(self, round_index: int) -> Round:
         ctx = self.ctx
@@ -124,13 +141,21 @@ class DisPFL(Algorithm):
         ctx, width = self.ctx, self.width
         graph = ctx.schedule.graph(round_index)
         dense = ctx.flat.shape[1] * ctx.flat.element_size()
-        sends = {p: (SparseWeights(ctx.flat[i, :width][self.trained_mask[i]], pack_mask(self.trained_mask[i]),
-                                   ctx.flat[i, width:]), dense) for i, p in enumerate(ctx.peers)}
+        sends = {
+            p: (
+                SparseWeights(
+                    ctx.flat[i, :width][self.trained_mask[i]], pack_mask(self.trained_mask[i]), ctx.flat[i, width:]
+                ),
+                dense,
+            )
+            for i, p in enumerate(ctx.peers)
+        }
         inbox = ctx.neighbour_exchange("average", round_index, SparseWeights, sends)
         out = torch.zeros_like(ctx.flat)
         for i, p in enumerate(ctx.peers):
-            group = [(ctx.flat[i], self.trained_mask[i])] + [self.decode(inbox[p][j]) for j in sorted(graph.neighbors(p))
-                                                             if j in inbox[p]]  # what arrived
+            group = [(ctx.flat[i], self.trained_mask[i])] + [
+                self.decode(inbox[p][j]) for j in sorted(graph.neighbors(p)) if j in inbox[p]
+            ]  # what arrived
             weights = torch.stack([w for w, _ in group])  # zero off each sender's mask
             count = torch.stack([kept for _, kept in group]).sum(0)
             total = weights[:, :width].sum(0)

@@ -1,6 +1,7 @@
 """Classic D-PSGD (Lian et al. 2017, Algorithm 1): each round every peer takes a stochastic gradient
 at its current weights, averages weights with its neighbours, then applies the gradient step to the
 average: x_i <- sum_j W_ij x_j - lr * g_i(x_i). One SGD step per gossip round."""
+
 from p2pfl.algorithms.base import Algorithm, Round, neighbour_average
 from p2pfl.gradients import gradients
 from p2pfl.training import apply_step
@@ -15,8 +16,11 @@ class DPSGD(Algorithm):
         ctx = self.ctx
         opt = ctx.sgd()
         index, mask = ctx.minibatch(round_index, opt.batch_size)
-        noise = ctx.stack.dropout_noise(ctx.peer_keys("dropout", round_index), opt.batch_size) \
-            if ctx.stack.dropouts else None
+        noise = (
+            ctx.stack.dropout_noise(ctx.peer_keys("dropout", round_index), opt.batch_size)
+            if ctx.stack.dropouts
+            else None
+        )
         grad, losses = gradients(ctx.stack, ctx.flat, ctx.data.train_x[index], ctx.data.train_y[index], mask, noise)
         ctx.flat = neighbour_average(ctx, round_index, ctx.flat)
         stepping = mask.sum(1) > 0

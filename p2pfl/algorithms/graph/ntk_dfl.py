@@ -12,6 +12,7 @@ A round, each step a phase on the transport:
 With Jacobian batching (--ntk-batches m1) steps 2-4 repeat m1 times per round, each on 1/m1 of every
 peer's samples; with data subsampling (--ntk-subsample m2) peers use 1/m2 of theirs, drawn each round.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from p2pfl.algorithms.base import Algorithm, RunContext, Round, neighbour_average
-from p2pfl.algorithms.ntk_options import (JacobianMessage, NTKOptions, announce_compiling, make_codec,
-                                         project_inputs)
+from p2pfl.algorithms.ntk_options import JacobianMessage, NTKOptions, announce_compiling, make_codec, project_inputs
 from p2pfl.errors import UserError
 from p2pfl.final_averaging import check_test_halves, final_averaging
 from p2pfl.metrics import histogram
@@ -36,8 +36,7 @@ from p2pfl.report import plot_final_averaging
 
 @dataclass(frozen=True)
 class NTKDFLSettings(NTKOptions):
-    ntk_batches: int = option(1, "Jacobian batching m1: evolve m1 times a round, each on 1/m1 of the samples",
-                              positive)
+    ntk_batches: int = option(1, "Jacobian batching m1: evolve m1 times a round, each on 1/m1 of the samples", positive)
     ntk_subsample: int = option(1, "data subsampling m2: peers use 1/m2 of their samples each round", positive)
     ntk_no_avg: bool = option(False, "skip the per-round weight averaging (ablation of fig. 6)")
 
@@ -65,8 +64,10 @@ class NTKDFL(Algorithm):
     @classmethod
     def check(cls, cfg) -> None:
         if cfg.settings.ntk_selection == "validation":
-            raise UserError("--ntk-selection validation is NTK-FL's and CP-NTK-FL's (a server's held-out clients); "
-                            "NTK-DFL has network, linearized or own")
+            raise UserError(
+                "--ntk-selection validation is NTK-FL's and CP-NTK-FL's (a server's held-out clients); "
+                "NTK-DFL has network, linearized or own"
+            )
 
     @classmethod
     def prepare_data(cls, data, cfg):
@@ -111,7 +112,7 @@ class NTKDFL(Algorithm):
             own, inbox = self.exchange_jacobians(round_index, weights, heard, samples[1], online, group)
             receivers = [p for p in online if p in group]
             for chunk in range(0, len(receivers), self.plan.chunk):
-                peers = receivers[chunk:chunk + self.plan.chunk]
+                peers = receivers[chunk : chunk + self.plan.chunk]
                 problems = [self.problem(p, hood[p], own, inbox, weights, samples) for p in peers]
                 results = ntk_steps(problems, self.codec.shape, ctx.data.n_classes, eta, self.step_settings)
                 for p, result in zip(peers, results):

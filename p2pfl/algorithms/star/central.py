@@ -1,4 +1,5 @@
 """The centralized-training upper bound on the star: the sampled clients upload their data."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

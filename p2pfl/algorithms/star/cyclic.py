@@ -8,6 +8,7 @@ received. Nothing is averaged; the last client's model starts the next round.
 Phase 2 runs --then (FedAvg, FedProx, SCAFFOLD or MOON) from that model for the remaining rounds, so
 phase 1's rounds count towards --rounds, as in the paper's tables.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,13 +33,16 @@ PAPER_FL_ROUNDS = 900  # the paper's 1,000 rounds in all, 100 of them cyclic
 @dataclass(frozen=True)
 class CyclicSettings(FedProxSettings, MoonSettings):  # the phase-2 algorithms' settings, too
     then: str = option("fedavg", "phase 2's algorithm", choices=tuple(THEN))
-    cyclic_rounds: int = option(100, "phase 1's rounds of cyclic pre-training (they count towards --rounds)",
-                                positive)
+    cyclic_rounds: int = option(100, "phase 1's rounds of cyclic pre-training (they count towards --rounds)", positive)
     cyclic_fraction: float = option(0.25, "fraction of the clients visited in each phase-1 round", fraction)
     cyclic_steps: int = option(20, "the most SGD steps of a client on a phase-1 visit", positive)
-    cyclic_step_policy: str = option("one-epoch", "one-epoch: --cyclic-steps but at most one pass over the "
-                                     "client's data (the paper's 'maximum'); exact: always --cyclic-steps, "
-                                     "cycling through the data", choices=("one-epoch", "exact"))
+    cyclic_step_policy: str = option(
+        "one-epoch",
+        "one-epoch: --cyclic-steps but at most one pass over the "
+        "client's data (the paper's 'maximum'); exact: always --cyclic-steps, "
+        "cycling through the data",
+        choices=("one-epoch", "exact"),
+    )
 
 
 class Cyclic(ServerAlgorithm):
@@ -55,8 +59,10 @@ class Cyclic(ServerAlgorithm):
     @classmethod
     def rounds(cls, settings, given):
         if given is not None and given <= settings.cyclic_rounds:
-            raise UserError(f"--rounds {given} leaves no phase 2 after --cyclic-rounds "
-                            f"{settings.cyclic_rounds}; give --rounds above it")
+            raise UserError(
+                f"--rounds {given} leaves no phase 2 after --cyclic-rounds "
+                f"{settings.cyclic_rounds}; give --rounds above it"
+            )
         return settings.cyclic_rounds + PAPER_FL_ROUNDS if given is None else given
 
     @property
@@ -69,8 +75,10 @@ class Cyclic(ServerAlgorithm):
     def notes(self) -> list[str]:
         s = self.settings
         steps = f"{s.cyclic_steps}" if s.cyclic_step_policy == "exact" else f"min({s.cyclic_steps}, one epoch)"
-        return [f"phase 1 (rounds 1-{s.cyclic_rounds}): {self.visits()} of {self.ctx.cfg.peers} clients in turn, "
-                f"{steps} steps each; phase 2: {s.then}, {self.per_round} clients per round"]
+        return [
+            f"phase 1 (rounds 1-{s.cyclic_rounds}): {self.visits()} of {self.ctx.cfg.peers} clients in turn, "
+            f"{steps} steps each; phase 2: {s.then}, {self.per_round} clients per round"
+        ]
 
     def phase(self, round_index: int) -> str:
         return "cyclic" if round_index < self.settings.cyclic_rounds else self.settings.then
@@ -84,9 +92,15 @@ class Cyclic(ServerAlgorithm):
         order = ctx.rng("cyclic", round_index).choice(ctx.cfg.peers, self.visits(), replace=False)
         losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)
         for client in order.tolist():
-            got = self.star_round(round_index, [client], lambda c: Weights(ctx.global_weights),
-                                  lambda mine, received: self.visit(round_index, mine, received, losses),
-                                  Weights, Weights, ("cyclic-down", "cyclic-up"))
+            got = self.star_round(
+                round_index,
+                [client],
+                lambda c: Weights(ctx.global_weights),
+                lambda mine, received: self.visit(round_index, mine, received, losses),
+                Weights,
+                Weights,
+                ("cyclic-down", "cyclic-up"),
+            )
             if self.is_server and client in got:  # under simulated faults a visit may fail: the model stays
                 ctx.global_weights = got[client].weights
         return Round(losses, {"phase": "cyclic"})

@@ -1,4 +1,5 @@
 """Data sharing (Zhao et al. 2018) on the star: FedAvg with a shared global set mixed into local training."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

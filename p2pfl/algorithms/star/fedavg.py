@@ -1,6 +1,7 @@
 """FedAvg on the star: clients start each round from the global weights they were sent, train
 locally, and the server takes the sample-weighted average of the sampled clients.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,8 +16,9 @@ from p2pfl.training import SGDSettings, StepTerms
 
 @dataclass(frozen=True)
 class FedAvgSettings(ServerOptions):
-    local_steps: int = option(0, "a fixed number of local SGD steps instead of --local-epochs (0 = epochs)",
-                              non_negative)
+    local_steps: int = option(
+        0, "a fixed number of local SGD steps instead of --local-epochs (0 = epochs)", non_negative
+    )
 
 
 class FedAvg(ServerAlgorithm):

@@ -11,6 +11,7 @@ Two tracks, chosen by the dataset:
   --ft-epochs epochs on n samples, and the class-pair cosine similarity of the trained network's
   penultimate features is drawn (the paper's fig. 4).
 """
+
 from __future__ import annotations
 
 import math
@@ -32,18 +33,24 @@ from p2pfl.forward import evaluate
 
 @dataclass(frozen=True)
 class FedAvgFTSettings(FedAvgSettings):
-    ft_gradients: str = option("population", "linear-rep: local gradients of the population loss (exact) or of "
-                               "the client's samples (full batch)", choices=("population", "samples"))
-    ft_new_samples: tuple[int, ...] = option((10, 20, 50, 100, 200), "n: a new client's fine-tuning samples "
-                                             "(a comma-separated grid)", positive_ints)
-    ft_lr: float = option(0.0, "step size of the fine-tuning (0: the training --lr, as the paper's eq. 4)",
-                          non_negative)
+    ft_gradients: str = option(
+        "population",
+        "linear-rep: local gradients of the population loss (exact) or of the client's samples (full batch)",
+        choices=("population", "samples"),
+    )
+    ft_new_samples: tuple[int, ...] = option(
+        (10, 20, 50, 100, 200), "n: a new client's fine-tuning samples (a comma-separated grid)", positive_ints
+    )
+    ft_lr: float = option(
+        0.0, "step size of the fine-tuning (0: the training --lr, as the paper's eq. 4)", non_negative
+    )
     ft_steps: int = option(200, "linear-rep: full-batch GD steps of a new client's fine-tuning", positive)
     ft_epochs: int = option(10, "networks: SGD epochs of a new client's fine-tuning", positive)
     ft_trials: int = option(10, "fine-tuning trials (each draws new clients and their samples)", positive)
     ft_new_clients: int = option(1, "new clients per trial", positive)
-    ft_held_out_classes: int = option(2, "networks: the last classes kept out of training for the new clients",
-                                      non_negative)
+    ft_held_out_classes: int = option(
+        2, "networks: the last classes kept out of training for the new clients", non_negative
+    )
 
 
 def principal_angle_distance(B: torch.Tensor, B_star: torch.Tensor) -> float:
@@ -61,8 +68,11 @@ def summarise(values: dict[int, list[float]]) -> dict[str, dict]:
     out = {}
     for n, v in values.items():
         finite = [x for x in v if math.isfinite(x)]
-        out[str(n)] = {"mean": float(np.mean(finite)) if finite else None,
-                       "std": float(np.std(finite)) if finite else None, "diverged": len(v) - len(finite)}
+        out[str(n)] = {
+            "mean": float(np.mean(finite)) if finite else None,
+            "std": float(np.std(finite)) if finite else None,
+            "diverged": len(v) - len(finite),
+        }
     return out
 
 
@@ -84,8 +94,9 @@ def betas(B: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (B * w[:, None, :]).sum(2)
 
 
-def linear_gd(B: torch.Tensor, w: torch.Tensor, residual_gradient, lr: float, steps: int,
-              first: torch.Tensor | None = None):
+def linear_gd(
+    B: torch.Tensor, w: torch.Tensor, residual_gradient, lr: float, steps: int, first: torch.Tensor | None = None
+):
     """Simultaneous gradient steps on (B, w) of rows of peers, B (L, d, k), w (L, k): with g the gradient
     of the loss in beta = B w, grad_B = g w^T and grad_w = B^T g (as products and sums, as betas), both at
     the same iterate. `first` is g at the start, where the caller has it already."""
@@ -111,12 +122,20 @@ class FedAvgFT(FedAvg):
         if data.task != "classification" or not held:
             return
         if held >= data.n_classes:
-            raise UserError(f"--ft-held-out-classes {held} leaves no class of {data.name}'s {data.n_classes} to train on")
+            raise UserError(
+                f"--ft-held-out-classes {held} leaves no class of {data.name}'s {data.n_classes} to train on"
+            )
         first_new = data.n_classes - held
         train, test = data.train_y >= first_new, data.test_y >= first_new
-        data.held_out = {"x": data.train_x[train], "y": data.train_y[train], "test_x": data.test_x[test],
-                         "test_y": data.test_y[test], "classes": list(range(first_new, data.n_classes)),
-                         "all_test_x": data.test_x, "all_test_y": data.test_y}
+        data.held_out = {
+            "x": data.train_x[train],
+            "y": data.train_y[train],
+            "test_x": data.test_x[test],
+            "test_y": data.test_y[test],
+            "classes": list(range(first_new, data.n_classes)),
+            "all_test_x": data.test_x,
+            "all_test_y": data.test_y,
+        }
         data.select_training((~train).numpy())
         data.test_x, data.test_y = data.test_x[~test], data.test_y[~test]
 
@@ -193,14 +212,19 @@ class FedAvgFT(FedAvg):
             result = self.fine_tune_linear()
             if run_dir is not None:
                 plot_linear_run({self.label(): (self.history, result)}, run_dir)
-            return {"fine_tuning": result, "final_rep_dist": self.history[-1]["rep_dist"],
-                    "final_grad_norm": self.history[-1]["grad_norm"]}
-        result = {"fine_tuning": self.fine_tune_network(),
-                  "feature_similarity": self.feature_similarity().tolist()}
+            return {
+                "fine_tuning": result,
+                "final_rep_dist": self.history[-1]["rep_dist"],
+                "final_grad_norm": self.history[-1]["grad_norm"],
+            }
+        result = {"fine_tuning": self.fine_tune_network(), "feature_similarity": self.feature_similarity().tolist()}
         if run_dir is None:
             return result
-        plot_similarity(np.array(result["feature_similarity"]), run_dir / "feature_similarity.png",
-                        f"{self.label()}: cosine similarity of penultimate features by class")
+        plot_similarity(
+            np.array(result["feature_similarity"]),
+            run_dir / "feature_similarity.png",
+            f"{self.label()}: cosine similarity of penultimate features by class",
+        )
         if result["fine_tuning"]:
             plot_fine_tuning({self.label(): result["fine_tuning"]}, run_dir / "fine_tuning.png", "accuracy")
         return result
@@ -231,9 +255,13 @@ class FedAvgFT(FedAvg):
             for n in s.ft_new_samples:
                 X = torch.randn(n, d, generator=gen, dtype=torch.float64)
                 y = X @ beta + self.truth["noise"] * torch.randn(n, generator=gen, dtype=torch.float64)
-                B, w = linear_gd(views["B"].cpu()[None], views["w"].cpu()[None],
-                                 lambda B, w: sample_gradient(X, y, betas(B, w)[0])[None],
-                                 s.ft_lr or ctx.cfg.lr, s.ft_steps)
+                B, w = linear_gd(
+                    views["B"].cpu()[None],
+                    views["w"].cpu()[None],
+                    lambda B, w: sample_gradient(X, y, betas(B, w)[0])[None],
+                    s.ft_lr or ctx.cfg.lr,
+                    s.ft_steps,
+                )
                 errors[n].append(float(((B[0] @ w[0] - beta) ** 2).sum()))
         return summarise(errors)
 
@@ -252,8 +280,15 @@ class FedAvgFT(FedAvg):
             for n in s.ft_new_samples:
                 chosen = torch.from_numpy(np.sort(rng.choice(len(held["y"]), min(n, len(held["y"])), replace=False)))
                 flat = ctx.global_weights[None].clone()
-                ctx.train(1_000_000 + trial, flat, [ctx.cfg.peers + 1 + j], opt, shards=[chosen],
-                          data=(held["x"], held["y"]), lr=lr)
+                ctx.train(
+                    1_000_000 + trial,
+                    flat,
+                    [ctx.cfg.peers + 1 + j],
+                    opt,
+                    shards=[chosen],
+                    data=(held["x"], held["y"]),
+                    lr=lr,
+                )
                 scores[n].append(float(evaluate(ctx.stack, flat, held["test_x"], held["test_y"])["acc"][0]))
         return summarise(scores)
 

@@ -1,4 +1,5 @@
 """FedNova (Wang et al. 2020) on the star: normalized averaging of local progress."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

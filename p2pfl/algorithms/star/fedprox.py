@@ -1,4 +1,5 @@
 """FedProx (Li et al. 2020): FedAvg with a proximal term in every local step."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -2,6 +2,7 @@
 eNTK feature vector, standardised with global statistics, and a linear model is fitted to centred one-hot
 targets by least squares, each client taking M full-batch gradient steps corrected by SCAFFOLD's h_k,
 in p-space or, exactly and cheaper where n < p, in n-space."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,21 +24,28 @@ def n_space(solver: str, n: int, p: int) -> bool:
 def feature_notes(model: str, features: int, total: int, network: int, samples: int, need: int) -> list[str]:
     """The run header's lines: how many eNTK coordinates are kept, and what stage 2 will hold."""
     if features >= total:
-        kept = (f"tct: the convexified {model} has {total:,} parameters (head of 1 logit), not more than "
-                f"--tct-features {features:,}: all of them are kept, no subsampling")
+        kept = (
+            f"tct: the convexified {model} has {total:,} parameters (head of 1 logit), not more than "
+            f"--tct-features {features:,}: all of them are kept, no subsampling"
+        )
     else:
         kept = f"tct: eNTK features: {features:,} of the convexified {model}'s {total:,} parameters (the network has {network:,})"
-    return [kept, f"tct: stage 2 holds the features of {samples:,} samples on the busiest rank: about "
-                  f"{need / 2**30:.1f} GiB (n x p x 2 bytes, with the Grams where n < p and the server's test "
-                  f"features); --train-samples and --tct-features shrink it"]
+    return [
+        kept,
+        f"tct: stage 2 holds the features of {samples:,} samples on the busiest rank: about "
+        f"{need / 2**30:.1f} GiB (n x p x 2 bytes, with the Grams where n < p and the server's test "
+        f"features); --train-samples and --tct-features shrink it",
+    ]
 
 
 def check_feature_memory(samples: int, need: int, where: str, have: int) -> None:
     """Refuse, before stage 1 is spent, a run whose stage-2 features cannot fit the rank's memory."""
     if need > have:
-        raise UserError(f"tct: the eNTK features of {samples:,} samples would take about {need / 2**30:,.1f} GiB "
-                        f"on one rank, more than {where}'s {have / 2**30:,.1f} GiB: use --train-samples (fewer "
-                        "samples), --tct-features (fewer coordinates) or more ranks")
+        raise UserError(
+            f"tct: the eNTK features of {samples:,} samples would take about {need / 2**30:,.1f} GiB "
+            f"on one rank, more than {where}'s {have / 2**30:,.1f} GiB: use --train-samples (fewer "
+            "samples), --tct-features (fewer coordinates) or more ranks"
+        )
 
 
 def linear_scores(test_features: StandardFeatures, server: torch.Tensor, clients: torch.Tensor, y: torch.Tensor):
@@ -75,7 +83,7 @@ class Moments(Payload):
         squares = torch.zeros_like(total)
         rows = max(1, block_bytes // (8 * max(1, raw.shape[1])))
         for s in range(0, len(raw), rows):
-            z = raw[s:s + rows].double()
+            z = raw[s : s + rows].double()
             total += z.sum(0)
             squares += (z * z).sum(0)
         return cls(total, squares, torch.tensor([float(len(raw))], dtype=torch.float64, device=raw.device))
@@ -166,8 +174,9 @@ def local_steps_p_space(Z: StandardFeatures, Y, theta, h, lr: float, steps: int)
     return W
 
 
-def local_steps_n_space(Z: StandardFeatures, gram: torch.Tensor, Y, theta, h, lr: float, steps: int,
-                        u: torch.Tensor | None = None) -> torch.Tensor:
+def local_steps_n_space(
+    Z: StandardFeatures, gram: torch.Tensor, Y, theta, h, lr: float, steps: int, u: torch.Tensor | None = None
+) -> torch.Tensor:
     """The same M steps, exactly, with the iterate written W_m = theta + m lr h + Z~^T A_m: then
     A_{m+1} = A_m - (lr/n) (u + m lr v + G A_m) with u = Z~ theta - Y (pass it if already computed),
     v = Z~ h and G = Z~ Z~^T, so a step costs O(n^2 C) instead of O(n p C)."""
@@ -196,8 +205,18 @@ def largest_curvature(Z: StandardFeatures, gram: torch.Tensor | None, iterations
     return value
 
 
-def client_round(Z: StandardFeatures, gram: torch.Tensor | None, Y, theta, h, previous, lr: float, steps: int,
-                 scaffold: bool = True, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def client_round(
+    Z: StandardFeatures,
+    gram: torch.Tensor | None,
+    Y,
+    theta,
+    h,
+    previous,
+    lr: float,
+    steps: int,
+    scaffold: bool = True,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One client's stage-2 round (the paper's Alg. 1): eq. (2) h_k += (theta - previous) / (M lr), where
     previous is its last local model (none in its first round: h stays 0), then eq. (3), M full-batch
     steps corrected by h_k; in n-space when its Gram matrix is given (reusing residual = Z~ theta - Y

@@ -6,6 +6,7 @@ Each client's previous model is its row of ctx.flat, the model it trained the la
 a client sampled for the first time takes the global model it received (MOON's code starts from the
 global model; after CyclicFL's phase 1 that is the pre-trained model). Nothing beyond FedAvg's weights
 is sent."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,12 +34,16 @@ class Moon(FedAvg):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.trained = torch.zeros(len(ctx.peers), dtype=torch.bool, device=ctx.device)  # this rank's clients with a previous model
+        self.trained = torch.zeros(
+            len(ctx.peers), dtype=torch.bool, device=ctx.device
+        )  # this rank's clients with a previous model
 
     def terms(self, clients, received) -> StepTerms:
         global_weights = torch.stack([received[c].weights for c in clients])
-        previous = torch.stack([self.ctx.flat[self.ctx.row[c]] if self.trained[self.ctx.row[c]] else received[c].weights
-                                for c in clients])
+        previous = torch.stack(
+            [self.ctx.flat[self.ctx.row[c]] if self.trained[self.ctx.row[c]] else received[c].weights for c in clients]
+        )
         self.trained[[self.ctx.row[c] for c in clients]] = True
-        return StepTerms(contrast=Contrast(global_weights, previous, self.settings.moon_mu,
-                                           self.settings.moon_temperature))
+        return StepTerms(
+            contrast=Contrast(global_weights, previous, self.settings.moon_mu, self.settings.moon_temperature)
+        )

@@ -17,6 +17,7 @@ without them: the loss on the samples of --ntk-validation-clients held-out clien
 sampled for training. 'linearized' (the evolved outputs' loss) falls with t (Remark 1) and so always
 takes the largest candidate.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,11 @@ from p2pfl.forward import candidate_losses
 
 @dataclass(frozen=True)
 class NTKFLSettings(ServerOptions, NTKOptions):
-    ntk_validation_clients: int = option(15, "with --ntk-selection validation: clients held out of training whose "
-                                         "samples the server selects t on", positive)
+    ntk_validation_clients: int = option(
+        15,
+        "with --ntk-selection validation: clients held out of training whose samples the server selects t on",
+        positive,
+    )
 
 
 @dataclass(frozen=True)
@@ -82,8 +86,10 @@ class NTKFL(ServerAlgorithm):
         self.held_out = self.validation_clients()
         if self.held_out and self.is_server:  # their samples on the server's device, once
             self.validation = ctx.rows(torch.cat([ctx.shards[c] for c in self.held_out]))
-        largest = sorted(len(s) for s in ctx.shards)[-self.per_round:]
-        check_memory(self.codec, self.settings.ntk_memory_gb, ctx.data.n_classes, sum(math.ceil(self.beta * n) for n in largest))
+        largest = sorted(len(s) for s in ctx.shards)[-self.per_round :]
+        check_memory(
+            self.codec, self.settings.ntk_memory_gb, ctx.data.n_classes, sum(math.ceil(self.beta * n) for n in largest)
+        )
 
     @classmethod
     def prepare_data(cls, data, cfg):
@@ -93,12 +99,16 @@ class NTKFL(ServerAlgorithm):
     def check(cls, cfg) -> None:
         s = cfg.settings
         if s.ntk_selection == "own":
-            raise UserError(f"--ntk-selection own is NTK-DFL's (a peer's own samples); {cls.name} has network, "
-                            "linearized or validation")
+            raise UserError(
+                f"--ntk-selection own is NTK-DFL's (a peer's own samples); {cls.name} has network, "
+                "linearized or validation"
+            )
         if s.ntk_selection == "validation" and clients_per_round(s, cfg.peers) > cfg.peers - s.ntk_validation_clients:
-            raise UserError(f"--ntk-validation-clients {s.ntk_validation_clients} held out of {cfg.peers} clients "
-                            f"leaves fewer than the {clients_per_round(s, cfg.peers)} sampled each round; hold out fewer, "
-                            "or sample fewer (--clients-per-round)")
+            raise UserError(
+                f"--ntk-validation-clients {s.ntk_validation_clients} held out of {cfg.peers} clients "
+                f"leaves fewer than the {clients_per_round(s, cfg.peers)} sampled each round; hold out fewer, "
+                "or sample fewer (--clients-per-round)"
+            )
 
     def validation_clients(self) -> list[int]:
         """The held-out clients of --ntk-selection validation (seeded; none for the other rules)."""
@@ -140,8 +150,11 @@ class NTKFL(ServerAlgorithm):
         ctx, w = self.ctx, self.ctx.global_weights
         parts = [self.codec.read(uploads[c].jacobian, uploads[c].outputs, uploads[c].labels) for c in clients]
         # the inputs as pixel codes where they are pixels: the factored products in integer arithmetic
-        pixels = PixelInputs.cat([PixelInputs.encode(p[0].acts[0], ctx.data.pixel_levels) for p in parts]) \
-            if self.codec.path == "factored" else None
+        pixels = (
+            PixelInputs.cat([PixelInputs.encode(p[0].acts[0], ctx.data.pixel_levels) for p in parts])
+            if self.codec.path == "factored"
+            else None
+        )
         jac = self.codec.cat([p[0] for p in parts], pixels=pixels)
         f0 = torch.cat([p[1] for p in parts])
         labels = torch.cat([p[2] for p in parts])
@@ -152,9 +165,17 @@ class NTKFL(ServerAlgorithm):
         x, y, pixels = ctx.rows(index)[0], labels, getattr(jac, "pixels", None)
         if self.held_out:  # the held-out clients' samples instead of the round's (eq. 11a's alternative)
             (x, y), pixels = self.validation, None
-        result = ntk_step(jac, self.codec.shape, w, f0, labels, ctx.data.n_classes, ctx.lr(round_index),
-                          self.step_settings, lambda cands: candidate_losses(ctx.stack, cands, x, y,
-                                                                             self.settings.ntk_loss, pixels))
+        result = ntk_step(
+            jac,
+            self.codec.shape,
+            w,
+            f0,
+            labels,
+            ctx.data.n_classes,
+            ctx.lr(round_index),
+            self.step_settings,
+            lambda cands: candidate_losses(ctx.stack, cands, x, y, self.settings.ntk_loss, pixels),
+        )
         self.taus_chosen.append(result.tau)
         return result.weights
 

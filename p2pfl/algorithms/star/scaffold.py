@@ -1,4 +1,5 @@
 """SCAFFOLD (Karimireddy et al. 2020) on the star: control variates correct client drift."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,8 +46,9 @@ class Scaffold(FedAvg):
         rows = [ctx.row[c] for c in clients]
         c_global = torch.stack([received[c].control for c in clients])
         start = torch.stack([received[c].weights for c in clients])
-        trained = self.local_train(round_index, clients, received, losses,
-                                   StepTerms(offset=c_global - self.c_local[rows]))
+        trained = self.local_train(
+            round_index, clients, received, losses, StepTerms(offset=c_global - self.c_local[rows])
+        )
         steps = torch.tensor([local_steps(len(ctx.shards[c]), opt) for c in clients], device=ctx.device)
         new_c = self.c_local[rows] - c_global + (start - trained) / (steps[:, None] * ctx.lr(round_index))
         delta_c = new_c - self.c_local[rows]

@@ -7,6 +7,7 @@ statistics gathered in one exchange. Stage 2 fits a linear model to centred one-
 squares with SCAFFOLD (Alg. 1 of the paper's appendix): full-batch local gradient steps corrected by
 h_k, only the model travelling each way, aggregated with weights n_k/n.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,16 +39,22 @@ class TCTSettings:
     tct_stage2_rounds: int = option(100, "stage 2: rounds of the convexified (linear) problem", positive)
     tct_features: int = option(100_000, "p: eNTK coordinates kept (all of them if the network has fewer)", positive)
     tct_local_steps: int = option(500, "M: full-batch local gradient steps per stage-2 round", positive)
-    tct_lr: float | str = option(PAPER_LR, "stage-2 local learning rate (the paper's), or auto: half of 2 / the largest "
-                                 "eigenvalue of the clients' Z^T Z / n_k, estimated by power iteration",
-                                 positive_or_auto)
-    tct_seed: int = option(123, "seed of the one-logit head and of the coordinate subset (Alg. 3: 123)",
-                           non_negative)
+    tct_lr: float | str = option(
+        PAPER_LR,
+        "stage-2 local learning rate (the paper's), or auto: half of 2 / the largest "
+        "eigenvalue of the clients' Z^T Z / n_k, estimated by power iteration",
+        positive_or_auto,
+    )
+    tct_seed: int = option(123, "seed of the one-logit head and of the coordinate subset (Alg. 3: 123)", non_negative)
     tct_normalize: bool = option(True, "standardise every eNTK coordinate with global mean and variance")
-    tct_stage2: str = option("scaffold", "stage-2 optimiser: scaffold (the paper) or fedavg (TCT-FedAvg)",
-                             choices=("scaffold", "fedavg"))
-    tct_solver: str = option("auto", "local steps in n-space (n x n Gram, exact and cheaper when n < p), in "
-                             "p-space, or auto", choices=("auto", "n-space", "p-space"))
+    tct_stage2: str = option(
+        "scaffold", "stage-2 optimiser: scaffold (the paper) or fedavg (TCT-FedAvg)", choices=("scaffold", "fedavg")
+    )
+    tct_solver: str = option(
+        "auto",
+        "local steps in n-space (n x n Gram, exact and cheaper when n < p), in p-space, or auto",
+        choices=("auto", "n-space", "p-space"),
+    )
 
 
 class TCT(ServerAlgorithm):
@@ -61,8 +68,10 @@ class TCT(ServerAlgorithm):
     def rounds(cls, settings, given):
         total = settings.tct_stage1_rounds + settings.tct_stage2_rounds
         if given is not None and given != total:
-            raise UserError(f"--algo tct runs {total} rounds, set by its own round counts (--tct-stage1-rounds, "
-                            f"--tct-stage2-rounds); --rounds {given} disagrees")
+            raise UserError(
+                f"--algo tct runs {total} rounds, set by its own round counts (--tct-stage1-rounds, "
+                f"--tct-stage2-rounds); --rounds {given} disagrees"
+            )
         return total
 
     def __init__(self, ctx):
@@ -79,8 +88,9 @@ class TCT(ServerAlgorithm):
 
     def notes(self):
         s, cfg = self.settings, self.ctx.cfg
-        return feature_notes(cfg.model, s.tct_features, self.convexified_params, self.ctx.stack.layout.trainable,
-                             *self.feature_memory())
+        return feature_notes(
+            cfg.model, s.tct_features, self.convexified_params, self.ctx.stack.layout.trainable, *self.feature_memory()
+        )
 
     def feature_memory(self) -> tuple[int, int]:
         """(samples, bytes) of what stage 2 keeps on this rank: its clients' (the server is a node, not a
@@ -132,12 +142,16 @@ class TCT(ServerAlgorithm):
             return out
 
         phases = ("convexify", "normalize")
-        got = self.star_round(round_index, clients, lambda c: Weights(network), features_of, Weights, Moments,
-                              phases, reliable=True)
+        got = self.star_round(
+            round_index, clients, lambda c: Weights(network), features_of, Weights, Moments, phases, reliable=True
+        )
         stats = None
         if self.is_server:
-            stats = global_standardisation([got[c] for c in clients]) if s.tct_normalize else \
-                no_standardisation(len(got[clients[0]].total), ctx.device)
+            stats = (
+                global_standardisation([got[c] for c in clients])
+                if s.tct_normalize
+                else no_standardisation(len(got[clients[0]].total), ctx.device)
+            )
         if s.tct_normalize:  # one more download: the global statistics
             received = self.broadcast("normalize", round_index, clients, lambda c: stats, Standardisation, True)
         else:
@@ -152,8 +166,9 @@ class TCT(ServerAlgorithm):
             model, layout, flat = self.convexified(network)
             index = subsample_index(layout.trainable, s.tct_features, s.tct_seed)
             test_x = ctx.data.test_x[: ctx.cfg.test_samples or len(ctx.data.test_x)]
-            self.test_features = StandardFeatures(entk_features(model, layout, flat, test_x, index, done=bar.update),
-                                                  stats.mean, stats.inv_sd)
+            self.test_features = StandardFeatures(
+                entk_features(model, layout, flat, test_x, index, done=bar.update), stats.mean, stats.inv_sd
+            )
             self.linear = torch.zeros(len(index) + 1, self.C, device=ctx.device)  # psi^0 = 0, bias last row
         bar.close()
         if s.tct_lr == "auto":
@@ -201,16 +216,17 @@ class TCT(ServerAlgorithm):
                 out[c] = (Weights(W.reshape(-1)), None)
             return out
 
-        got = self.star_round(round_index, clients, lambda c: Weights(self.linear.reshape(-1)), local,
-                              Weights, Weights)
+        got = self.star_round(round_index, clients, lambda c: Weights(self.linear.reshape(-1)), local, Weights, Weights)
         heard = [c for c in clients if c in got]
         if self.is_server and heard:
             p = self.weights_of(heard)
             self.linear = sum(p[i] * got[c].weights for i, c in enumerate(heard)).view(shape)
         if ctx.transport.bcast(bool(not torch.isfinite(self.linear).all()) if self.is_server else None):
-            raise DivergenceError(f"round {round_index + 1}: the stage-2 linear model holds NaN/inf; the local steps "
-                                  f"are unstable when --tct-lr exceeds 2 / (largest eigenvalue of a client's "
-                                  f"Z^T Z / n_k): lower --tct-lr (now {self.lr:g}), or use --tct-lr auto")
+            raise DivergenceError(
+                f"round {round_index + 1}: the stage-2 linear model holds NaN/inf; the local steps "
+                f"are unstable when --tct-lr exceeds 2 / (largest eigenvalue of a client's "
+                f"Z^T Z / n_k): lower --tct-lr (now {self.lr:g}), or use --tct-lr auto"
+            )
         return losses
 
     def scores(self) -> tuple[dict, dict]:
