@@ -193,11 +193,11 @@ class MetricsLog:
         train_loss = train_loss_of(train)
         if train_loss is not None:
             row["train_loss"] = train_loss  # the peers that trained this round
-        now = time.perf_counter()
+        phases, now = phase_bytes(gathered), time.perf_counter()
         row.update(
-            bytes_sent=int(sum(sum(g[0].values()) for g in gathered)),
+            bytes_sent=int(sum(phases.values())),
             bytes_dense=int(sum(sum(g[1].values()) for g in gathered)),
-            bytes_by_phase=phase_bytes(gathered),
+            bytes_by_phase=phases,
             train_s=round(train_s, 4),
             eval_s=round(now - eval_start, 4),
             round_s=round(now - round_start, 4),

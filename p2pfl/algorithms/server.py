@@ -39,7 +39,7 @@ class ServerAlgorithm(Algorithm):
         self.server = ctx.cfg.peers
         self.is_server = self.server in ctx.transport.local_nodes
         self.per_round = clients_per_round(self.settings, ctx.cfg.peers)
-        if self.is_server:
+        if self.is_server and ctx.global_weights is None:  # an algorithm held by another shares its model
             ctx.global_weights = initial_parameters(ctx.stack.model, [self.server], ctx.cfg.seed, "same", ctx.device)[0]
 
     def sample(self, round_index: int) -> list[int]:

@@ -40,10 +40,10 @@ class JacobianPlan:
 
     def __init__(self, ctx, codec: JacobianCodec, settings):
         """ctx: the run's (its shards, data, transport, stack, graph and peers); settings: NTK-DFL's."""
-        self.codec, self.memory_gb, self.n_classes = codec, settings.ntk_memory_gb, ctx.data.n_classes
-        self.batches, self.subsample = batches, subsample = settings.ntk_batches, settings.ntk_subsample
-        self.sizes = shard_sizes = ctx.sample_counts
-        n_classes, memory_gb, stack = self.n_classes, self.memory_gb, ctx.stack
+        memory_gb, batches, subsample = settings.ntk_memory_gb, settings.ntk_batches, settings.ntk_subsample
+        n_classes, shard_sizes = ctx.data.n_classes, ctx.sample_counts
+        self.codec, self.memory_gb, self.n_classes = codec, memory_gb, n_classes
+        self.batches, self.subsample, self.sizes = batches, subsample, shard_sizes
         degree = max(d for _, d in ctx.schedule.graph(0).degree())
         smallest = min(shard_sizes)
         if batches * subsample > smallest:
@@ -63,7 +63,7 @@ class JacobianPlan:
         )
         stacked = largest_hood * n_classes * codec.n_params * 4 if codec.path == "dense" else 0
         self.chunk = evolve_chunk(
-            settings.step_settings(), KERNEL_COPIES * 4 * largest_hood**2 + stacked, len(ctx.peers), stack
+            settings.step_settings(), KERNEL_COPIES * 4 * largest_hood**2 + stacked, len(ctx.peers), ctx.stack
         )
 
     def batch_size(self, peer: int) -> int:
