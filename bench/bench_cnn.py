@@ -39,7 +39,7 @@ def seconds_per_round(batched: bool, args, device: str) -> tuple[float, torch.Te
                 "local_epochs": args.epochs,
                 "batch_size": args.batch,
                 "lr": 0.01,
-                "batched": batched,
+                "batch": batched,
                 "device": device,
                 "progress": False,
             }

@@ -27,7 +27,7 @@ def seconds_per_round(batched: bool, args, device: str = "cpu") -> tuple[float, 
                 "alpha": 0.1,
                 "dataset": args.dataset,
                 "local_epochs": args.epochs,
-                "batched": batched,
+                "batch": batched,
                 "device": device,
                 "progress": False,
             }

@@ -16,7 +16,7 @@
 4. Every neighbourhood's evolution of a round as one batch of products (a GPU run's path): its time on
    each device, and one of them against the tight solution.
 
-Usage: python bench/bench_ntk.py [--peers 300] [--rounds 2] [--ranks 1,2] [--skip-round] [--skip-dense]
+Usage: python bench/bench_ntk.py [--peers 300] [--samples 200] [--rounds 2] [--ranks 1,2] [--skip-round] [--skip-dense]
        [--device all]
 """
 
@@ -41,6 +41,12 @@ from p2pfl.assemble import build
 from p2pfl.forward import candidate_losses
 
 
+def ntk_config(args):
+    """The run these measurements take their neighbourhoods from, on the CPU."""
+    values = {"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1, "progress": False, "device": "cpu"}
+    return resolve(make_config({**values, **({"samples_per_peer": args.samples} if args.samples else {})}), 1)
+
+
 def round_seconds(args, ranks: int, device: str = "cpu") -> float:
     """A real run's rounds; returns its fastest round's seconds."""
     rows, total = run_rounds(
@@ -57,6 +63,7 @@ def round_seconds(args, ranks: int, device: str = "cpu") -> float:
             str(args.rounds),
             "--device",
             device,
+            *(["--samples-per-peer", str(args.samples)] if args.samples else []),
         ],
         ranks,
     )
@@ -78,12 +85,7 @@ def round_seconds(args, ranks: int, device: str = "cpu") -> float:
 def batched_evolutions(args, device: str) -> None:
     """The evolutions of every neighbourhood of round 1 as one batch on the device (what a GPU run does),
     timed; and one of them against the tight ODE solution and against the CPU's split method."""
-    cfg = resolve(
-        make_config(
-            {"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1, "progress": False, "device": "cpu"}
-        ),
-        1,
-    )
+    cfg = ntk_config(args)
     ctx, _ = build(cfg, 0, 1, 0)  # on the CPU: the kernels are made there and moved to device
     graph, shape = ctx.schedule.graph(0), MLPShape.of(ctx.stack.model, ctx.stack.layout)
     count = args.peers if device != "cpu" else 2  # on the CPU this path is slow by design: two for the check
@@ -139,12 +141,7 @@ def one_step(ctx, path: str, peer: int = 0):
 
 
 def factored_vs_dense(args) -> None:
-    cfg = resolve(
-        make_config(
-            {"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1, "progress": False, "device": "cpu"}
-        ),
-        1,
-    )
+    cfg = ntk_config(args)
     ctx, _ = build(cfg, 0, 1, 0)
     fac_s, fac, n = one_step(ctx, "factored")
     fac_s = min(fac_s, one_step(ctx, "factored")[0])
@@ -178,12 +175,7 @@ def kernel_and_selection(args) -> None:
     each peer's inputs Gram given, and by blocks with the inputs as pixel codes (NTK-DFL's default on
     Fashion-MNIST: it keeps the codes across neighbourhoods and rounds); its 8 candidates' losses by vmap
     of functional_call, by the batched MLP products and with the codes; their weights likewise."""
-    cfg = resolve(
-        make_config(
-            {"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1, "progress": False, "device": "cpu"}
-        ),
-        1,
-    )
+    cfg = ntk_config(args)
     ctx, _ = build(cfg, 0, 1, 0)
     hood = sorted(list(ctx.schedule.graph(0).neighbors(0)) + [0])
     w, shape = ctx.flat[0], MLPShape.of(ctx.stack.model, ctx.stack.layout)
@@ -255,12 +247,7 @@ def kernel_and_selection(args) -> None:
 
 
 def ode_methods(args) -> None:
-    cfg = resolve(
-        make_config(
-            {"algo": "ntk-dfl", "peers": args.peers, "kappa": 5, "alpha": 0.1, "progress": False, "device": "cpu"}
-        ),
-        1,
-    )
+    cfg = ntk_config(args)
     ctx, _ = build(cfg, 0, 1, 0)
     graph = ctx.schedule.graph(0)
     hood = sorted(list(graph.neighbors(0)) + [0])
@@ -346,6 +333,7 @@ def main() -> None:
     p.add_argument("--peers", type=int, default=300)
     p.add_argument("--rounds", type=int, default=2, help="rounds per timed run (round 1 includes warm-up)")
     p.add_argument("--ranks", default="1,2", help="MPI rank counts to time the round with, comma-separated")
+    p.add_argument("--samples", type=int, help="samples per peer (default p2pfl's 200; fewer: a quick try)")
     p.add_argument("--skip-round", action="store_true")
     p.add_argument("--skip-dense", action="store_true")
     p.add_argument(

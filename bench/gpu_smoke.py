@@ -8,12 +8,14 @@ device must end in one line (exit 2).
 
 Data: a small MNIST-format image set written to a temporary folder (no dataset needed), or the real one
 with --data-dir. Usage: python bench/gpu_smoke.py [--device cuda] [--only dfedavg,tct] [--data-dir D] [--jobs 4]
+[--results FILE] (one JSON line per pair as it ends: the device check's verdicts, kept if the step is cut)
 Without CUDA it says so in one line and skips, instead of failing every pair.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -108,6 +110,7 @@ def main() -> int:
     p.add_argument("--data-dir", help="a folder with MNIST-format IDX files (default: a small one is written)")
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--jobs", type=int, default=1, help="pairs run at once (they share the GPU)")
+    p.add_argument("--results", help="a file to append one JSON line per pair to, as each ends")
     a = p.parse_args()
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print(
@@ -117,6 +120,15 @@ def main() -> int:
         return 0
     only = set(a.only.split(",")) if a.only else None
     failures = 0
+
+    def record(name: str, ok: bool, seconds: float, err: str) -> None:
+        print(f"{'OK  ' if ok else 'FAIL'} {name} {seconds:6.1f} s  {last_line(err)}", flush=True)
+        if a.results:
+            with open(a.results, "a") as f:
+                f.write(
+                    json.dumps({"pair": name, "ok": ok, "seconds": round(seconds, 1), "last": last_line(err)}) + "\n"
+                )
+
     with tempfile.TemporaryDirectory() as tmp:
         data = a.data_dir or str(write_stripes(Path(tmp), 10, 3000, 600))
         common = ["--dataset", "mnist", "--data-dir", data, "--device", a.device, *SMALL]
@@ -145,7 +157,7 @@ def main() -> int:
             for name, code, err, seconds in pool.map(one, range(len(cases))):
                 ok = code == 0
                 failures += not ok
-                print(f"{'OK  ' if ok else 'FAIL'} {name} {seconds:6.1f} s  {last_line(err)}", flush=True)
+                record(name.strip(), ok, seconds, err)
         if only is None:  # far too large: must be refused in one line, never a CUDA traceback
             code, err, seconds = run(
                 [
@@ -167,11 +179,7 @@ def main() -> int:
             )
             ok = code == 2 and err.count("\n") <= 1 and "Traceback" not in err
             failures += not ok
-            print(
-                f"{'OK  ' if ok else 'FAIL'} too large: resnet18, 3000 peers on one rank, refused in one line "
-                f"{seconds:6.1f} s  {last_line(err)}",
-                flush=True,
-            )
+            record("too large: resnet18, 3000 peers on one rank, refused in one line", ok, seconds, err)
     print(f"{len(cases) + (only is None) - failures} OK, {failures} FAIL on --device {a.device}")
     return 1 if failures else 0
 

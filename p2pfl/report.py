@@ -5,19 +5,32 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from topologies.drawing import whole_numbers  # noqa: E402
+from topologies.drawing import whole_numbers
 
 # One line vocabulary for every figure the project draws: a style means the same thing everywhere.
 AGGREGATED = "-"  # the aggregated model (a star's server model, a graph's average of all peers)
 MEAN_CLIENT = ":"  # the mean of the peers' own models; a shaded band around it: their min-max
 OWN_MIX = "--"  # the mean client on test samples of its own label mix (personalized accuracy)
 REFERENCE = "-."  # grey, labelled where it stands: a target (horizontal) or a stage's start (vertical)
+
+
+def _pyplot():
+    """matplotlib's pyplot on the file-only backend, imported at the first figure: a run that draws none
+    (a benchmark's, a device check's step) does not load matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def __getattr__(name: str):
+    if name == "plt":  # analysis/ draws with the same pyplot
+        return _pyplot()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def target_line(ax, y: float, text: str) -> None:
@@ -56,7 +69,7 @@ def save(fig, path: Path, caption: str = "") -> None:
         fig.text(0.01, 0.005, caption, fontsize=7, color="dimgrey", wrap=True, va="bottom")
     fig.tight_layout(rect=(0, 0.07, 1, 1) if caption else None)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)
 
 
 PLOT_FILES = {"acc": "accuracy.png", "loss": "loss.png"}
@@ -68,7 +81,7 @@ def plot_metric(rows: list[dict], task, run_dir: Path, title: str = "") -> Path:
     key = task.headline
     every, rows = rows, [r for r in rows if f"test_{key}" in r]
     scale = 100 if key == "acc" else 1
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = _pyplot().subplots(figsize=(7, 4.5))
     if rows:
         x = [r["round"] for r in rows]
         ax.plot(x, [scale * r[f"test_{key}"] for r in rows], AGGREGATED, color="tab:blue", label="aggregated model")
@@ -116,7 +129,7 @@ def plot_partition(summary: list[dict], path: Path, class_names: tuple[str, ...]
     classes."""
     counts = np.array([s["classes"] for s in summary])
     named = class_names is not None and len(class_names) == counts.shape[1]
-    fig, ax = plt.subplots(figsize=(6.5, min(10, (3.2 if named else 2.4) + 0.03 * len(counts))))
+    fig, ax = _pyplot().subplots(figsize=(6.5, min(10, (3.2 if named else 2.4) + 0.03 * len(counts))))
     im = ax.imshow(
         counts,
         aspect="auto",
@@ -136,13 +149,13 @@ def plot_partition(summary: list[dict], path: Path, class_names: tuple[str, ...]
     whole_numbers(bar.ax.yaxis)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _pyplot().close(fig)
 
 
 def plot_final_averaging(result: dict, path: Path, caption: str = "") -> None:
     """NTK-DFL fig. 5, two panels on one accuracy axis: the test accuracy of the average of the first n
     peers for each averaging order; beside it, how many peers' own models score each accuracy."""
-    fig, (ax, hist) = plt.subplots(1, 2, figsize=(9, 4.5), sharey=True, gridspec_kw={"width_ratios": [3, 1]})
+    fig, (ax, hist) = _pyplot().subplots(1, 2, figsize=(9, 4.5), sharey=True, gridspec_kw={"width_ratios": [3, 1]})
     styles = {"high-to-low": "tab:red", "random": "tab:green", "low-to-high": "tab:blue"}
     for name, curve in result["orders"].items():
         ax.plot(result["n"], [100 * a for a in curve["test_acc"]], AGGREGATED, color=styles.get(name), label=name)
@@ -171,7 +184,7 @@ def plot_final_averaging(result: dict, path: Path, caption: str = "") -> None:
 
 def plot_per_round(runs: dict[str, list[dict]], key: str, path: Path, ylabel: str, title: str) -> None:
     """One curve per labelled run of rows {round, key}, log scale."""
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = _pyplot().subplots(figsize=(6.5, 4.2))
     for label, rows in runs.items():
         ax.plot([r["round"] for r in rows], [r[key] for r in rows], label=label)
     ax.set_yscale("log")
@@ -182,7 +195,7 @@ def plot_per_round(runs: dict[str, list[dict]], key: str, path: Path, ylabel: st
 def plot_fine_tuning(runs: dict[str, dict], path: Path, metric: str) -> None:
     """Mean and std band against n, one curve per labelled run ({n: {mean, std}}; a None mean, all
     diverged, leaves a gap)."""
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = _pyplot().subplots(figsize=(6.5, 4.2))
     for label, table in runs.items():
         n = np.array([int(k) for k in table])
         mean = np.array([np.nan if v["mean"] is None else v["mean"] for v in table.values()], dtype=float)
@@ -214,7 +227,7 @@ def plot_linear_run(runs: dict[str, tuple[list[dict], dict]], out: Path) -> None
 
 
 def plot_similarity(matrix: np.ndarray, path: Path, title: str) -> None:
-    fig, ax = plt.subplots(figsize=(5, 4.4))
+    fig, ax = _pyplot().subplots(figsize=(5, 4.4))
     im = ax.imshow(matrix, vmin=-1, vmax=1, cmap="RdBu_r")
     ax.set_xticks(range(len(matrix)))
     ax.set_yticks(range(len(matrix)))
@@ -224,4 +237,4 @@ def plot_similarity(matrix: np.ndarray, path: Path, title: str) -> None:
     fig.colorbar(im, ax=ax)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)

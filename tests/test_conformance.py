@@ -4,11 +4,11 @@ the uninterrupted run, and it finishes with dropped links. With CUDA present, `p
 compares each algorithm's run on the GPU with its run on the CPU."""
 
 import pytest
-import torch
 
 from p2pfl import testing
 from p2pfl.algorithms import REGISTRY
 from tests.conftest import ranked_cases
+from tests.helpers import CHECK_DEVICE, needs_check_device
 
 TINY = [
     "--dataset",
@@ -68,7 +68,7 @@ def test_finishes_with_dropped_links(tmp_path, algo):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+@needs_check_device
 @pytest.mark.parametrize("algo", ALGOS)
 def test_cuda_agrees_with_cpu(tmp_path, algo):
-    testing.check_device_agrees(tiny(algo), tmp_path, "cuda")
+    testing.check_device_agrees(tiny(algo), tmp_path, CHECK_DEVICE)

@@ -3,8 +3,10 @@
 terms, and NTK-DFL's batched evolution at a full neighbourhood (1,200 samples). Both devices draw the same
 minibatches and dropout masks (keyed hashes in integer arithmetic), so they differ only by rounding:
 after every round the weights within WEIGHT_TOLERANCE (relative 2-norm), the test accuracy within
-ACCURACY_POINTS points and the loss within LOSS_TOLERANCE (relative). Marked cuda: `pytest -m cuda`
-on a GPU machine (bash bench/gpu_check.sh runs them); skipped elsewhere."""
+ACCURACY_POINTS points and the loss within LOSS_TOLERANCE (relative), and every peer chooses the same
+NTK t. Marked cuda: `pytest -m cuda` on a GPU machine (bash bench/gpu_check.sh runs them); skipped
+elsewhere, except in the check's rehearsal (P2PFL_CHECK_DEVICE=cpu, tests/helpers.py). The checks
+themselves are tested on the CPU (tests/test_gpu_check.py): each fails on the difference it is for."""
 
 from __future__ import annotations
 
@@ -17,14 +19,17 @@ import torch
 from p2pfl.configure import make_config, resolve
 from p2pfl.assemble import build
 from p2pfl.forward import evaluate
+from p2pfl.seeding import keyed_bits, keyed_orders, keyed_uniform, peer_keys
+from p2pfl.testing import chosen_taus
 from tests.conftest import write_stripes
+from tests.helpers import CHECK_DEVICE, needs_check_device
 
 WEIGHT_TOLERANCE = 1e-3
 ACCURACY_POINTS = 1.0
 LOSS_TOLERANCE = 0.02
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")]
+pytestmark = [pytest.mark.cuda, needs_check_device]
 
 
 @pytest.fixture(scope="module")
@@ -37,31 +42,49 @@ def data(tmp_path_factory) -> dict:
 
 def rounds_on(device: str, values: dict, rounds: int):
     """After each round: (every peer's weights on the CPU, the test metrics of peer 0's and the mean
-    model, the t each peer chose where the algorithm chooses one)."""
+    model, the t chosen as the round reports it: each peer's for NTK-DFL, [] where none is chosen)."""
     cfg = resolve(make_config({**values, "device": device, "progress": False}), 1)
     ctx, algorithm = build(cfg, 0, 1, 0)
     x, y = ctx.data.test_x[:2000], ctx.data.test_y[:2000]
     for k in range(rounds):
-        algorithm.round(k)
+        result = algorithm.round(k)
         model = ctx.global_weights if ctx.global_weights is not None else ctx.flat.mean(0)
         scores = evaluate(ctx.stack, torch.stack([ctx.flat[0], model]), x, y)
-        yield (
-            ctx.flat.cpu().clone(),
-            {m: v.cpu() for m, v in scores.items()},
-            list(getattr(algorithm, "round_taus", [])),
-        )
+        yield ctx.flat.cpu().clone(), {m: v.cpu() for m, v in scores.items()}, chosen_taus(result)
+
+
+def assert_round_follows(k: int, cpu: tuple, gpu: tuple, chooses_t: bool = False) -> None:
+    """Round k's (weights, scores, chosen t) on the device against the CPU's; chooses_t: the algorithm
+    chooses a t every round, so an empty list is a broken reading, not agreement."""
+    (w_cpu, s_cpu, t_cpu), (w_gpu, s_gpu, t_gpu) = cpu, gpu
+    assert torch.isfinite(w_gpu).all(), f"round {k + 1}: non-finite weights on the GPU"
+    off = float((w_gpu - w_cpu).norm() / w_cpu.norm())
+    assert off <= WEIGHT_TOLERANCE, f"round {k + 1}: the GPU's weights are {off:.1e} off the CPU's"
+    assert float((s_gpu["acc"] - s_cpu["acc"]).abs().max()) * 100 <= ACCURACY_POINTS, (k + 1, s_cpu, s_gpu)
+    loss_off = float(((s_gpu["loss"] - s_cpu["loss"]).abs() / s_cpu["loss"].abs().clamp(min=1.0)).max())
+    assert math.isfinite(loss_off) and loss_off <= LOSS_TOLERANCE, (k + 1, s_cpu, s_gpu)
+    assert not chooses_t or (t_cpu and t_gpu), f"round {k + 1}: no chosen t read (CPU {t_cpu}, GPU {t_gpu})"
+    assert t_gpu == t_cpu, f"round {k + 1}: chosen t {t_gpu} on the GPU, {t_cpu} on the CPU"
 
 
 def assert_gpu_follows_cpu(values: dict, rounds: int) -> None:
-    for k, (cpu, gpu) in enumerate(zip(rounds_on("cpu", values, rounds), rounds_on("cuda", values, rounds))):
-        (w_cpu, s_cpu, t_cpu), (w_gpu, s_gpu, t_gpu) = cpu, gpu
-        assert torch.isfinite(w_gpu).all(), f"round {k + 1}: non-finite weights on the GPU"
-        off = float((w_gpu - w_cpu).norm() / w_cpu.norm())
-        assert off <= WEIGHT_TOLERANCE, f"round {k + 1}: the GPU's weights are {off:.1e} off the CPU's"
-        assert float((s_gpu["acc"] - s_cpu["acc"]).abs().max()) * 100 <= ACCURACY_POINTS, (k + 1, s_cpu, s_gpu)
-        loss_off = float(((s_gpu["loss"] - s_cpu["loss"]).abs() / s_cpu["loss"].abs().clamp(min=1.0)).max())
-        assert math.isfinite(loss_off) and loss_off <= LOSS_TOLERANCE, (k + 1, s_cpu, s_gpu)
-        assert t_gpu == t_cpu, f"round {k + 1}: chosen t {t_gpu} on the GPU, {t_cpu} on the CPU"
+    chooses_t = values["algo"] in ("ntk-dfl", "ntk-fl", "cp-ntk-fl")
+    for k, (cpu, gpu) in enumerate(zip(rounds_on("cpu", values, rounds), rounds_on(CHECK_DEVICE, values, rounds))):
+        assert_round_follows(k, cpu, gpu, chooses_t)
+
+
+def test_keyed_draws_are_the_same_bits_on_the_device():
+    """The keyed hashes behind every minibatch order and dropout mask: bit for bit the CPU's on the device
+    (int32 arithmetic, wrapping multiplies), first, since every comparison below rests on them."""
+    keys = peer_keys(11, "shuffle", 4, list(range(300)))
+    on = peer_keys(11, "shuffle", 4, list(range(300)), CHECK_DEVICE)
+    counters = torch.arange(5000, dtype=torch.int32)
+    assert torch.equal(
+        keyed_bits(keys[:, None], 7, counters[None]), keyed_bits(on[:, None], 7, counters.to(on.device)[None]).cpu()
+    )
+    assert torch.equal(keyed_uniform(keys, 5000, 2, 9), keyed_uniform(on, 5000, 2, 9).cpu())
+    lengths = torch.randint(0, 900, (300,), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(keyed_orders(keys, lengths, 900, 3), keyed_orders(on, lengths.to(on.device), 900, 3).cpu())
 
 
 def test_a_dropout_conv_net_on_the_gpu_follows_the_cpu(data):

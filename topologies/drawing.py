@@ -6,14 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import networkx as nx  # noqa: E402
-import numpy as np  # noqa: E402
+import networkx as nx
+import numpy as np
 
 DRAWN_UP_TO = 60  # peers; larger graphs get the adjacency view in a run folder
+
+
+def _pyplot():
+    """pyplot on the file-only backend, loaded at the first drawing (a run without figures needs none)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def draw_graph(graph: nx.Graph, path: Path, title: str = "") -> None:
@@ -23,7 +29,7 @@ def draw_graph(graph: nx.Graph, path: Path, title: str = "") -> None:
     kind = graph.graph.get("kind")
     title = title or f"{kind or 'graph'}: {n} peers, {graph.number_of_edges()} edges"
     if n > DRAWN_UP_TO and kind != "star":
-        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5), gridspec_kw={"width_ratios": [1.2, 1]})
+        fig, (left, right) = _pyplot().subplots(1, 2, figsize=(11, 5), gridspec_kw={"width_ratios": [1.2, 1]})
         adjacency_panel(left, graph, "adjacency, ordered by peer")
         degree_panel(right, [graph])
         fig.suptitle(title)
@@ -36,7 +42,7 @@ def draw_graph(graph: nx.Graph, path: Path, title: str = "") -> None:
         layout = nx.circular_layout(graph)
     else:
         layout = nx.spring_layout(graph, seed=0)
-    fig, ax = plt.subplots(figsize=(6, 6))
+    fig, ax = _pyplot().subplots(figsize=(6, 6))
     size = max(8, 300 // max(1, n // 10))
     nx.draw_networkx_edges(graph, layout, ax=ax, alpha=0.35, width=0.6)
     peers = [v for v in graph.nodes if v != hub]
@@ -84,7 +90,7 @@ def degree_panel(ax, graphs: list[nx.Graph]) -> None:
 
 def draw_rounds(graphs: list[nx.Graph], path: Path, title: str) -> None:
     """Small multiples: the adjacency matrix of each of the first rounds."""
-    fig, axes = plt.subplots(1, len(graphs), figsize=(3.2 * len(graphs), 3.6), squeeze=False)
+    fig, axes = _pyplot().subplots(1, len(graphs), figsize=(3.2 * len(graphs), 3.6), squeeze=False)
     for k, (ax, graph) in enumerate(zip(axes[0], graphs)):
         adjacency_panel(ax, graph, f"round {k + 1}")
         ax.set(xlabel="", ylabel="")
@@ -94,7 +100,7 @@ def draw_rounds(graphs: list[nx.Graph], path: Path, title: str) -> None:
 
 def draw_statistics(graphs: list[nx.Graph], gaps: list[float], path: Path, title: str) -> None:
     """Degree histogram over all rounds, and the histogram of the rounds' spectral gaps."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, right) = _pyplot().subplots(1, 2, figsize=(11, 4.2))
     degree_panel(left, graphs)
     right.hist(gaps, bins=min(30, max(5, len(gaps) // 2)), color="tab:green", alpha=0.8)
     whole_numbers(right.yaxis)
@@ -115,7 +121,7 @@ def draw_neighbourhood(graphs: list[nx.Graph], peer: int, path: Path, title: str
     for k, graph in enumerate(graphs):
         raster[k, list(graph.neighbors(peer))] = 1
     met = np.cumsum(raster, 0) > 0
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [2, 1]})
+    fig, (left, right) = _pyplot().subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [2, 1]})
     left.imshow(
         raster, aspect="auto", cmap="Greys", interpolation="nearest", extent=(-0.5, n - 0.5, len(graphs) + 0.5, 0.5)
     )
@@ -143,7 +149,7 @@ def draw_views(
     out.mkdir(parents=True, exist_ok=True)
     graphs = [graph_of(k) for k in range(rounds)]
     paths = [out / name for name in ("adjacency.png", "rounds.png", "statistics.png", "neighbourhood.png")]
-    fig, ax = plt.subplots(figsize=(6.5, 6))
+    fig, ax = _pyplot().subplots(figsize=(6.5, 6))
     adjacency_panel(ax, graphs[0], f"{title}: round 1")
     _save(fig, paths[0])
     draw_rounds(graphs[:multiples], paths[1], title)
@@ -154,11 +160,13 @@ def draw_views(
 
 def whole_numbers(*axes) -> None:
     """Integer ticks on axes that count something (rounds, peers, degrees, classes, runs)."""
+    from matplotlib.ticker import MaxNLocator
+
     for axis in axes:
-        axis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, min_n_ticks=1))
+        axis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
 def _save(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)

@@ -31,7 +31,14 @@ import torch
 
 from p2pfl import stopping
 from p2pfl.errors import DivergenceError
-from p2pfl.ntk import split_loop
+
+
+def _compiled():
+    """The compiled loops (p2pfl.ntk.split_loop, numba), imported where the CPU first needs them: a GPU's
+    batched evolution and a run that evolves nothing do not load numba."""
+    from p2pfl.ntk import split_loop
+
+    return split_loop
 
 
 @dataclass
@@ -111,13 +118,13 @@ def _softmax_minus(f: np.ndarray, Y: np.ndarray) -> np.ndarray:
 
 def top_subspace(H: np.ndarray, r: int, iterations: int = 6, seed: int = 0) -> np.ndarray:
     """An orthonormal basis (N, r) close to the top-r eigenvectors of the symmetric H: subspace
-    iteration, compiled (split_loop.product, split_loop.orthonormalize) so that it runs without numpy's
+    iteration, compiled (_compiled().product, _compiled().orthonormalize) so that it runs without numpy's
     BLAS, whose calls from several evolution threads serialize."""
     Qt = np.ascontiguousarray(np.random.default_rng(seed).standard_normal((r, H.shape[0])).astype(H.dtype))
     HQt = np.empty_like(Qt)  # (H Q)^T = Q^T H
     for _ in range(iterations):
-        split_loop.product(Qt, H, HQt, len(Qt))
-        split_loop.orthonormalize(HQt)
+        _compiled().product(Qt, H, HQt, len(Qt))
+        _compiled().orthonormalize(HQt)
         Qt, HQt = HQt, Qt
     return Qt.T
 
@@ -140,11 +147,11 @@ def _split_kernel(H: np.ndarray, rate: float):
         return Vt, M, np.ascontiguousarray((lam[:, None] * V.T).astype(H.dtype)), np.empty((0, 0), H.dtype)
     Vt = np.ascontiguousarray(top_subspace(H, SPLIT_RANK).T)
     VtH, M, VMt = np.empty_like(Vt), np.empty((SPLIT_RANK, SPLIT_RANK), H.dtype), np.empty_like(Vt)
-    split_loop.product(Vt, H, VtH, len(Vt))
-    split_loop.project(VtH, Vt, M)  # V^T H V
-    split_loop.project(np.ascontiguousarray(M.T), np.ascontiguousarray(Vt.T), VMt)  # (V M)^T
+    _compiled().product(Vt, H, VtH, len(Vt))
+    _compiled().project(VtH, Vt, M)  # V^T H V
+    _compiled().project(np.ascontiguousarray(M.T), np.ascontiguousarray(Vt.T), VMt)  # (V M)^T
     H2 = np.empty_like(H)
-    split_loop.remainder(H, VMt, Vt, np.float32(rate), H2)
+    _compiled().remainder(H, VMt, Vt, np.float32(rate), H2)
     return Vt, M, VMt, H2
 
 
@@ -205,7 +212,7 @@ def _split_sums(H, Y, rate, f, taus, euler: bool):
     wanted[list(taus)] = np.arange(len(taus))
     sums = np.empty((len(taus),) + f.shape, dtype=f.dtype)
     outputs = np.empty_like(sums)
-    split_loop.left_sums(
+    _compiled().left_sums(
         f.copy(),
         Y,
         Vt,

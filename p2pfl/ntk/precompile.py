@@ -9,7 +9,6 @@ import time
 import numpy as np
 import torch
 
-from p2pfl.ntk import split_loop
 from p2pfl.ntk.evolution import evolve_ce
 
 
@@ -18,6 +17,8 @@ def loop_is_cached() -> bool:
     first evolution compiles it, for a minute or two). Reads numba's cache index; where its layout
     is not the one known here, says True rather than guess."""
     try:
+        from p2pfl.ntk import split_loop  # numba: asked only where a CPU evolution is coming
+
         loop = split_loop.left_sums
         magic = loop.targetctx.codegen().magic_tuple()
         return any(key[1] == magic for key in loop._cache._cache_file._load_index())
