@@ -71,7 +71,7 @@ class Counter(TorchDispatchMode):
 @contextmanager
 def gpu_choices_on_the_cpu(counter: Counter):
     """The GPU's code paths taken on the CPU, and the batched evolution's calls counted."""
-    evolve, integrate = step.evolve_ce_batched, batched_evolution._integrate
+    evolve, integrate = batched_evolution.evolve_padded, batched_evolution._integrate
 
     def batched(device, settings):
         return settings.loss == "ce" and settings.ode in ("split", "euler", "deflated")
@@ -93,7 +93,7 @@ def gpu_choices_on_the_cpu(counter: Counter):
             (plan, "evolves_batched", batched),
             (PixelInputs, "encode", staticmethod(lambda x, levels: None)),
             (base, "mix_rows", partial(base.mix_rows, stacked=True)),
-            (step, "evolve_ce_batched", evolution),
+            (batched_evolution, "evolve_padded", evolution),
             (batched_evolution, "_integrate", loop),
         ):
             patches.enter_context(mock.patch.object(where, name, value))

@@ -32,7 +32,15 @@ import numpy as np
 import torch
 
 from p2pfl.errors import DivergenceError
-from p2pfl.ntk.evolution import FULL_SPLIT, SPLIT_RANK, SPLIT_SLOW, SPLIT_WARMUP, Evolution, diverged, step_plan
+from p2pfl.ntk.evolution import (
+    FULL_SPLIT,
+    SPLIT_RANK,
+    SPLIT_SLOW,
+    SPLIT_WARMUP,
+    Evolution,
+    check_stiffness,
+    step_plan,
+)
 
 SUBSPACE_ITERATIONS = 6  # as evolution.top_subspace
 
@@ -48,38 +56,61 @@ def evolve_ce_batched(
     """evolution.evolve_ce for each (H, f0, Y), all on their device at once: 'split' (the accurate ODE)
     or, with euler, unit Euler steps ('euler' and 'deflated' compute those)."""
     sizes = [len(H) for H in kernels]
-    rates = [float(eta) / n for n in sizes]
     H = _padded([H.float() for H in kernels], square=True)
-    H.mul_(torch.tensor([-r for r in rates], device=H.device)[:, None, None])  # -(eta/N) H: the slope's kernel
     f, Y = _padded([f.float() for f in f0s]), _padded([y.float() for y in targets])
+    sums, outputs, rates = evolve_padded(H, f, Y, sizes, eta, taus, euler)
+    return [
+        Evolution(list(taus), sums[:, i, :n].to(like.dtype), outputs[:, i, :n].to(like.dtype), rate)
+        for i, (n, like, rate) in enumerate(zip(sizes, f0s, rates))
+    ]
+
+
+def evolve_padded(
+    H: torch.Tensor, f: torch.Tensor, Y: torch.Tensor, sizes: list[int], eta: float, taus: list[int], euler: bool
+) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+    """The evolutions of kernels H (B, N, N) padded with zeros (consumed: scaled in place), outputs f and
+    one-hot targets Y (B, N, C), each of its own size: the left sums and outputs (T, B, N, C), NaN for a
+    kernel too stiff to integrate or a diverged model, and each one's scale eta/N.
+
+    One integration loop for all: every kernel takes the step plan of the stiffest (its steps are the
+    shortest, so the others are integrated at least as accurately as on their own plan), and a kernel
+    whose remainder is not slow takes its whole kernel at every stage beside the split ones."""
+    rates = [float(eta) / n for n in sizes]
+    H.mul_(torch.tensor([-r for r in rates], device=H.device)[:, None, None])  # -(eta/N) H: the slope's kernel
     finite = torch.isfinite(H).all(2).all(1) & torch.isfinite(f).all(2).all(1)
     H.masked_fill_(~finite[:, None, None], 0.0)  # a diverged model's kernel: zeros here (NaN below)
     V = top_subspace(H, sizes)
     M = V.transpose(1, 2) @ H @ V
     ritz = torch.linalg.eigvalsh(-(M + M.transpose(1, 2)) / 2).cpu()  # of (eta/N) H, ascending
-    plans = []
+    stiffness, split = [], []
     for n, values, ok in zip(sizes, ritz.tolist(), finite.tolist()):
-        split = not euler and n > FULL_SPLIT and values[0] <= SPLIT_SLOW
+        stiff = values[-1] if ok else None
         try:
-            plans.append((*step_plan(values[-1], euler), split) if ok else None)
+            if stiff is not None and not euler:
+                check_stiffness(stiff)
         except DivergenceError:  # too stiff to integrate: NaN, as evolution.evolve gives
-            plans.append(None)
-    results = [diverged(f0, eta, taus) if plan is None else None for f0, plan in zip(f0s, plans)]
-    for plan in sorted(set(plans) - {None}):
-        rows = [i for i, p in enumerate(plans) if p == plan]
-        index = torch.tensor(rows, device=H.device)
-        slope = _Slope(
-            H.index_select(0, index),
-            Y.index_select(0, index),
-            (V.index_select(0, index), M.index_select(0, index)) if plan[2] else None,
-        )
-        sums, outputs = _integrate(slope, f.index_select(0, index), taus, plan[0], plan[1], euler)
-        for j, i in enumerate(rows):
-            n, like = sizes[i], f0s[i]
-            results[i] = Evolution(
-                list(taus), sums[:, j, :n].to(like.dtype), outputs[:, j, :n].to(like.dtype), rates[i]
-            )
-    return results
+            stiff = None
+        stiffness.append(stiff)
+        split.append(not euler and n > FULL_SPLIT and values[0] <= SPLIT_SLOW)
+    live = [i for i, s in enumerate(stiffness) if s is not None]
+    sums = f.new_full((len(taus), *f.shape), float("nan"))
+    outputs = sums.clone()
+    if not live:
+        return sums, outputs, rates
+    warm_steps, h = step_plan(max(stiffness[i] for i in live), euler)
+    index = None if len(live) == len(sizes) else torch.tensor(live, device=H.device)
+
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        return t if index is None else t.index_select(0, index)
+
+    whole = [j for j, i in enumerate(live) if not split[i]]
+    top = None if len(whole) == len(live) else (rows(V), rows(M), whole)
+    live_sums, live_outputs = _integrate(_Slope(rows(H), rows(Y), top), rows(f), taus, warm_steps, h, euler)
+    if index is None:
+        return live_sums, live_outputs, rates
+    sums.index_copy_(1, index, live_sums)
+    outputs.index_copy_(1, index, live_outputs)
+    return sums, outputs, rates
 
 
 def top_subspace(
@@ -123,16 +154,24 @@ def _orthonormal(Q: torch.Tensor) -> torch.Tensor:
 
 class _Slope:
     """df/ds at f and time t: scaled (softmax(f) - Y) with scaled = -(eta/N) H, whole (top None), or
-    split as V M V^T g exactly plus the remainder H2 g from its polynomial (see exact)."""
+    split as V M V^T g exactly plus the remainder H2 g from its polynomial (see exact). top = (V, M,
+    whole): the kernels listed in whole (their remainder is not slow) take their whole kernel at every
+    stage instead, beside the split ones in the same loop."""
 
-    def __init__(self, scaled: torch.Tensor, Y: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None):
-        self.Y = Y
+    def __init__(self, scaled: torch.Tensor, Y: torch.Tensor, top: tuple | None):
+        self.Y, self.whole = Y, None
         if top is None:
             self.kernel, self.V, self.VM = scaled, None, None
             return
-        V, M = top
+        V, M, whole = top
+        if whole:
+            self.whole = torch.tensor(whole, device=scaled.device)
+            self.whole_kernel = scaled.index_select(0, self.whole)
+            V = V.index_fill(0, self.whole, 0.0)  # no split part: their remainder is their whole kernel...
         self.V, self.VM = V, V @ M
         self.kernel = scaled.baddbmm_(self.VM, V.transpose(1, 2), alpha=-1.0)  # the remainder, in place
+        if whole:
+            self.kernel.index_fill_(0, self.whole, 0.0)  # ...applied exactly at every stage, not from the polynomial
         self.known: list[tuple[float, torch.Tensor]] = []  # the last three exact (t, H2 g)
 
     def residual(self, f: torch.Tensor) -> torch.Tensor:
@@ -160,7 +199,10 @@ class _Slope:
         g = self.residual(f) if g is None else g
         if self.V is None:
             return torch.bmm(self.kernel, g)
-        return torch.bmm(self.VM, self.V.transpose(1, 2) @ g).add_(self.remainder(t))
+        out = torch.bmm(self.VM, self.V.transpose(1, 2) @ g).add_(self.remainder(t))
+        if self.whole is not None:
+            out.index_add_(0, self.whole, torch.bmm(self.whole_kernel, g.index_select(0, self.whole)))
+        return out
 
 
 def _padded(tensors: list[torch.Tensor], square: bool = False) -> torch.Tensor:

@@ -49,6 +49,12 @@ class JacobianCodec:
             return FactoredJacobian.compute(self.shape, w, x)
         return DenseJacobian.compute(self.model, self.layout, w, x, self.chunk)
 
+    def compute_many(self, ws: torch.Tensor, x: torch.Tensor) -> list[tuple]:
+        """compute at each row of ws (K, D) on the same inputs: batched products where factored."""
+        if self.path == "factored":
+            return FactoredJacobian.compute_many(self.shape, ws, x)
+        return [self.compute(w, x) for w in ws]
+
     def to_wire(self, jac) -> tuple[torch.Tensor, ...]:
         if self.path == "dense" and (self.keep < 1 or self.bits):
             return encode(jac.J, self.keep, self.bits)

@@ -52,6 +52,23 @@ class FactoredJacobian:
                 a = torch.relu(z)
         return FactoredJacobian(acts, gates), z
 
+    @staticmethod
+    def compute_many(
+        shape: MLPShape, flats: torch.Tensor, x: torch.Tensor
+    ) -> list[tuple["FactoredJacobian", torch.Tensor]]:
+        """compute at each of the weights flats (K, D) on the same inputs, as batched products (a GPU's few
+        operations for a sender's K Jacobians instead of K times a forward pass); the factors are views."""
+        K, a = len(flats), x.reshape(len(x), -1)
+        acts, gates, h = [], [], a
+        for layer, (out, inputs) in enumerate(shape.dims):
+            W = flats[:, shape.weights[layer]].view(K, out, inputs)
+            z = torch.matmul(h, W.transpose(1, 2)).add_(flats[:, shape.biases[layer]][:, None, :])
+            if layer < len(shape.dims) - 1:
+                gates.append((z > 0).to(z.dtype))
+                h = torch.relu(z)
+                acts.append(h)
+        return [(FactoredJacobian([a, *(act[k] for act in acts)], [g[k] for g in gates]), z[k]) for k in range(K)]
+
     def signals(self, shape: MLPShape, flat: torch.Tensor, layer: int) -> torch.Tensor:
         """delta_l (n, C, out_l) = d f / d z_l, rebuilt from the gates and the weights."""
         n, C = self.n, shape.n_classes

@@ -35,7 +35,8 @@ def check_memory(
 
 class JacobianPlan:
     """NTK-DFL's memory plan: each peer's samples per Jacobian batch (m1 batches of 1/m2 of its shard),
-    the receiver groups whose dense Jacobians fit the cap, and the evolution chunk. A run whose largest
+    the receiver groups whose dense Jacobians fit the cap, the evolution chunk, and whether a chunk's
+    steps are one padded batch (batched). A run whose largest
     neighbourhood of the first graph cannot fit is refused before it starts."""
 
     def __init__(self, ctx, codec: JacobianCodec, settings):
@@ -61,6 +62,9 @@ class JacobianPlan:
             self.copies,
             "one neighbourhood's (the largest of the first round's graph)",
         )
+        # a GPU's steps: a chunk of neighbourhoods as one padded batch where the Jacobians are factored (dense
+        # ones go problem by problem, their evolutions still one batch)
+        self.batched = codec.path == "factored" and evolves_batched(ctx.stack.device, settings.step_settings())
         stacked = largest_hood * n_classes * codec.n_params * 4 if codec.path == "dense" else 0
         self.chunk = evolve_chunk(
             settings.step_settings(), KERNEL_COPIES * 4 * largest_hood**2 + stacked, len(ctx.peers), ctx.stack

@@ -33,6 +33,24 @@ class StepResult:
 
 
 @dataclass
+class StepBatch:
+    """A chunk of steps: each peer's chosen weights (B, D), its t, and every candidate's selection loss
+    (B, T)."""
+
+    weights: torch.Tensor
+    taus: list[int]
+    losses: torch.Tensor
+
+    @staticmethod
+    def of(results: list[StepResult]) -> "StepBatch":
+        return StepBatch(
+            torch.stack([r.weights for r in results]),
+            [r.tau for r in results],
+            torch.stack([r.losses for r in results]),
+        )
+
+
+@dataclass
 class NTKProblem:
     """One evolution: a stacked Jacobian taken at weights w (D,), outputs f0 (N, C) and labels (N,).
     network_loss maps candidate weights (T, D) to their true-network losses (T,); it is used for the

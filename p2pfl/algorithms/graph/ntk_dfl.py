@@ -28,7 +28,8 @@ from p2pfl.metrics import histogram
 from p2pfl.ntk.inputs_cache import InputsCache, on_device
 from p2pfl.ntk.neighbourhood import neighbourhood_problem, round_samples
 from p2pfl.ntk.plan import JacobianPlan
-from p2pfl.ntk.step import NTKProblem, ntk_steps
+from p2pfl.ntk.hood_batch import HoodBatch, batched_steps
+from p2pfl.ntk.step import NTKProblem, StepBatch, ntk_steps
 from p2pfl.comm import Message, Weights
 from p2pfl.options import option, positive
 from p2pfl.report import plot_final_averaging
@@ -113,37 +114,68 @@ class NTKDFL(Algorithm):
             receivers = [p for p in online if p in group]
             for chunk in range(0, len(receivers), self.plan.chunk):
                 peers = receivers[chunk : chunk + self.plan.chunk]
-                problems = [self.problem(p, hood[p], own, inbox, weights, samples) for p in peers]
-                results = ntk_steps(problems, self.codec.shape, ctx.data.n_classes, eta, self.step_settings)
-                for p, result in zip(peers, results):
-                    new[ctx.row[p]], losses[ctx.row[p]] = result.weights, result.losses.min()
-                    taus.append(result.tau)
-                del problems, results  # a chunk's stacked Jacobians go before the next chunk's are stacked
+                step = self.steps(peers, hood, own, inbox, weights, samples, eta)
+                rows = torch.tensor([ctx.row[p] for p in peers], device=ctx.device)
+                new.index_copy_(0, rows, step.weights)
+                losses.index_copy_(0, rows, step.losses.min(1).values)
+                taus += step.taus
+                del step  # a chunk's stacked Jacobians go before the next chunk's are stacked
             del own, inbox  # this group's Jacobians go before the next group's come
         ctx.flat = new
         return losses
 
+    def steps(self, peers, hood, own, inbox, weights, samples, eta) -> StepBatch:
+        """The chunk's NTK steps over each peer's neighbourhood (the members whose Jacobians arrived): as one
+        batch of padded neighbourhoods where the evolution is batched and the Jacobians factored (a GPU),
+        else problem by problem."""
+        members = {p: [j for j in hood[p] if j == p or j in inbox[p]] for p in peers}
+        if not self.plan.batched:
+            problems = [self.problem(p, members[p], own, inbox, weights, samples) for p in peers]
+            n_classes = self.ctx.data.n_classes
+            return StepBatch.of(ntk_steps(problems, self.codec.shape, n_classes, eta, self.step_settings))
+        device = self.ctx.device
+        hoods = [
+            [
+                (self.codec.to_wire(own[p][0]), *own[p][1:])
+                if j == p
+                else (tuple(t.to(device) for t in inbox[p][j].jacobian), *inbox[p][j].read_outputs(device))
+                for j in members[p]
+            ]
+            for p in peers
+        ]
+        rows = torch.tensor([self.ctx.row[p] for p in peers], device=device)
+        own_index = [members[p].index(p) for p in peers]
+        layers = len(self.codec.shape.dims)
+        own_only = self.settings.ntk_selection == "own"
+        batch = HoodBatch.gather(hoods, own_index, weights.index_select(0, rows), layers, own_only)
+        return batched_steps(batch, self.codec.shape, eta, self.step_settings)
+
     def exchange_jacobians(self, round_index, weights, heard, data, online, group: set[int]):
         """'jacobians' for the receivers in group: peer i sends each neighbour j in group the Jacobian of
         its samples at j's weights (where they reached i), its outputs and labels; i in group keeps its
-        own at its weights. Returns (own, inbox)."""
+        own at its weights. A sender's Jacobians are one batch of products where the steps are batched.
+        Returns (own, inbox)."""
         ctx, own, msgs = self.ctx, {}, []
         for i in online:
             x, y = ctx.rows(data[i])
-            if i in group:
-                jac, f = self.codec.compute(weights[ctx.row[i]], x)
-                own[i] = (jac, f.detach(), y)
-            for j, w in heard[i].items():
-                if j in group:
-                    jac, f = self.codec.compute(w.weights, x)
+            targets = [i] * (i in group) + [j for j in heard[i] if j in group]
+            at = [weights[ctx.row[i]] if j == i else heard[i][j].weights for j in targets]
+            if self.plan.batched and at:
+                computed = self.codec.compute_many(torch.stack(at), x)
+            else:
+                computed = [self.codec.compute(w, x) for w in at]
+            for j, (jac, f) in zip(targets, computed):
+                if j == i:
+                    own[i] = (jac, f.detach(), y)
+                else:
                     payload, dense = JacobianMessage.of(self.codec, jac, f, y)
                     msgs.append(Message(i, j, payload, dense_nbytes=dense))
         return own, ctx.neighbour_exchange("jacobians", round_index, JacobianMessage, msgs, group, answering="weights")
 
-    def problem(self, peer, hood, own, inbox, weights, samples) -> NTKProblem:
-        """Peer's evolution over its neighbourhood (the members whose Jacobians arrived): its own Jacobian
+    def problem(self, peer, members, own, inbox, weights, samples) -> NTKProblem:
+        """Peer's evolution over the members of its neighbourhood whose Jacobians arrived: its own Jacobian
         and the ones it received, stacked."""
-        ctx, members = self.ctx, [j for j in hood if j == peer or j in inbox[peer]]
+        ctx = self.ctx
         parts = [own[peer] if j == peer else inbox[peer][j].read(self.codec) for j in members]
         w = weights[ctx.row[peer]]
         return neighbourhood_problem(ctx, self.codec, self.inputs, self.settings, peer, members, parts, w, samples)
