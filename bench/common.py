@@ -42,7 +42,7 @@ def gpu_peak_gb(device: str) -> str:
     """', peak GPU memory X GB' since the last reset, where device is a GPU."""
     if torch.device(device).type != "cuda":
         return ""
-    return f", peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GB"
+    return f", peak GPU memory {torch.cuda.max_memory_reserved() / 2**30:.2f} GB"
 
 
 def reset_gpu_peak(device: str) -> None:

@@ -107,7 +107,7 @@ def main() -> int:
         seconds.append(time.perf_counter() - start)
         if k == 0:
             taus = chosen_taus(result) or None
-    peak = torch.cuda.max_memory_allocated(ctx.device) / 2**30 if ctx.device.type == "cuda" else None
+    peak = torch.cuda.max_memory_reserved(ctx.device) / 2**30 if ctx.device.type == "cuda" else None
     line = json.dumps(
         {
             "figure": a.figure,

@@ -7,7 +7,7 @@ import torch
 from topologies import TopologySchedule
 
 from p2pfl.algorithms.context import RunContext
-from p2pfl.comm import make_transport
+from p2pfl.comm import make_transport, ranks_sharing_this_machine
 from p2pfl.fit_checks import check_data_fit, check_model_memory
 from p2pfl.config import RunConfig
 from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file
@@ -17,13 +17,14 @@ from p2pfl.faults import Faults
 from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
 from p2pfl.seeding import graph_seeds
 from p2pfl.tasks import TASKS
-from p2pfl.threads import ranks_on_this_machine
 
 
-def pick_device(choice: str, local_rank: int) -> torch.device:
+def pick_device(choice: str, local_rank: int, tf32: bool = False) -> torch.device:
     """The rank's device, decided once: auto is a GPU where there is one, else the CPU; auto and cuda
     spread the ranks of a machine over its GPUs by local rank; cuda:N is that GPU for every rank. A GPU
-    becomes the process's current device, so that no library opens a context on GPU 0 beside it."""
+    becomes the process's current device, so that no library opens a context on GPU 0 beside it, and its
+    numerics are set here: IEEE float32 matrix products and convolutions unless tf32 (cuDNN's default
+    would compute every convolution in TF32 while matrix products stay float32)."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if choice == "auto":
         choice = "cuda" if gpus else "cpu"
@@ -42,13 +43,20 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
         )
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)
+    set_tf32(tf32)
     return device
+
+
+def set_tf32(allowed: bool) -> None:
+    """Whether a GPU's float32 matrix products and convolutions may round their inputs to TF32."""
+    torch.backends.cuda.matmul.allow_tf32 = allowed
+    torch.backends.cudnn.allow_tf32 = allowed
 
 
 def _ranks_per_gpu(choice: str) -> int:
     """The local ranks that share each GPU: all of them on a GPU named by its index, else the ranks
     spread over the GPUs by local rank (rounded up)."""
-    local = ranks_on_this_machine() or 1
+    local = ranks_sharing_this_machine()
     return local if choice.startswith("cuda:") else -(-local // torch.cuda.device_count())
 
 
@@ -61,7 +69,7 @@ def _gpu_share(device: torch.device, choice: str, peers_here: int) -> tuple[str,
 
 def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     """Everything a round needs, for this rank's peers."""
-    device = pick_device(cfg.device, local_rank)
+    device = pick_device(cfg.device, local_rank, cfg.tf32)
     cls = cfg.algorithm
     data = load_dataset(cfg.dataset, DataRequest(cfg.data_dir, cfg.labels, cfg.peers, cfg.samples_per_peer, cfg.seed))
     if cfg.train_samples:
@@ -80,7 +88,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     with torch.device("meta"):  # counted before it is allocated
         n_params = count_parameters(build_model(cfg.model, data.input_shape, data.n_classes, cfg))
     check_model_memory(
-        cfg, n_params, len(peers) * (ranks_on_this_machine() or 1), _gpu_share(device, cfg.device, len(peers))
+        cfg, n_params, len(peers) * ranks_sharing_this_machine(), _gpu_share(device, cfg.device, len(peers))
     )
     if written is not None:
         shards = through_origin(written, data.train_origin, cfg.partition_file)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from p2pfl.seeding import numpy_rng
-from p2pfl.forward import evaluate
+from p2pfl.forward import evaluate, evaluation_chunks
 
 
 def largest_remainder(share: np.ndarray, total: int) -> np.ndarray:
@@ -104,9 +104,9 @@ class PeerScores:
         strata = self.test_y.cpu().numpy() if classification else np.zeros(len(self.test_y), dtype=np.int64)
         self.population = {int(h): int(n) for h, n in zip(*np.unique(strata, return_counts=True))}
         self.client_strata = strata[subset.numpy()] if subset is not None else None  # None: no subset, no error
-        self.personal = (
-            [index.to(ctx.device) for index in personal_test_sets(ctx)] if classification else None
-        )  # on the device once
+        # each local peer's personal test set as a row of test indices padded to the longest, and its mask:
+        # on the device once, so that personal accuracy is one batched pass like the other metrics
+        self.personal = padded_rows(personal_test_sets(ctx), ctx.device) if classification else None
         # each local peer's scores as last evaluated, and the fingerprints of the weights they were for:
         # a peer whose weights did not change since (a star's clients not sampled) is not evaluated again
         self.scored: torch.Tensor | None = None
@@ -152,12 +152,28 @@ class PeerScores:
         return {m: v.clone() for m, v in self.scores.items()}, self.sample_scores.double().sum(0)
 
     def personal_accuracy(self, rows: list[int]) -> torch.Tensor:
-        """(rows,): these local peers' own models, each on its personal test set."""
-        ctx, acc = self.ctx, torch.zeros(len(rows), device=self.ctx.device)
-        for j, i in enumerate(rows):
-            index = self.personal[i]
-            if len(index):
-                acc[j] = evaluate(ctx.stack, ctx.flat[i : i + 1], ctx.data.test_x[index], ctx.data.test_y[index])[
-                    "acc"
-                ][0]
+        """(rows,): these local peers' own models, each on its personal test set, as batched passes of as
+        many peers as evaluation takes at once (each on its own samples; padding counts for none)."""
+        ctx, (index, mask) = self.ctx, self.personal
+        acc = torch.zeros(len(rows), device=ctx.device)
+        if index.shape[1] == 0:
+            return acc
+        chunk, _ = evaluation_chunks(ctx.stack, len(rows), index.shape[1], tuple(ctx.data.test_x.shape[1:]))
+        picked = torch.tensor(rows, device=ctx.device)
+        for start in range(0, len(rows), chunk):
+            part = picked[start : start + chunk]
+            at, counts = index[part], mask[part]
+            outputs = ctx.stack.forward(ctx.flat[part], ctx.data.test_x[at], shared_input=False)
+            right = ctx.stack.task.per_sample(outputs, ctx.data.test_y[at])["acc"] * counts
+            acc[start : start + len(part)] = right.sum(1) / counts.sum(1).clamp(min=1)
         return acc
+
+
+def padded_rows(indices: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index (L, W), mask (L, W)) on device: each index tensor as a row, padded with index 0 (mask 0)."""
+    width = max(map(len, indices), default=0)
+    index = torch.zeros(len(indices), width, dtype=torch.long)
+    mask = torch.zeros(len(indices), width)
+    for i, row in enumerate(indices):
+        index[i, : len(row)], mask[i, : len(row)] = row, 1.0
+    return index.to(device), mask.to(device)

@@ -23,10 +23,12 @@ from p2pfl.forward import evaluate
 
 
 def peak_gpu_mib(device: torch.device) -> float | None:
-    """This process's high-water mark of GPU memory on device, MiB (torch's allocator); None off a GPU."""
+    """This process's high-water mark of GPU memory on device, MiB, as torch's allocator held it from the
+    driver (reserved: tensors, its cache and their fragmentation; what the device had to give, which the
+    allocated peak understates); None off a GPU. The CUDA context (a few hundred MiB a process) is not in it."""
     if device.type != "cuda":
         return None
-    return torch.cuda.max_memory_allocated(device) / 2**20
+    return torch.cuda.max_memory_reserved(device) / 2**20
 
 
 def gpu_identity(device: torch.device) -> str | None:
@@ -67,9 +69,20 @@ def peak_rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+VARIANCE_BLOCK = 2**22  # float64 entries (32 MiB) of the weights taken at once for the variance
+
+
 def inter_model_variance(weights: torch.Tensor) -> float:
-    """NTK-DFL eq. (6): V = (1/d) sum_j sqrt(sum_i (wbar_j - w_ij)^2), over parameters j and peers i."""
-    value = float((torch.var(weights.double(), dim=0, correction=0) * len(weights)).sqrt().mean())
+    """NTK-DFL eq. (6): V = (1/d) sum_j sqrt(sum_i (wbar_j - w_ij)^2), over parameters j and peers i; in
+    blocks of parameters, so that its float64 copies stay within VARIANCE_BLOCK, not several P x D."""
+    cols = max(1, VARIANCE_BLOCK // max(1, len(weights)))
+    spread = torch.cat(
+        [
+            (torch.var(weights[:, c : c + cols].double(), dim=0, correction=0) * len(weights)).sqrt()
+            for c in range(0, weights.shape[1], cols)
+        ]
+    )
+    value = float(spread.mean())
     return float(f"{value:.10g}")  # the last bits of a long float64 sum depend on the thread count
 
 

@@ -321,11 +321,12 @@ def test_the_gpu_preset_is_the_papers_run_on_cuda():
     assert gpu == cpu
 
 
-def test_mixing_rows_together_is_adding_edge_by_edge_bit_for_bit():
+def test_mixing_rows_together_is_adding_edge_by_edge_bit_for_bit(monkeypatch):
     """neighbour_average mixes every row's k-th neighbour at once (a few launches per neighbour on a GPU,
     not one per edge): the same sums, in the same order, as adding w * x edge by edge from zero."""
     import random
 
+    from p2pfl.algorithms import base
     from p2pfl.algorithms.base import mix_rows
 
     rng = random.Random(0)
@@ -346,3 +347,6 @@ def test_mixing_rows_together_is_adding_edge_by_edge_bit_for_bit():
             edge_by_edge[i] = acc
         assert torch.equal(mix_rows(terms, flat, stacked=True), edge_by_edge)  # a GPU's way, here on the CPU
         assert torch.equal(mix_rows(terms, flat), edge_by_edge)
+        with monkeypatch.context() as small:  # a large model's rows stacked a few at a time: the same sums
+            small.setattr(base, "MIX_BLOCK_BYTES", 3 * 8 * width)
+            assert torch.equal(mix_rows(terms, flat, stacked=True), edge_by_edge)

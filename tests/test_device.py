@@ -121,6 +121,41 @@ def test_ranks_spread_over_the_gpus_by_local_rank_and_each_becomes_current(monke
     assert simulation._ranks_per_gpu("cuda") == 2 and simulation._ranks_per_gpu("cuda:2") == 8
 
 
+def test_the_ranks_sharing_a_gpu_are_mpis_own_count_under_any_launcher(monkeypatch):
+    """Under srun no Open MPI or MPICH variable says how many ranks share the machine: the shared-memory
+    communicator's size (counted by mpi_world) does, so each rank takes its share of a GPU, not half."""
+    from p2pfl import assemble, comm
+
+    for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(comm, "_local_size", None)
+    assert assemble._ranks_per_gpu("cuda") == 1  # one rank alone
+    monkeypatch.setattr(comm, "_local_size", 8)
+    assert assemble._ranks_per_gpu("cuda") == 4 and assemble._ranks_per_gpu("cuda:0") == 8
+
+
+def test_a_gpu_rank_decides_tf32_where_its_device_is_picked(monkeypatch):
+    """IEEE float32 products and convolutions on a GPU unless --tf32 (cuDNN's own default is TF32 for
+    convolutions): set once, where the device is picked; the CPU's flags are left alone."""
+    from p2pfl.assemble import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        pick_device("cpu", 0)
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+        pick_device("cuda", 0)
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        pick_device("cuda", 0, tf32=True)
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
 def test_an_unknown_device_name_is_refused_before_any_work():
     result = run_here(*ARGS, "--device", "cuda:x")
     assert result.returncode == 2 and "cuda:x is an unknown device" in result.stderr

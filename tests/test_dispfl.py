@@ -142,3 +142,17 @@ def test_dispfl_messages_weigh_about_half_of_dfedavgs(stripes, tmp_path):
 def test_dispfl_under_mpi_equals_one_process(tmp_path, ranked_run):
     """Its masks and personal models too: every metric, final.json and model.pt equal."""
     ranked_run.same_as_one_process(tmp_path)
+
+
+def test_mask_positions_are_what_boolean_indexing_finds():
+    """DisPFL's messages take their values by these positions (no host sync on a GPU): the same entries in
+    the same order as indexing by the mask, for masks of one count each."""
+    from p2pfl.algorithms.graph.dispfl import mask_positions
+
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.zeros(6, 500, dtype=torch.bool)
+    for row in mask:
+        row[torch.randperm(500, generator=gen)[:77]] = True
+    x = torch.randn(6, 500, generator=gen)
+    positions = mask_positions(mask, 77)
+    assert all(torch.equal(x[r][mask[r]], x[r, positions[r]]) for r in range(6))

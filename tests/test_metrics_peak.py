@@ -88,3 +88,16 @@ def test_nothing_accumulates_over_rounds_but_the_rows(tmp_path, monkeypatch):
     (tensors10, python10, rows10), (tensors60, python60, rows60) = seen[9], seen[59]
     assert tensors60 == tensors10, (tensors10, tensors60)
     assert python60 - python10 < 2 * (rows60 - rows10) + 256 * 1024, (python10, python60, rows60 - rows10)
+
+
+def test_the_inter_model_variance_in_blocks_is_the_whole_matrixs(monkeypatch):
+    """Taken a block of parameters at a time (its float64 copies bounded), eq. (6) is the same number."""
+    import torch
+
+    from p2pfl import metrics
+
+    w = torch.randn(40, 3001, generator=torch.Generator().manual_seed(1)) * 0.1
+    whole = float((torch.var(w.double(), dim=0, correction=0) * len(w)).sqrt().mean())
+    assert metrics.inter_model_variance(w) == float(f"{whole:.10g}")
+    monkeypatch.setattr(metrics, "VARIANCE_BLOCK", 40 * 7)  # blocks of 7 parameters, the last one shorter
+    assert metrics.inter_model_variance(w) == float(f"{whole:.10g}")

@@ -177,6 +177,9 @@ def neighbour_average(ctx: RunContext, round_index: int, flat: torch.Tensor, pha
     return mix_rows(terms, flat)
 
 
+MIX_BLOCK_BYTES = 512 * 2**20  # a stacked mixing step's temporaries at most (a column's stack and its product)
+
+
 def mix_rows(
     terms: list[list[tuple[float, torch.Tensor]]], like: torch.Tensor, stacked: bool | None = None
 ) -> torch.Tensor:
@@ -195,8 +198,11 @@ def mix_rows(
     if not terms:
         return out
     zero = torch.zeros_like(like[0])
-    for k in range(max(map(len, terms))):
-        column = [row[k] if k < len(row) else (0.0, zero) for row in terms]
-        w = torch.tensor([c[0] for c in column], dtype=like.dtype).to(like.device, non_blocking=True)
-        out += w[:, None] * torch.stack([c[1] for c in column])
+    block = max(1, MIX_BLOCK_BYTES // (2 * like[0].numel() * like.element_size()))  # rows whose terms are stacked
+    for start in range(0, len(terms), block):  # at once: large models' stacks within MIX_BLOCK_BYTES
+        rows = terms[start : start + block]
+        for k in range(max(map(len, rows))):
+            column = [row[k] if k < len(row) else (0.0, zero) for row in rows]
+            w = torch.tensor([c[0] for c in column], dtype=like.dtype).to(like.device, non_blocking=True)
+            out[start : start + block] += w[:, None] * torch.stack([c[1] for c in column])
     return out

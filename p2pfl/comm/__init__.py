@@ -7,6 +7,7 @@ import os
 import torch
 
 from p2pfl.comm.local import LocalTransport
+from p2pfl.threads import ranks_on_this_machine
 from p2pfl.comm.transport import CommTimeout, Inbox, Message, Payload, Placement, Tensors, Transport, Weights
 
 _LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
@@ -17,15 +18,28 @@ def launched_by_mpi() -> bool:
     return any(v in os.environ for v in _LAUNCHER_VARS)
 
 
+_local_size: int | None = None  # the ranks on this machine, as MPI's shared-memory communicator counts them
+
+
 def mpi_world() -> tuple[int, int, int]:
-    """(rank, size, local rank) without building a transport; (0, 1, 0) outside MPI."""
+    """(rank, size, local rank) without building a transport; (0, 1, 0) outside MPI. Collective: every
+    rank calls it (it also counts the ranks of this machine, for ranks_sharing_this_machine)."""
+    global _local_size
     if not launched_by_mpi():
         return 0, 1, 0
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+    shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local, _local_size = shared.Get_rank(), shared.Get_size()
+    shared.Free()
     return comm.Get_rank(), comm.Get_size(), local
+
+
+def ranks_sharing_this_machine() -> int:
+    """How many ranks run on this machine (and share its GPUs): MPI's own count where mpi_world ran, whatever
+    the launcher (srun sets no Open MPI or MPICH variable), else the launcher's variables, else 1."""
+    return _local_size or ranks_on_this_machine() or 1
 
 
 def make_transport(peers: int, extra_on_root: int = 0, timeout: float = 600.0, device=None) -> Transport:
@@ -54,4 +68,5 @@ __all__ = [
     "make_transport",
     "launched_by_mpi",
     "mpi_world",
+    "ranks_sharing_this_machine",
 ]

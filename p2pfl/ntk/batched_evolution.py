@@ -185,21 +185,23 @@ class _Slope:
         (t2, q2), self.slope, self.curvature = self.known[-1], None, None
         if len(self.known) >= 2:
             t1, q1 = self.known[-2]
-            self.slope = (q2 - q1) / (t2 - t1)
+            self.slope = torch.sub(q2, q1).mul_(1 / (t2 - t1))
             if len(self.known) == 3 and t > SPLIT_WARMUP:  # the line in the transient, as the numba loop
                 t0, q0 = self.known[0]
-                self.curvature = (self.slope - (q1 - q0) / (t1 - t0)) / (t2 - t0)
+                earlier = torch.sub(q1, q0)
+                self.curvature = torch.add(self.slope, earlier, alpha=-1 / (t1 - t0)).mul_(1 / (t2 - t0))
 
     def remainder(self, t: float) -> torch.Tensor:
+        """H2 g at t from its polynomial through the last exact products (read, not changed, by the caller)."""
         (t2, q2), t1 = self.known[-1], self.known[-2][0] if len(self.known) > 1 else None
-        out = q2 if self.slope is None else q2 + (t - t2) * self.slope
-        return out if self.curvature is None else out + ((t - t2) * (t - t1)) * self.curvature
+        out = q2 if self.slope is None else torch.add(q2, self.slope, alpha=t - t2)
+        return out if self.curvature is None else out.add_(self.curvature, alpha=(t - t2) * (t - t1))
 
     def __call__(self, f: torch.Tensor, t: float, g: torch.Tensor | None = None) -> torch.Tensor:
         g = self.residual(f) if g is None else g
         if self.V is None:
             return torch.bmm(self.kernel, g)
-        out = torch.bmm(self.VM, self.V.transpose(1, 2) @ g).add_(self.remainder(t))
+        out = torch.baddbmm(self.remainder(t), self.VM, self.V.transpose(1, 2) @ g)
         if self.whole is not None:
             out.index_add_(0, self.whole, torch.bmm(self.whole_kernel, g.index_select(0, self.whole)))
         return out
@@ -246,9 +248,9 @@ def _integrate(
             for i in range(warm_steps):  # Heun's third-order Runge-Kutta
                 u = float(t) + i * sub
                 a = slope(f, u, g if i == 0 else None)
-                b = slope(f + (sub / 3) * a, u + sub / 3)
-                c = slope(f + (2 * sub / 3) * b, u + 2 * sub / 3)
-                f = f + (sub / 4) * a + (3 * sub / 4) * c
+                b = slope(torch.add(f, a, alpha=sub / 3), u + sub / 3)
+                c = slope(torch.add(f, b, alpha=2 * sub / 3), u + 2 * sub / 3)
+                f = torch.add(f, a, alpha=sub / 4).add_(c, alpha=3 * sub / 4)
             t += 1
             reached(int(t), f)
         else:
@@ -268,13 +270,14 @@ def _integrate(
 def _ssprk43(f, k1, t, h, slope):
     """One four-stage, third-order SSP Runge-Kutta step (Spiteri and Ruuth) from time t, given
     k1 = slope(f, t); the stages at t, t + h/2, t + h, t + h/2."""
-    u = f + (h / 2) * k1
-    u = u + (h / 2) * slope(u, t + h / 2)
-    u = (2 * f + u) / 3 + (h / 6) * slope(u, t + h)
-    return u + (h / 2) * slope(u, t + h / 2)
+    u = torch.add(f, k1, alpha=h / 2)
+    u = u.add_(slope(u, t + h / 2), alpha=h / 2)
+    u = torch.lerp(u, f, 2 / 3).add_(slope(u, t + h), alpha=h / 6)  # (2 f + u) / 3 + h/6 slope
+    return u.add_(slope(u, t + h / 2), alpha=h / 2)
 
 
 def _hermite(y0, m0, y1, m1, theta: float, h: float):
     """The cubic through y0 and y1 with slopes m0 and m1 at the ends of a step of length h, at theta."""
     t2, t3 = theta * theta, theta**3
-    return (2 * t3 - 3 * t2 + 1) * y0 + h * (t3 - 2 * t2 + theta) * m0 + (3 * t2 - 2 * t3) * y1 + h * (t3 - t2) * m1
+    out = torch.mul(y0, 2 * t3 - 3 * t2 + 1).add_(m0, alpha=h * (t3 - 2 * t2 + theta))
+    return out.add_(y1, alpha=3 * t2 - 2 * t3).add_(m1, alpha=h * (t3 - t2))

@@ -66,6 +66,8 @@ class JacobianPlan:
         # ones go problem by problem, their evolutions still one batch)
         self.batched = codec.path == "factored" and evolves_batched(ctx.stack.device, settings.step_settings())
         stacked = largest_hood * n_classes * codec.n_params * 4 if codec.path == "dense" else 0
+        if self.batched:  # a padded neighbourhood's factors and its candidates' work beside its kernels
+            stacked = batched_hood_bytes(codec, largest_hood, len(settings.ntk_taus))
         self.chunk = evolve_chunk(
             settings.step_settings(), KERNEL_COPIES * 4 * largest_hood**2 + stacked, len(ctx.peers), ctx.stack
         )
@@ -109,6 +111,16 @@ class JacobianPlan:
             f"({len(groups)} Jacobian exchange{'s' if len(groups) > 1 else ''} in round 1): about "
             f"{held / GB:.2f} GiB on a rank, within --ntk-memory-gb {self.memory_gb:g}"
         ]
+
+
+def batched_hood_bytes(codec: JacobianCodec, samples: int, candidates: int) -> int:
+    """What one neighbourhood of a padded batch (p2pfl.ntk.hood_batch) holds beside its kernels, float32:
+    its factors (every layer's inputs and gates), and per candidate its weights, their J^T R and its
+    largest layer's products (the first layer's weight gradient, the hidden outputs on every sample)."""
+    widths = [inputs for _, inputs in codec.shape.dims] + [out for out, _ in codec.shape.dims[:-1]]
+    largest = max(out * inputs for out, inputs in codec.shape.dims)
+    hidden = max(out for out, _ in codec.shape.dims)
+    return 4 * (samples * sum(widths) + candidates * (2 * codec.n_params + largest + samples * hidden))
 
 
 def evolve_chunk(settings, hood_bytes: int, peers: int, stack) -> int:

@@ -54,6 +54,16 @@ class SparseWeights(Payload):
     buffers: torch.Tensor  # state buffers (batch norm statistics), dense
 
 
+def mask_positions(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """(rows, count): the positions of each row's True entries in order, for masks (rows, width) of count
+    True entries each; what boolean indexing finds, without the host sync that indexing by a mask costs
+    on a GPU (it must learn how many there are)."""
+    rank = mask.to(torch.int32).cumsum(1, dtype=torch.int32).long() - 1
+    slot = torch.where(mask, rank, torch.full_like(rank, count))  # the False entries: a slot dropped below
+    out = torch.zeros(len(mask), count + 1, dtype=torch.long, device=mask.device)
+    return out.scatter_(1, slot, torch.arange(mask.shape[1], device=mask.device).expand_as(slot))[:, :count]
+
+
 def erk_densities(shapes: list[tuple[int, ...]], density: float, power: float = 1.0) -> list[float]:
     """Each layer's density so that the kept total is density x all weights, each layer's proportional
     to (sum of its dims / its size)^power (Erdos-Renyi-kernel), a layer that would exceed 1 made dense
@@ -100,6 +110,9 @@ class DisPFL(Algorithm):
             else torch.zeros(0, self.width, dtype=torch.bool, device=ctx.device)
         )
         self.trained_mask = self.mask.clone()  # the mask each peer's current weights were trained with
+        # every mask keeps this many weights (each layer's count is kept through prune and regrow), so a
+        # message's values are found without asking the device how many there are
+        self.kept = sum(int(d * s.numel) for s, d in zip(self.slots, self.densities))
         ctx.flat[:, : self.width] *= self.mask
 
     def initial_mask(self, peer: int) -> torch.Tensor:
@@ -141,13 +154,9 @@ class DisPFL(Algorithm):
         ctx, width = self.ctx, self.width
         graph = ctx.schedule.graph(round_index)
         dense = ctx.flat.shape[1] * ctx.flat.element_size()
+        values = ctx.flat[:, :width].gather(1, mask_positions(self.trained_mask, self.kept))
         sends = {
-            p: (
-                SparseWeights(
-                    ctx.flat[i, :width][self.trained_mask[i]], pack_mask(self.trained_mask[i]), ctx.flat[i, width:]
-                ),
-                dense,
-            )
+            p: (SparseWeights(values[i], pack_mask(self.trained_mask[i]), ctx.flat[i, width:]), dense)
             for i, p in enumerate(ctx.peers)
         }
         inbox = ctx.neighbour_exchange("average", round_index, SparseWeights, sends)
@@ -168,7 +177,7 @@ class DisPFL(Algorithm):
         ctx, width = self.ctx, self.width
         kept = unpack_mask(message.mask, width)
         dense = torch.zeros(ctx.flat.shape[1], device=ctx.device)
-        dense[:width][kept] = message.values
+        dense[:width].scatter_(0, mask_positions(kept[None], len(message.values))[0], message.values)
         dense[width:] = message.buffers
         return dense, kept
 
