@@ -3,12 +3,15 @@ a GPU round grows with them (8-12 us of Python and launch each), not with the ar
 
 The GPU's choices are forced on the CPU: the evolutions as one batch of products (p2pfl.ntk.step's
 evolves_batched), no 8-bit pixel codes (the CPU's integer products; a GPU takes float Grams), the mixing
-as stacked products. Every operation torch dispatches is counted (TorchDispatchMode), except the views and
-reshapes that launch nothing; host syncs (a tensor read as a Python number) are counted apart. Printed per
+as stacked products, and the free memory of the GPU stood for (--gpu-gib, an H200's by default), which
+sizes the chunks of peers evolved together. Every operation torch dispatches is counted (TorchDispatchMode), except the views and
+reshapes that launch nothing; a tensor read back as one Python number (item(), each a wait on a GPU) is
+counted apart. Reads of whole tensors (tolist, cpu) are not seen on the CPU: the batched step makes three
+a chunk by design (the kernels' Ritz values, which are finite, the chosen t's). Printed per
 round: all operations, those inside the batched evolution, how many times its integration loop ran, the
-operations per peer outside it, and the syncs.
+operations per peer outside it, and the item() reads.
 
-    python bench/ntk_launches.py [--peers 300] [--samples 200] [--rounds 2] [--where] [--json FILE]
+    python bench/ntk_launches.py [--peers 300] [--samples 200] [--rounds 2] [--gpu-gib 139] [--where] [--json FILE]
 
 The default is the paper preset (launch/presets/ntk-dfl-fmnist300.toml); round 2 is a trained round.
 """
@@ -35,6 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from p2pfl.algorithms import base  # noqa: E402
 from p2pfl.assemble import build  # noqa: E402
 from p2pfl.configure import load_toml, make_config, resolve  # noqa: E402
+from p2pfl.models.stack import PeerStack  # noqa: E402
 from p2pfl.ntk import batched_evolution, plan, step  # noqa: E402
 from p2pfl.ntk.pixels import PixelInputs  # noqa: E402
 
@@ -69,8 +73,8 @@ class Counter(TorchDispatchMode):
 
 
 @contextmanager
-def gpu_choices_on_the_cpu(counter: Counter):
-    """The GPU's code paths taken on the CPU, and the batched evolution's calls counted."""
+def gpu_choices_on_the_cpu(counter: Counter, gpu_bytes: int):
+    """The GPU's code paths taken on the CPU (and its free memory), and the batched evolution's calls counted."""
     evolve, integrate = batched_evolution.evolve_padded, batched_evolution._integrate
 
     def batched(device, settings):
@@ -93,6 +97,7 @@ def gpu_choices_on_the_cpu(counter: Counter):
             (plan, "evolves_batched", batched),
             (PixelInputs, "encode", staticmethod(lambda x, levels: None)),
             (base, "mix_rows", partial(base.mix_rows, stacked=True)),
+            (PeerStack, "batch_budget", lambda stack: int(gpu_bytes * stack.memory_share)),
             (batched_evolution, "evolve_padded", evolution),
             (batched_evolution, "_integrate", loop),
         ):
@@ -106,6 +111,7 @@ def main() -> int:
     p.add_argument("--samples", type=int, help="samples per peer (default the preset's 200)")
     p.add_argument("--rounds", type=int, default=2, help="rounds counted (round 2 on: trained)")
     p.add_argument("--dataset", help="another dataset (default the preset's Fashion-MNIST)")
+    p.add_argument("--gpu-gib", type=float, default=139.0, help="free memory of the GPU stood for (an H200's)")
     p.add_argument("--where", action="store_true", help="also the call sites of the operations outside the evolution")
     p.add_argument("--json", help="also write the counts to this file")
     a = p.parse_args()
@@ -118,7 +124,7 @@ def main() -> int:
         values["dataset"] = a.dataset
     counter = Counter(a.where)
     rows = []
-    with gpu_choices_on_the_cpu(counter):
+    with gpu_choices_on_the_cpu(counter, int(a.gpu_gib * 2**30)):
         ctx, algorithm = build(resolve(make_config(values), 1), 0, 1, 0)
         print(
             f"NTK-DFL, {a.peers} peers x {values['samples_per_peer']} samples, the GPU's path forced on the CPU "
@@ -136,14 +142,14 @@ def main() -> int:
                 "evolution_ops": counter.inside,
                 "integration_loops": counter.loops,
                 "outside_per_peer": round(outside / a.peers, 1),
-                "host_syncs": counter.syncs,
+                "item_reads": counter.syncs,
                 "seconds": round(time.perf_counter() - start, 1),
             }
             rows.append(row)
             print(
                 f"  round {k + 1}: {counter.ops:,} operations, {counter.inside:,} in the batched evolution "
                 f"({counter.loops} integration loop{'s' * (counter.loops != 1)}), {outside / a.peers:.1f} per peer "
-                f"outside it, {counter.syncs} host syncs ({row['seconds']} s on this CPU)"
+                f"outside it, {counter.syncs} item() reads ({row['seconds']} s on this CPU)"
             )
             for site, n in counter.sites.most_common(25):
                 print(f"      {n / a.peers:7.1f} per peer  {site}")

@@ -138,8 +138,7 @@ class PeerScores:
         stale = torch.ones_like(prints, dtype=torch.bool) if self.scored is None else prints != self.scored
         rows = stale.nonzero()[:, 0]
         if len(rows):
-            flat = ctx.flat if len(rows) == len(prints) else ctx.flat[rows]
-            fresh, by_sample = evaluate(ctx.stack, flat, self.client_x, self.client_y, by_sample=True)
+            fresh, by_sample = self.evaluate_rows(rows)
             if self.personal is not None:
                 fresh["personal_acc"] = self.personal_accuracy(rows.tolist())
             if self.scored is None:
@@ -150,6 +149,19 @@ class PeerScores:
             self.sample_scores[rows] = by_sample[head]
         self.scored = prints
         return {m: v.clone() for m, v in self.scores.items()}, self.sample_scores.double().sum(0)
+
+    def evaluate_rows(self, rows: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """evaluate on the client test samples for these local rows, a chunk of peers at a time (the chunks
+        evaluate itself would take), so that only a chunk's weights are copied out, not every stale row's."""
+        ctx = self.ctx
+        if len(rows) == len(ctx.flat):  # every row: evaluate takes views of ctx.flat
+            return evaluate(ctx.stack, ctx.flat, self.client_x, self.client_y, by_sample=True)
+        chunk, _ = evaluation_chunks(ctx.stack, len(rows), len(self.client_y), tuple(self.client_x.shape[1:]))
+        parts = [
+            evaluate(ctx.stack, ctx.flat[part], self.client_x, self.client_y, by_sample=True)
+            for part in rows.split(chunk)
+        ]
+        return tuple({m: torch.cat([part[k][m] for part in parts]) for m in parts[0][k]} for k in (0, 1))
 
     def personal_accuracy(self, rows: list[int]) -> torch.Tensor:
         """(rows,): these local peers' own models, each on its personal test set, as batched passes of as

@@ -125,10 +125,16 @@ class HoodBatch:
         picked = torch.log_softmax(z, -1).gather(-1, self.labels[:, None, :, None].expand(B, T, -1, 1))[..., 0]
         return -(picked * self.select[:, None]).sum(-1) / self.select.sum(-1)[:, None]
 
+    def targets(self, n_classes: int) -> torch.Tensor:
+        """One-hot labels (B, N, C), zero rows on padding; by a scatter, which (unlike one_hot's range check)
+        does not wait for the device."""
+        Y = torch.zeros(*self.labels.shape, n_classes, device=self.labels.device)
+        return Y.scatter_(2, self.labels[..., None], self.valid[..., None])
+
     def linearized_losses(self, outputs: torch.Tensor) -> torch.Tensor:
         """(B, T): the cross-entropy of the evolved outputs f_t (T, B, N, C) on the neighbourhood's samples
         (evolution.linearized_loss, batched)."""
-        Y = torch.nn.functional.one_hot(self.labels, outputs.shape[-1]) * self.valid[..., None]
+        Y = self.targets(outputs.shape[-1])
         per_sample = -(torch.log_softmax(outputs, -1) * Y).sum(-1)  # (T, B, N)
         return (per_sample.sum(-1) / self.valid.sum(-1)).T
 
@@ -137,8 +143,7 @@ def batched_steps(batch: HoodBatch, shape: MLPShape, eta: float, settings) -> St
     """ntk_steps for a chunk of neighbourhoods at once: kernels, one evolution loop, every candidate's
     weights, the selection (settings.selection: network on the neighbourhood, own on the peer's samples,
     linearized on the evolved outputs) and the chosen t, with one wait for the device (the t's)."""
-    C = shape.n_classes
-    Y = torch.nn.functional.one_hot(batch.labels, C).float().mul_(batch.valid[..., None])
+    Y = batch.targets(shape.n_classes)
     taus = list(settings.taus)
     sums, outputs, rates = batched_evolution.evolve_padded(
         batch.kernels(shape), batch.f0.float(), Y, batch.sizes, eta, taus, euler=settings.ode != "split"
