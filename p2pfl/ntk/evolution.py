@@ -8,17 +8,15 @@ With N samples, kernel H (N, N), outputs f0 and one-hot labels Y (N, C), learnin
   kernels; Heun's RK3 in quarter steps for the first 16, where the stiff transient lives), with the
   kernel split into its top-16 eigen-subspace, applied exactly at every stage, and the small
   remainder, applied exactly every few steps and extrapolated in between (the outputs corrected for
-  the extrapolation's miss at each exact product). 'adaptive' integrates the
-  ODE with error control (slower, a second opinion). 'euler' takes whole steps
-  f_{s+1} = f_s - (eta/N) H (softmax(f_s) - Y), i.e. gradient descent on the linearized model, not the
-  ODE; 'deflated' computes those same Euler steps faster with the split.
-- MSE, the reference code's closed form (from one eigendecomposition): rate eta/(N C), i.e. the mean
-  halved squared error over the N*C output entries, f_s - Y = exp(-eta s H / (N C)) (f0 - Y).
+  the extrapolation's miss at each exact product). 'adaptive' integrates the ODE with error control
+  (slower, a second opinion). 'euler' takes whole steps f_{s+1} = f_s - (eta/N) H (softmax(f_s) - Y),
+  i.e. gradient descent on the linearized model, not the ODE; 'deflated' does those faster with the split.
+- MSE, the reference code's closed form (one eigendecomposition): rate eta/(N C), f_s - Y = exp(-eta s H / (N C)) (f0 - Y).
 
-Both return, per candidate t, the accumulated residual S_t, the evolved outputs f_t and the scale of the
-weight update w_t = w0 - scale J^T S_t, all as the reference code: for CE the left Riemann sum over
-whole steps, sum_{s<t} (softmax(f_s) - Y), and scale eta/N; for MSE the right sum sum_{s=1..t} (f_s - Y)
-and scale eta/(N C). (The paper's eq. 5 has an extra 1/d2 for CE that the reference code leaves out.)
+Both return, per candidate t, the accumulated residual S_t, the evolved outputs f_t and the scale of the weight
+update w_t = w0 - scale J^T S_t, as the reference code: for CE the left Riemann sum over whole steps,
+sum_{s<t} (softmax(f_s) - Y), and scale eta/N; for MSE the right sum sum_{s=1..t} (f_s - Y) and scale eta/(N C).
+(The paper's eq. 5 has an extra 1/d2 for CE that the reference code leaves out.)
 """
 
 from __future__ import annotations
@@ -31,14 +29,6 @@ import torch
 
 from p2pfl import stopping
 from p2pfl.errors import DivergenceError
-
-
-def _compiled():
-    """The compiled loops (p2pfl.ntk.split_loop, numba), imported where the CPU first needs them: a GPU's
-    batched evolution and a run that evolves nothing do not load numba."""
-    from p2pfl.ntk import split_loop
-
-    return split_loop
 
 
 @dataclass
@@ -117,14 +107,15 @@ def _softmax_minus(f: np.ndarray, Y: np.ndarray) -> np.ndarray:
 
 
 def top_subspace(H: np.ndarray, r: int, iterations: int = 6, seed: int = 0) -> np.ndarray:
-    """An orthonormal basis (N, r) close to the top-r eigenvectors of the symmetric H: subspace
-    iteration, compiled (_compiled().product, _compiled().orthonormalize) so that it runs without numpy's
-    BLAS, whose calls from several evolution threads serialize."""
+    """An orthonormal basis (N, r) close to the top-r eigenvectors of the symmetric H: subspace iteration,
+    compiled (split_loop) so that it runs without numpy's BLAS, whose calls from several threads serialize."""
+    from p2pfl.ntk import split_loop  # numba: loaded where the CPU needs it, not by a GPU's evolution
+
     Qt = np.ascontiguousarray(np.random.default_rng(seed).standard_normal((r, H.shape[0])).astype(H.dtype))
     HQt = np.empty_like(Qt)  # (H Q)^T = Q^T H
     for _ in range(iterations):
-        _compiled().product(Qt, H, HQt, len(Qt))
-        _compiled().orthonormalize(HQt)
+        split_loop.product(Qt, H, HQt, len(Qt))
+        split_loop.orthonormalize(HQt)
         Qt, HQt = HQt, Qt
     return Qt.T
 
@@ -141,17 +132,19 @@ def _split_kernel(H: np.ndarray, rate: float):
     FULL_SPLIT samples V is the whole eigenbasis and there is no remainder (an empty H2): there a kernel
     product costs no more than the rank-16 part does at a thousand samples, and the remainder would be
     large."""
+    from p2pfl.ntk import split_loop
+
     if H.shape[0] <= FULL_SPLIT:
         lam, V = np.linalg.eigh(H.astype(np.float64))
         Vt, M = np.ascontiguousarray(V.T.astype(H.dtype)), np.diag(lam).astype(H.dtype)
         return Vt, M, np.ascontiguousarray((lam[:, None] * V.T).astype(H.dtype)), np.empty((0, 0), H.dtype)
     Vt = np.ascontiguousarray(top_subspace(H, SPLIT_RANK).T)
     VtH, M, VMt = np.empty_like(Vt), np.empty((SPLIT_RANK, SPLIT_RANK), H.dtype), np.empty_like(Vt)
-    _compiled().product(Vt, H, VtH, len(Vt))
-    _compiled().project(VtH, Vt, M)  # V^T H V
-    _compiled().project(np.ascontiguousarray(M.T), np.ascontiguousarray(Vt.T), VMt)  # (V M)^T
+    split_loop.product(Vt, H, VtH, len(Vt))
+    split_loop.project(VtH, Vt, M)  # V^T H V
+    split_loop.project(np.ascontiguousarray(M.T), np.ascontiguousarray(Vt.T), VMt)  # (V M)^T
     H2 = np.empty_like(H)
-    _compiled().remainder(H, VMt, Vt, np.float32(rate), H2)
+    split_loop.remainder(H, VMt, Vt, np.float32(rate), H2)
     return Vt, M, VMt, H2
 
 
@@ -201,6 +194,8 @@ def _split_sums(H, Y, rate, f, taus, euler: bool):
     and quarter RK3 steps during the first 16 (the stiff top modes' transient). Measured against a
     tight reference solution on Fashion-MNIST neighbourhoods of 300 peers: within 1.4e-5 to 3.9e-5 in
     the weight update on four of round 2, 3.8e-5 to 4.9e-5 on four of round 16 (trained, stiffer)."""
+    from p2pfl.ntk import split_loop
+
     Vt, M, VMt, H2 = _split_kernel(H, rate)
     ritz = np.linalg.eigvalsh(M)
     if not euler and len(H2) and rate * float(ritz[0]) > SPLIT_SLOW:
@@ -212,7 +207,7 @@ def _split_sums(H, Y, rate, f, taus, euler: bool):
     wanted[list(taus)] = np.arange(len(taus))
     sums = np.empty((len(taus),) + f.shape, dtype=f.dtype)
     outputs = np.empty_like(sums)
-    _compiled().left_sums(
+    split_loop.left_sums(
         f.copy(),
         Y,
         Vt,
