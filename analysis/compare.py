@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +80,13 @@ class Group:
     label: str
     runs: list[Run] = field(default_factory=list)
     settings: list[str] = field(default_factory=list)  # those that tell the groups apart (the label's)
+    also: list[str] = field(default_factory=list)  # settings that differ between groups but are not in the label
+    mixed: list[str] = field(default_factory=list)  # settings that differ among this group's own runs
+
+    def value(self, key: str) -> str:
+        """A setting's value in this group's runs, or 'mixed' where they differ."""
+        values = {_short(run.config.get(key)) for run in self.runs}
+        return values.pop() if len(values) == 1 else "mixed"
 
     def rounds(self, key: str) -> list[int]:
         """Rounds at which every run of the group has the metric."""
@@ -118,11 +126,30 @@ def group_runs(runs: list[Run], by: list[str] | None) -> list[Group]:
     for run in runs:
         groups.setdefault(tuple(repr(run.config.get(k)) for k in keys), Group("")).runs.append(run)
     varying = keys if by else label_keys(runs, keys)
+    shared = [
+        k for k in sorted({k for run in runs for k in run.config} - NOT_RESULTS) if all(k in r.config for r in runs)
+    ]
+    also = [k for k in shared if k not in varying and len({repr(r.config.get(k)) for r in runs}) > 1]
     for group in groups.values():
         config = group.runs[0].config
-        group.settings = list(varying)
+        group.settings, group.also = list(varying), also
+        group.mixed = [k for k in shared if len({repr(r.config.get(k)) for r in group.runs}) > 1]
         group.label = ", ".join(f"{k}={_short(config.get(k))}" for k in varying) or str(config.get("algo", "runs"))
     return list(groups.values())
+
+
+def caveats(groups: list[Group]) -> list[str]:
+    """What makes the comparison less than like with like, a line each: settings in which the groups differ
+    beside their label (a setting each algorithm sets its own way: peers, rounds, lr), and groups whose own
+    runs differ in something other than their seed."""
+    lines = []
+    if groups[0].also:
+        lines.append(
+            "the groups also differ in "
+            + "; ".join(f"{k} ({', '.join(f'{g.label}: {g.value(k)}' for g in groups)})" for k in groups[0].also)
+        )
+    lines += [f"the runs of {g.label} differ among themselves in {', '.join(g.mixed)}" for g in groups if g.mixed]
+    return lines
 
 
 def setting_defaults(algo: str | None) -> dict:
@@ -196,6 +223,7 @@ def table(groups: list[Group], metric: str, targets: list[float]) -> list[dict]:
             / MIB,
             "s_per_round": float(np.mean([np.mean([round_seconds(r) for r in run.rows]) for run in group.runs])),
             "s_counts": "training" if any(run.training_time_only for run in group.runs) else "whole round",
+            **{f"setting_{k}": group.value(k) for k in group.also},  # what differs beside the label
         }
         for target in targets:
             reached = [(run, first_reaching(run, key, target, higher)) for run in group.runs]
@@ -219,17 +247,21 @@ def _cell(value, percent: bool) -> str:
     return f"{100 * value:.2f}" if percent else f"{value:.4g}"
 
 
-def markdown(rows: list[dict], metric: str) -> str:
+def markdown(rows: list[dict], metric: str, notes: list[str] = ()) -> str:
     percent = metric == "acc"
     header = list(rows[0])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         lines.append("| " + " | ".join(_cell(row[h], percent and (h.startswith("final_"))) for h in header) + " |")
     unit = "final_* accuracies in %; " if percent else ""
-    return "\n".join(lines) + (
-        f"\n\n{unit}rounds_to_X and mib_to_X average the runs that reached X "
-        "(reached_X says how many); mib = MiB sent by all peers; s_per_round = a round's wall time, "
-        "evaluation included (s_counts says training where runs predate round_s).\n"
+    return (
+        "\n".join(lines)
+        + (
+            f"\n\n{unit}rounds_to_X and mib_to_X average the runs that reached X "
+            "(reached_X says how many); mib = MiB sent by all peers; s_per_round = a round's wall time, "
+            "evaluation included (s_counts says training where runs predate round_s).\n"
+        )
+        + "".join(f"\nNot like with like: {note}.\n" for note in notes)
     )
 
 
@@ -282,7 +314,7 @@ def draw(groups: list[Group], metric: str, band: str, path: Path, title: str, ta
     axes[2].plot([], [], "k" + MEAN_CLIENT, lw=1.2, label="mean client")
     axes[2].legend(loc="best", fontsize=8)
     fig.suptitle(f"{title}\n{subtitle(groups, metric, band)}" if title else subtitle(groups, metric, band))
-    save(fig, path)
+    save(fig, path, "\n".join(f"Not like with like: {note}." for note in caveats(groups)))  # under the panels
 
 
 def subtitle(groups: list[Group], metric: str, band: str) -> str:
@@ -334,7 +366,10 @@ def compare(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     draw(groups, metric, band, out, title, targets)
-    out.with_suffix(".md").write_text(markdown(rows, metric))
+    notes = caveats(groups)
+    for note in notes:
+        print(f"analysis compare: not like with like: {note}", file=sys.stderr)
+    out.with_suffix(".md").write_text(markdown(rows, metric, notes))
     with out.with_suffix(".csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()

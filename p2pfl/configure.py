@@ -61,8 +61,12 @@ def named_choices() -> dict[str, str]:
     }
 
 
-def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
-    """The run's flags, then the flags of algo's own settings (shown by --algo X --help)."""
+TRAINING_FIELDS = ("lr", "lr_decay", "batch_size", "local_epochs", "momentum", "weight_decay")
+
+
+def build_parser(algo: str = "dfedavg", named: bool = False) -> argparse.ArgumentParser:
+    """The run's flags, then the flags of algo's own settings (shown by --algo X --help); named: algo was
+    given (--algo, a config file, a resumed run), so the defaults it sets are shown as its values."""
     listing = "; ".join(f"{name}: {cls.summary}" for name, cls in REGISTRY.items())
     prog = "p2pfl-run" if Path(sys.argv[0]).name == "p2pfl-run" else "python -m p2pfl.run"  # as the user typed it
     p = _OneLineParser(
@@ -73,11 +77,19 @@ def build_parser(algo: str = "dfedavg") -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     p.add_argument("--config", help=CONFIG_HELP)
-    add_flags(p, RunConfig, extra=named_choices())
-    if algo in REGISTRY or is_reference(algo):
-        cls = lookup(algo)
+    cls = lookup(algo) if algo in REGISTRY or is_reference(algo) else None
+    add_flags(p, RunConfig, algorithm_defaults(cls) if cls is not None and named else None, extra=named_choices())
+    if cls is not None:
         add_flags(p.add_argument_group(f"settings of --algo {algo}"), cls.Settings, cls.setting_defaults)
     return p
+
+
+def algorithm_defaults(cls) -> dict[str, Any]:
+    """The run flags whose defaults an algorithm sets, as that algorithm sets them: its training table
+    (lr, batch size, local epochs, ...) and its rounds (TCT's and CyclicFL's from their stages)."""
+    out = {name: cls.training.get(name, TRAINING_FALLBACK.get(name)) for name in TRAINING_FIELDS}
+    out["rounds"] = cls.rounds(build(cls.Settings, {}, cls.setting_defaults), None)
+    return {name: value for name, value in out.items() if value is not None}
 
 
 def load_toml(path: str) -> dict[str, Any]:
@@ -122,7 +134,8 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
             problem = _not_this_algorithm(token[2:].split("=")[0].replace("-", "_"), str(algo))
             if problem:
                 raise problem
-    args = vars(build_parser(str(algo)).parse_args(argv))
+    named = hasattr(known, "algo") or "algo" in values or "algo" in stored
+    args = vars(build_parser(str(algo), named).parse_args(argv))
     args.pop("config", None)
     values.update(args)
     if resume is not None:
@@ -316,7 +329,7 @@ def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
     cls = cfg.algorithm
     if cls.centralized:
         cfg.topology = "star"  # the server is the hub; --topology does not apply
-    for name in ("lr", "lr_decay", "batch_size", "local_epochs", "momentum", "weight_decay"):
+    for name in TRAINING_FIELDS:
         if getattr(cfg, name) is None:
             setattr(cfg, name, cls.training.get(name, TRAINING_FALLBACK.get(name)))
     return cfg

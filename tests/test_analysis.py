@@ -49,6 +49,31 @@ def test_compare_groups_seeds_and_tabulates_targets(tmp_path):
         assert [r["group"] for r in csv.DictReader(fh)] == ["algo=ntk-dfl", "algo=dfedavg"]
 
 
+def test_compare_names_every_setting_the_groups_differ_in_and_mixed_groups(tmp_path, capsys, monkeypatch):
+    """DFedAvg on 30 peers for 4 rounds beside NTK-DFL on 12 for 2: grouped by algo, yet peers, rounds and lr
+    differ too, and the figure's note, the table and one line on stderr say so; a group whose own runs
+    differ in more than their seed is named."""
+    import analysis.compare as module
+
+    def run(name, algo, seed, accs, peers, lr):
+        folder = fake_run(tmp_path / name, algo, seed, accs, lr=lr)
+        config = folder / "config.toml"
+        config.write_text(config.read_text().replace("peers = 4", f"peers = {peers}"))
+        return folder
+
+    captions = []
+    monkeypatch.setattr(module, "save", lambda fig, path, caption="": captions.append(caption) or fig.savefig(path))
+    runs = [run("a", "dfedavg", 0, [0.3, 0.5, 0.6, 0.7], 30, 0.1), run("b", "ntk-dfl", 0, [0.5, 0.8], 12, 0.01)]
+    rows = compare(runs, out=tmp_path / "cmp.png")
+    assert [r["group"] for r in rows] == ["algo=dfedavg", "algo=ntk-dfl"]
+    assert (rows[0]["setting_peers"], rows[1]["setting_peers"], rows[1]["setting_rounds"]) == ("30", "12", "2")
+    for text in (captions[-1], (tmp_path / "cmp.md").read_text(), capsys.readouterr().err):
+        assert "peers (algo=dfedavg: 30, algo=ntk-dfl: 12)" in text and "rounds (" in text and "lr (" in text
+    runs.append(run("c", "dfedavg", 1, [0.3, 0.6, 0.6, 0.7], 30, 0.5))  # the dfedavg group's lr now mixed
+    compare(runs, by=["algo"], out=tmp_path / "by.png")
+    assert "the runs of algo=dfedavg differ among themselves in lr" in capsys.readouterr().err
+
+
 @pytest.mark.subprocess
 def test_compare_cli_by_setting_and_bad_input(tmp_path):
     for s in range(2):
@@ -191,7 +216,7 @@ def test_compare_draws_a_line_at_each_target_on_every_panel(tmp_path, monkeypatc
     import analysis.compare as module
 
     drawn = []
-    monkeypatch.setattr(module, "save", lambda fig, path: drawn.append(fig))
+    monkeypatch.setattr(module, "save", lambda fig, path, caption="": drawn.append(fig))
     runs = [fake_run(tmp_path / f"a{s}", "ntk-dfl", s, [0.5, 0.7, 0.9]) for s in range(2)]
     compare(runs, targets=[0.8, 0.85], out=tmp_path / "cmp.png")
     for ax in drawn[0].axes:

@@ -277,6 +277,25 @@ def test_help_names_what_a_value_looks_like_and_the_command_as_typed(monkeypatch
     assert build_parser().format_usage().startswith("usage: p2pfl-run ")
 
 
+def test_help_of_a_named_algorithm_states_the_defaults_it_sets(capsys):
+    """--algo tct --help: TCT's lr 0.01, batch 64 and its 200 rounds (stages), not "the algorithm's"; plain
+    --help, which names no algorithm, says that each sets its own."""
+    import re
+
+    from p2pfl.configure import parse_config
+
+    def help_of(*argv) -> str:
+        with pytest.raises(SystemExit):
+            parse_config([*argv, "--help"])
+        return " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+
+    tct = help_of("--algo", "tct")
+    assert "learning rate (default 0.01)" in tct and "local minibatch size (default 64)" in tct
+    assert re.search(r"--rounds N communication rounds \(default 200\)", tct)
+    assert "learning rate (default 0.1)" in help_of("--algo", "fedavg")
+    assert "learning rate (default the algorithm's)" in help_of()
+
+
 def test_a_quoted_number_in_toml_is_named_as_a_string(tmp_path, capsys):
     for text, said in (
         ('lr = "0.1"', "not the string '0.1': in a TOML file write it without quotes"),
