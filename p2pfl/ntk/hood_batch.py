@@ -1,5 +1,5 @@
 """A chunk of NTK-DFL neighbourhoods as one batch of padded tensors: the GPU's NTK step for factored (MLP)
-Jacobians, in a few dozen operations for the whole chunk instead of a few hundred per peer.
+Jacobians, in a few hundred operations for the whole chunk instead of about 130 per peer.
 
 A GPU round is bound by the host issuing its operations (8-12 us each), not by their arithmetic: the
 per-problem step (p2pfl.ntk.step.ntk_steps) issues about 130 operations a peer outside the evolution. Here
