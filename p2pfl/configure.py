@@ -94,7 +94,7 @@ def algorithm_defaults(cls) -> dict[str, Any]:
 
 def load_toml(path: str) -> dict[str, Any]:
     try:
-        raw = tomllib.loads(read_regular(Path(path)).decode())
+        raw = tomllib.loads(read_regular(Path(path)).decode("utf-8-sig"))  # a BOM (some editors write one) is no key
     except FileNotFoundError:
         raise UserError(f"config file {path} does not exist")
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -78,6 +78,7 @@ HOSTILE = [
     ([*SYN, "--algo", "ntk-dfl", "--test-samples", "1"], "validation and test halves and needs at least 2"),
     ([*SYN, "--algo", "ntk-dfl", "--ntk-taus", "0"], "--ntk-taus needs positive integers"),
     ([*SYN, "--algo", "ntk-fl", "--ntk-taus", "100,1000000000"], "--ntk-taus takes at most 100,000 steps"),
+    ([*SYN, "--algo", "ntk-dfl", "--ntk-taus", "200,100,200"], "--ntk-taus names each candidate once; given more"),
     ([*SYN, "--algo", "ntk-dfl", "--ntk-topk", "1.5"], "--ntk-topk must be in (0, 1]"),
     ([*SYN, "--algo", "ntk-dfl", "--ntk-quant-bits", "9"], "--ntk-quant-bits must be between"),
     ([*SYN, "--algo", "ntk-dfl", "--ntk-ode", "rk45"], "--ntk-ode must be one of"),
@@ -305,6 +306,14 @@ def test_a_quoted_number_in_toml_is_named_as_a_string(tmp_path, capsys):
         (tmp_path / "c.toml").write_text(text + "\n")
         assert main(["--config", str(tmp_path / "c.toml")]) == 2
         assert said in capsys.readouterr().err
+
+
+def test_a_config_file_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
+    """Some editors begin a UTF-8 file with a BOM; it read as "Invalid statement (line 1, column 1)"."""
+    from p2pfl.configure import load_toml
+
+    (tmp_path / "c.toml").write_bytes(b'\xef\xbb\xbfalgo = "fedavg"\nlr = 0.05\n')
+    assert load_toml(str(tmp_path / "c.toml")) == {"algo": "fedavg", "lr": 0.05}
 
 
 def test_the_docs_tool_has_help_and_refuses_a_missing_file(capsys):

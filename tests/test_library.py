@@ -354,6 +354,11 @@ def typo():  # one label of 5000 among 0-3
     y[3] = 5000
     return x, y, tx, ty
 
+def huge_label():  # one label of 2**40: nothing may be sized by it (a set of its range grew past 8 GB)
+    x, y, tx, ty = good()
+    y[3] = 2**40
+    return x, y, tx, ty
+
 def negative():
     x, y, tx, ty = good()
     ty[0] = -1
@@ -426,6 +431,7 @@ def double(shape, n):
             None,
             "labels must be the classes 0..C-1, each with training samples; they reach 5000, but 4996 of those",
         ),
+        ("huge_label", None, "they reach 1099511627776, but 1099511627772 of those classes have no training sample"),
         ("negative", None, "a label is -1"),
         ("infinite", None, "train_x holds NaN or inf"),
         ("nan_test", None, "test_x holds NaN or inf"),

@@ -22,10 +22,16 @@ MAX_TAU = 100_000  # the evolution's work grows with the largest t (the papers' 
 
 
 def step_counts(v) -> str | None:
-    """Positive, and bounded: an evolution integrates every unit up to the largest."""
+    """Positive, bounded (an evolution integrates every unit up to the largest) and each given once (a
+    candidate twice left an evolution's row unwritten)."""
     problem = positive_ints(v)
-    if problem or max(int(x) for x in v) <= MAX_TAU:
+    if problem:
         return problem
+    twice = sorted({int(x) for x in v if [int(y) for y in v].count(int(x)) > 1})
+    if twice:
+        return f"names each candidate once; given more than once: {', '.join(map(str, twice))}"
+    if max(int(x) for x in v) <= MAX_TAU:
+        return None
     return f"takes at most {MAX_TAU:,} steps (the evolution's work grows with the largest), got {max(map(int, v)):,}"
 
 

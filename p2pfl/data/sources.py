@@ -307,15 +307,16 @@ def _user_dataset(reference: str, req: DataRequest) -> Dataset:
             )
     n_classes = int(max(train_y.max(), test_y.max())) + 1
     low = int(min(train_y.min(), test_y.min()))
-    empty = sorted(set(range(n_classes)) - set(train_y.unique().tolist()))
+    present = train_y.unique().tolist()  # sorted; nothing sized by the largest label (2**40 would not fit)
+    empty = n_classes - len(present)
     if low < 0 or empty:
         raise UserError(
             f"{where}: labels must be the classes 0..C-1, each with training samples; "
             + (
                 f"a label is {low}"
                 if low < 0
-                else f"they reach {n_classes - 1}, but {len(empty)} of those classes have no training sample "
-                f"(such as {empty[0]})"
+                else f"they reach {n_classes - 1}, but {empty} of those classes have no training sample "
+                f"(such as {next((i for i, c in enumerate(present) if c != i), len(present))})"
             )
         )
     groups = np.asarray(parts[4]) if len(parts) == 5 else None
