@@ -329,6 +329,17 @@ def test_the_readme_algorithm_list_is_generated():
     assert len(readme.splitlines()) <= 250
 
 
+@pytest.mark.parametrize("dataset", ["reversed_views", "grad_tensors"])
+def test_valid_arrays_of_unusual_layout_load_as_their_values(tmp_path, monkeypatch, dataset):
+    """Negative strides and tensors that require grad crashed where the data enters; they are data."""
+    (tmp_path / "hostile.py").write_text(HOSTILE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("hostile", None)
+    args = ["--dataset", f"hostile:{dataset}", "--peers", "4", "--kappa", "2", "--rounds", "1", "--samples-per-peer", "8"]
+    done = run_in_process([*args, "--out", str(tmp_path / "run")])
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_simulate_stopped_and_resumed_equals_the_uninterrupted_run(tmp_path):
     settings = dict(TINY, rounds=4)
     whole = p2pfl.simulate(algo="dfedavgm", **settings)
@@ -348,6 +359,14 @@ from torch import nn
 def good():
     y = np.arange(40) % 4
     return np.random.default_rng(0).normal(size=(40, 6)) + y[:, None], y, np.ones((8, 6)), np.arange(8) % 4
+
+def reversed_views():  # numpy views with negative strides: valid data
+    x, y, tx, ty = good()
+    return x[::-1], y[::-1], tx[::-1], ty[::-1]
+
+def grad_tensors():  # tensors that require grad: valid data
+    x, y, tx, ty = good()
+    return torch.tensor(x, requires_grad=True), torch.tensor(y), torch.tensor(tx, requires_grad=True), torch.tensor(ty)
 
 def typo():  # one label of 5000 among 0-3
     x, y, tx, ty = good()

@@ -328,10 +328,12 @@ def _user_dataset(reference: str, req: DataRequest) -> Dataset:
 
 
 def _numbers(value, what: str) -> torch.Tensor:
-    array = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    """A plug-in's array as a tensor of its own: a tensor that requires grad or lives on a GPU, and a numpy
+    view with negative strides (x[::-1]) are taken as their values."""
+    array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
     if array.dtype.kind not in "biuf":
         raise UserError(f"{what} holds {array.dtype} values, not numbers")
-    return torch.as_tensor(array)
+    return torch.as_tensor(np.ascontiguousarray(array))
 
 
 def load_dataset(name: str, req: DataRequest | None = None) -> Dataset:
