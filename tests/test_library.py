@@ -335,7 +335,18 @@ def test_valid_arrays_of_unusual_layout_load_as_their_values(tmp_path, monkeypat
     (tmp_path / "hostile.py").write_text(HOSTILE)
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("hostile", None)
-    args = ["--dataset", f"hostile:{dataset}", "--peers", "4", "--kappa", "2", "--rounds", "1", "--samples-per-peer", "8"]
+    args = [
+        "--dataset",
+        f"hostile:{dataset}",
+        "--peers",
+        "4",
+        "--kappa",
+        "2",
+        "--rounds",
+        "1",
+        "--samples-per-peer",
+        "8",
+    ]
     done = run_in_process([*args, "--out", str(tmp_path / "run")])
     assert done.returncode == 0, done.stderr[-2000:]
 
