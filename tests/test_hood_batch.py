@@ -4,13 +4,20 @@ two hidden layers (the backprop signals' recursion) and neighbourhoods of unequa
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 import torch.nn.functional as F
 
 from p2pfl.models.mlp import MLPShape
 from p2pfl.ntk.hood_batch import HoodBatch, batched_steps
 from p2pfl.ntk.jacobian import FactoredJacobian
+from p2pfl import testing
 from p2pfl.ntk.step import NTKProblem, NTKSettings, ntk_steps
+from tests.conftest import ROOT
 
 DIMS = [(9, 12), (7, 9), (4, 7)]  # (out, in): 12 inputs, two hidden layers, 4 classes
 
@@ -107,3 +114,29 @@ def test_a_chunks_batched_steps_choose_each_problems_t_and_weights():
             off = float((together.weights[b] - r.weights).norm() / (r.weights - w).norm())
             assert off < 2e-4, (selection, b, off)
             assert torch.allclose(together.losses[b], r.losses, rtol=1e-3), (selection, b)
+
+
+@pytest.mark.mpi
+def test_the_padded_batch_on_three_ranks_follows_one_process(tmp_path):
+    """NTK-DFL's GPU path (tests/gpu_path_script.py) on mpirun -n 3 against one process. Each rank pads and
+    steps its own chunk (its largest neighbourhood, its stiffest kernel's plan), so the rows agree within
+    float tolerance, as a GPU run's do across layouts, not to the bit."""
+    args = [
+        "tests/gpu_path_script.py",
+        *["--algo", "ntk-dfl", "--dataset", "synthetic", "--peers", "9", "--kappa", "2", "--rounds", "2"],
+        *["--samples-per-peer", "40", "--alpha", "0.3", "--ntk-taus", "20,50", "--seed", "4", "--no-progress"],
+    ]
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    rows = {}
+    for name, ranks in (("one", 0), ("three", 3)):
+        command = [sys.executable, *args, "--out", str(tmp_path / name)]
+        if ranks:
+            command = testing.mpirun_command(ranks, *command)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        rows[name] = testing.results(tmp_path / name)["metrics"]
+    assert len(rows["one"]) == len(rows["three"]) == 2
+    for one, three in zip(rows["one"], rows["three"]):
+        assert one["ntk_t_hist"] == three["ntk_t_hist"], (one["ntk_t_hist"], three["ntk_t_hist"])
+        assert abs(one["test_acc"] - three["test_acc"]) <= 0.005, (one["test_acc"], three["test_acc"])
+        assert abs(one["train_loss"] - three["train_loss"]) <= 1e-3 * abs(one["train_loss"])
