@@ -52,10 +52,6 @@ class JacobianMessage(Payload):
         """(Jacobian, outputs, labels) on the run's device."""
         return codec.read(self.jacobian, self.outputs, self.labels)
 
-    def read_outputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(outputs, labels) on device."""
-        return self.outputs.to(device), self.labels.to(device)
-
 
 @dataclass(frozen=True)
 class NTKOptions:

@@ -114,8 +114,8 @@ class NTKDFL(Algorithm):
             receivers = [p for p in online if p in group]
             for chunk in range(0, len(receivers), self.plan.chunk):
                 peers = receivers[chunk : chunk + self.plan.chunk]
-                step = self.steps(peers, hood, own, inbox, weights, samples, eta)
                 rows = torch.tensor([ctx.row[p] for p in peers], device=ctx.device)
+                step = self.steps(peers, rows, hood, own, inbox, weights, samples, eta)
                 new.index_copy_(0, rows, step.weights)
                 losses.index_copy_(0, rows, step.losses.min(1).values)
                 taus += step.taus
@@ -124,26 +124,25 @@ class NTKDFL(Algorithm):
         ctx.flat = new
         return losses
 
-    def steps(self, peers, hood, own, inbox, weights, samples, eta) -> StepBatch:
-        """The chunk's NTK steps over each peer's neighbourhood (the members whose Jacobians arrived): as one
-        batch of padded neighbourhoods where the evolution is batched and the Jacobians factored (a GPU),
-        else problem by problem."""
+    def steps(self, peers, rows, hood, own, inbox, weights, samples, eta) -> StepBatch:
+        """The chunk's NTK steps over each peer's neighbourhood (the members whose Jacobians arrived; rows: the
+        peers' rows on the device): as one batch of padded neighbourhoods where the evolution is batched and
+        the Jacobians factored (a GPU), else problem by problem. Received messages are on the run's device
+        already (the transport hands them over there)."""
         members = {p: [j for j in hood[p] if j == p or j in inbox[p]] for p in peers}
         if not self.plan.batched:
             problems = [self.problem(p, members[p], own, inbox, weights, samples) for p in peers]
             n_classes = self.ctx.data.n_classes
             return StepBatch.of(ntk_steps(problems, self.codec.shape, n_classes, eta, self.step_settings))
-        device = self.ctx.device
         hoods = [
             [
                 (self.codec.to_wire(own[p][0]), *own[p][1:])
                 if j == p
-                else (tuple(t.to(device) for t in inbox[p][j].jacobian), *inbox[p][j].read_outputs(device))
+                else (inbox[p][j].jacobian, inbox[p][j].outputs, inbox[p][j].labels)
                 for j in members[p]
             ]
             for p in peers
         ]
-        rows = torch.tensor([self.ctx.row[p] for p in peers], device=device)
         own_index = [members[p].index(p) for p in peers]
         layers = len(self.codec.shape.dims)
         own_only = self.settings.ntk_selection == "own"
