@@ -1,15 +1,15 @@
 """How many device operations an NTK-DFL round issues on a GPU's path, counted on the CPU: the host's cost of
 a GPU round grows with them (8-12 us of Python and launch each), not with the arithmetic.
 
-The GPU's choices are forced on the CPU: the evolutions as one batch of products (p2pfl.ntk.step's
-evolves_batched), no 8-bit pixel codes (the CPU's integer products; a GPU takes float Grams), the mixing
-as stacked products, and the free memory of the GPU stood for (--gpu-gib, an H200's by default), which
-sizes the chunks of peers evolved together. Every operation torch dispatches is counted (TorchDispatchMode), except the views and
+The GPU's choices are forced on the CPU (p2pfl.testing.gpu_path_on_the_cpu): the evolutions as one batch,
+no 8-bit pixel codes (the CPU's integer products; a GPU takes float Grams), the mixing as stacked products;
+and the free memory of the GPU stood for (--gpu-gib, an H200's by default), which sizes the chunks of peers
+evolved together. Every operation torch dispatches is counted (TorchDispatchMode), except the views and
 reshapes that launch nothing; a tensor read back as one Python number (item(), each a wait on a GPU) is
 counted apart. Reads of whole tensors (tolist, cpu) are not seen on the CPU: the batched step makes three
-a chunk by design (the kernels' Ritz values, which are finite, the chosen t's). Printed per
-round: all operations, those inside the batched evolution, how many times its integration loop ran, the
-operations per peer outside it, and the item() reads.
+a chunk by design (the kernels' Ritz values, which are finite, the chosen t's). Printed per round: all
+operations, those inside the batched evolution, how many times its integration loop ran, the operations
+per peer outside it, and the item() reads.
 
     python bench/ntk_launches.py [--peers 300] [--samples 200] [--rounds 2] [--gpu-gib 139] [--where] [--json FILE]
 
@@ -25,7 +25,6 @@ import sys
 import time
 import traceback
 from contextlib import ExitStack, contextmanager
-from functools import partial
 from pathlib import Path
 from unittest import mock
 
@@ -35,12 +34,11 @@ sys.path.insert(0, str(ROOT))
 import p2pfl  # noqa: E402,F401  (first: numpy's BLAS on one thread)
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from p2pfl.algorithms import base  # noqa: E402
 from p2pfl.assemble import build  # noqa: E402
 from p2pfl.configure import load_toml, make_config, resolve  # noqa: E402
 from p2pfl.models.stack import PeerStack  # noqa: E402
-from p2pfl.ntk import batched_evolution, plan, step  # noqa: E402
-from p2pfl.ntk.pixels import PixelInputs  # noqa: E402
+from p2pfl.ntk import batched_evolution  # noqa: E402
+from p2pfl.testing import gpu_path_on_the_cpu  # noqa: E402
 
 PRESET = ROOT / "launch/presets/ntk-dfl-fmnist300.toml"
 NO_LAUNCH = {"aten._unsafe_view.default", "aten.detach.default", "aten.lift_fresh.default", "aten.alias.default"}
@@ -77,9 +75,6 @@ def gpu_choices_on_the_cpu(counter: Counter, gpu_bytes: int):
     """The GPU's code paths taken on the CPU (and its free memory), and the batched evolution's calls counted."""
     evolve, integrate = batched_evolution.evolve_padded, batched_evolution._integrate
 
-    def batched(device, settings):
-        return settings.loss == "ce" and settings.ode in ("split", "euler", "deflated")
-
     def evolution(*a, **k):
         counter.inside_evolution += 1
         try:
@@ -92,11 +87,8 @@ def gpu_choices_on_the_cpu(counter: Counter, gpu_bytes: int):
         return integrate(*a, **k)
 
     with ExitStack() as patches:
+        patches.enter_context(gpu_path_on_the_cpu())
         for where, name, value in (
-            (step, "evolves_batched", batched),
-            (plan, "evolves_batched", batched),
-            (PixelInputs, "encode", staticmethod(lambda x, levels: None)),
-            (base, "mix_rows", partial(base.mix_rows, stacked=True)),
             (PeerStack, "batch_budget", lambda stack: int(gpu_bytes * stack.memory_share)),
             (batched_evolution, "evolve_padded", evolution),
             (batched_evolution, "_integrate", loop),

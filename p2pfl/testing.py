@@ -65,6 +65,31 @@ def stopping_after_first_round():
         yield
 
 
+@contextlib.contextmanager
+def gpu_path_on_the_cpu():
+    """A GPU's code paths taken on the CPU, to count or check them without one: NTK evolutions as one batch
+    (and NTK-DFL's padded neighbourhoods), no 8-bit pixel codes (a GPU takes float products), neighbour
+    averaging as stacked products."""
+    from functools import partial
+
+    from p2pfl.algorithms import base
+    from p2pfl.ntk import plan, step
+    from p2pfl.ntk.pixels import PixelInputs
+
+    def batched(device, settings) -> bool:
+        return settings.loss == "ce" and settings.ode in ("split", "euler", "deflated")
+
+    with contextlib.ExitStack() as patches:
+        for where, name, value in (
+            (step, "evolves_batched", batched),
+            (plan, "evolves_batched", batched),
+            (PixelInputs, "encode", staticmethod(lambda x, levels: None)),
+            (base, "mix_rows", partial(base.mix_rows, stacked=True)),
+        ):
+            patches.enter_context(mock.patch.object(where, name, value))
+        yield
+
+
 def chosen_taus(result) -> list[int]:
     """The t chosen in a round, as its Round reports it: each peer's (NTK-DFL's pooled list) or the
     server's (NTK-FL's and CP-NTK-FL's row field); [] for an algorithm that chooses none."""

@@ -1,23 +1,12 @@
-"""p2pfl.run's command line with a GPU's NTK-DFL path taken on the CPU: the evolutions as one batch, a chunk of
-neighbourhoods as one padded batch, no 8-bit pixel codes, stacked mixing. tests/test_hood_batch.py runs it in
-one process and under mpirun, so that the padded batch is checked across ranks, as a GPU cluster runs it."""
+"""p2pfl.run's command line with a GPU's NTK-DFL path taken on the CPU (p2pfl.testing.gpu_path_on_the_cpu):
+tests/test_hood_batch.py runs it in one process and under mpirun, so that the padded batch of neighbourhoods
+is checked across ranks, as a GPU cluster runs it."""
 
 import sys
-from functools import partial
 
-from p2pfl.algorithms import base
-from p2pfl.ntk import plan, step
-from p2pfl.ntk.pixels import PixelInputs
+from p2pfl.run import main
+from p2pfl.testing import gpu_path_on_the_cpu
 
-
-def batched(device, settings) -> bool:
-    return settings.loss == "ce" and settings.ode in ("split", "euler", "deflated")
-
-
-step.evolves_batched = plan.evolves_batched = batched
-PixelInputs.encode = staticmethod(lambda x, levels: None)
-base.mix_rows = partial(base.mix_rows, stacked=True)
-
-from p2pfl.run import main  # noqa: E402
-
-sys.exit(main(sys.argv[1:]))
+with gpu_path_on_the_cpu():
+    code = main(sys.argv[1:])
+sys.exit(code)
