@@ -332,22 +332,7 @@ def test_the_readme_algorithm_list_is_generated():
 @pytest.mark.parametrize("dataset", ["reversed_views", "grad_tensors"])
 def test_valid_arrays_of_unusual_layout_load_as_their_values(tmp_path, monkeypatch, dataset):
     """Negative strides and tensors that require grad crashed where the data enters; they are data."""
-    (tmp_path / "hostile.py").write_text(HOSTILE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("hostile", None)
-    args = [
-        "--dataset",
-        f"hostile:{dataset}",
-        "--peers",
-        "4",
-        "--kappa",
-        "2",
-        "--rounds",
-        "1",
-        "--samples-per-peer",
-        "8",
-    ]
-    done = run_in_process([*args, "--out", str(tmp_path / "run")])
+    done = run_hostile(tmp_path, monkeypatch, dataset, None, "--samples-per-peer", "8")
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -360,6 +345,16 @@ def test_simulate_stopped_and_resumed_equals_the_uninterrupted_run(tmp_path):
     assert [r["test_acc"] for r in again.rows] == [r["test_acc"] for r in whole.rows] and len(again.rows) == 4
     with pytest.raises(p2pfl.ConfigError, match="--resume continues"):
         p2pfl.simulate(resume=tmp_path / "cut", lr=0.5)
+
+
+def run_hostile(tmp_path, monkeypatch, dataset: str, model: str | None, *extra: str):
+    """A tiny run in this process on the HOSTILE module's dataset (and model, where named)."""
+    (tmp_path / "hostile.py").write_text(HOSTILE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("hostile", None)
+    args = ["--dataset", f"hostile:{dataset}", "--peers", "4", "--kappa", "2", "--rounds", "1", "--no-progress"]
+    args += ["--model", f"hostile:{model}"] if model else []
+    return run_in_process([*args, *extra, "--out", str(tmp_path / "run")])
 
 
 HOSTILE = """
@@ -483,23 +478,7 @@ def test_what_a_plug_in_returns_is_checked_where_it_enters(tmp_path, monkeypatch
     """The hostile cases of issue 40: each ran silently with wrong numbers (5,001 classes at 0.0%) or
     ended in a traceback from deep inside p2pfl. Each is one line naming the plug-in and the field, exit
     2; where the user's code raised, that line and then their frames only."""
-    (tmp_path / "hostile.py").write_text(HOSTILE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("hostile", None)
-    args = [
-        "--dataset",
-        f"hostile:{dataset}",
-        "--peers",
-        "4",
-        "--kappa",
-        "2",
-        "--rounds",
-        "1",
-        "--no-progress",
-        "--out",
-        str(tmp_path / "run"),
-    ] + (["--model", f"hostile:{model}"] if model else [])
-    done = run_in_process(args)
+    done = run_hostile(tmp_path, monkeypatch, dataset, model)
     assert done.returncode == 2 and needle in done.stderr, done.stderr[-2000:]
     assert done.stderr.startswith("p2pfl: error: ")
     if "traceback" in needle:  # their frames (their module's, torch's for their Linear), none of p2pfl's
