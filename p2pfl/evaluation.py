@@ -12,6 +12,7 @@ import torch
 
 from p2pfl.seeding import numpy_rng
 from p2pfl.forward import evaluate, evaluation_chunks
+from p2pfl.training import padded_shards
 
 
 def largest_remainder(share: np.ndarray, total: int) -> np.ndarray:
@@ -106,7 +107,7 @@ class PeerScores:
         self.client_strata = strata[subset.numpy()] if subset is not None else None  # None: no subset, no error
         # each local peer's personal test set as a row of test indices padded to the longest, and its mask:
         # on the device once, so that personal accuracy is one batched pass like the other metrics
-        self.personal = padded_rows(personal_test_sets(ctx), ctx.device) if classification else None
+        self.personal = personal_rows(personal_test_sets(ctx), ctx.device) if classification else None
         # each local peer's scores as last evaluated, and the fingerprints of the weights they were for:
         # a peer whose weights did not change since (a star's clients not sampled) is not evaluated again
         self.scored: torch.Tensor | None = None
@@ -181,11 +182,10 @@ class PeerScores:
         return acc
 
 
-def padded_rows(indices: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(index (L, W), mask (L, W)) on device: each index tensor as a row, padded with index 0 (mask 0)."""
+def personal_rows(indices: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index (L, W), mask (L, W)) on device: each peer's test indices as a row padded with 0, as training's
+    shards are (padded_shards), and 1.0 where a row holds a sample."""
     width = max(map(len, indices), default=0)
-    index = torch.zeros(len(indices), width, dtype=torch.long)
-    mask = torch.zeros(len(indices), width)
-    for i, row in enumerate(indices):
-        index[i, : len(row)], mask[i, : len(row)] = row, 1.0
-    return index.to(device), mask.to(device)
+    lengths = torch.tensor([len(row) for row in indices], device=device)
+    mask = (torch.arange(width, device=device)[None] < lengths[:, None]).float()
+    return padded_shards(indices, width, device), mask
