@@ -99,10 +99,15 @@ class Checkpoints:
             self.saved, self.last_save = done, time.monotonic()
         if stop:
             raise Interrupted(f"stopped after round {done}; {resume_hint(self.run_dir, self.saved)}")
+
+    def hold(self, k: int, rows: list[dict], resumable: bool) -> None:
+        """Capture round k in memory for a stop at once, as soon as its row is recorded and before the row is
+        written anywhere: a round whose row a user sees is one a stop saves."""
+        done = k + 1
         if self.write and resumable and done > self.saved:
             # ranks may be a collective apart when a signal lands: under MPI keep two rounds
-            kept = self.held[-1:] if ctx.transport.size > 1 else []
-            self.held = [*kept, checkpoint.capture(ctx, self.algorithm, rows, done)]
+            kept = self.held[-1:] if self.ctx.transport.size > 1 else []
+            self.held = [*kept, checkpoint.capture(self.ctx, self.algorithm, rows, done)]
 
     def save_held(self) -> int:
         """After a stop at once: write the newest round every rank holds a capture of, if it is newer

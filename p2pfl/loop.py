@@ -35,6 +35,8 @@ def run_rounds(ctx, algorithm, log: MetricsLog, first: int, run_dir: Path | None
             synchronize(ctx.device)  # the round's queued GPU work is part of its time
             row = log.record(k, result, time.perf_counter() - start, round_start, ctx.evaluates(k))
             round_start = time.perf_counter()
+            if k < cfg.rounds - 1:
+                saves.hold(k, log.rows, result.resumable)
             for observer in observers:
                 observer.observe(k, row)
             if k < cfg.rounds - 1:
