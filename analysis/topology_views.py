@@ -15,10 +15,9 @@ from pathlib import Path
 
 from analysis.toolkit import Parser, guarded, output_folder
 from p2pfl.configure import parse_config, resolve
-from p2pfl.diagnostics import mixing_matrix, spectral_gap
+from p2pfl.diagnostics import graph_gap
 from p2pfl.errors import UserError
-from p2pfl.seeding import graph_seeds
-from topologies import TopologySchedule
+from p2pfl.topology import schedule_of
 from topologies.drawing import draw_views
 
 
@@ -47,7 +46,7 @@ def _main(argv: list[str] | None) -> int:
         raise UserError(f"--rounds must be in [1, {MAX_ROUNDS}]")
     if not 0 <= args.peer < cfg.peers:
         raise UserError(f"--peer must be in [0, {cfg.peers})")
-    schedule = TopologySchedule(cfg.topology, cfg.peers, cfg.kappa, graph_seeds(cfg.seed), cfg.static)
+    schedule = schedule_of(cfg, cfg.peers)
     out = output_folder(
         args.out or (args.source / "topology" if args.source.is_dir() else Path(f"topology-{config.stem}"))
     )
@@ -63,9 +62,7 @@ def _main(argv: list[str] | None) -> int:
                 "--mixing sample-weighted needs the peers' sample counts: give a run folder (partition.json)"
             )
         counts = [peer["samples"] for peer in json.loads(partition.read_text())]
-    paths = draw_views(
-        schedule.graph, rounds, lambda g: spectral_gap(mixing_matrix(g, cfg.mixing, counts)), out, title, args.peer
-    )
+    paths = draw_views(schedule.graph, rounds, lambda g: graph_gap(g, cfg.mixing, counts), out, title, args.peer)
     for path in paths:
         print(f"drew {path}")
     return 0

@@ -4,7 +4,6 @@ peers' parameters, the transport and its simulated faults, the topology, and the
 from __future__ import annotations
 
 import torch
-from topologies import TopologySchedule
 
 from p2pfl.algorithms.context import RunContext
 from p2pfl.comm import make_transport, ranks_sharing_this_machine
@@ -15,7 +14,7 @@ from p2pfl.data.partition_file import through_origin
 from p2pfl.errors import OutOfGPUMemory, UserError
 from p2pfl.faults import Faults
 from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
-from p2pfl.seeding import graph_seeds
+from p2pfl.topology import schedule_of
 from p2pfl.tasks import TASKS
 
 
@@ -117,9 +116,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
         transport=transport,
         data=data,
         shards=[torch.from_numpy(s) for s in shards],
-        schedule=TopologySchedule(
-            cfg.topology, cfg.peers + cls.centralized, cfg.kappa, graph_seeds(cfg.seed), cfg.static
-        ),
+        schedule=schedule_of(cfg, cfg.peers + cls.centralized),
         stack=stack,
         peers=peers,
         flat=flat,

@@ -12,10 +12,9 @@ from typing import Any
 import torch
 
 from p2pfl.options import at_least, non_negative, option, positive, probability
+from topologies import EXPONENTIAL_FORMS, MIXINGS
 
-TOPOLOGIES = ("regular", "erdos-renyi", "ring", "star", "full", "chain")
 PARTITIONS = ("dirichlet", "iid", "classes", "writers")
-MIXINGS = ("uniform", "metropolis", "sample-weighted")
 AGGREGATES = ("uniform", "sample-weighted")
 TRAINING_FALLBACK = {
     "lr_decay": 0.0,
@@ -75,14 +74,31 @@ class RunConfig:
     rounds: int | None = option(
         None, "communication rounds", at_least(1), shown="the algorithm's, or what its stages add up to"
     )
-    topology: str = option(
-        "regular", "the graph: regular, erdos-renyi, ring, star, full or chain", choices=TOPOLOGIES, noun="topology"
+    topology: str = option("regular", "the graph;")
+    topology_file: str | None = option(
+        None,
+        "read one static graph from this file (edge list .txt/.edges/.edgelist 'u v [weight]', adjacency list "
+        ".adjlist, GraphML .graphml, GML .gml); its node labels are the peers 0..P-1",
+        shown="none",
     )
-    kappa: float = option(5, "degree for regular, mean degree for erdos-renyi")
+    kappa: float = option(
+        5, "degree for regular and small-world (small-world's default 4), mean degree for erdos-renyi"
+    )
+    torus_sides: str = option(
+        "", "torus: its sides as RxC, e.g. 4x8", shown="the factors of the peers nearest a square"
+    )
+    rewire: float = option(0.1, "small-world: the probability that each lattice edge is rewired (Watts-Strogatz beta)")
+    exponential_form: str = option(
+        "directed",
+        "exponential: directed (i sends to i + 2^j, as Ying et al.) or symmetric (its undirected closure)",
+        choices=EXPONENTIAL_FORMS,
+        noun="exponential form",
+    )
     static: bool = option(False, "one graph for the whole run instead of a new one each round")
     mixing: str = option(
         "uniform",
-        "neighbour averaging weights: uniform 1/(deg+1), metropolis or sample-weighted",
+        "neighbour averaging weights: uniform 1/(deg+1), metropolis, sample-weighted, or given (the weights "
+        "on the edges of --topology-file or of your function's graph)",
         choices=MIXINGS,
         noun="mixing",
     )

@@ -15,8 +15,6 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from topologies.generators import GraphError, check_graph
-
 from p2pfl.algorithms import REGISTRY, lookup, owners_of, setting_names
 from p2pfl.algorithms.server import ServerOptions
 from p2pfl.checkpoint import FOLDER as CHECKPOINTS, has_checkpoint
@@ -28,6 +26,7 @@ from p2pfl.options import add_flags, build, check, coerce
 from p2pfl.paths import check_resumable, read_regular
 from p2pfl.plugins import is_reference
 from p2pfl.tracking import check_available
+from p2pfl.topology import check_topology, choices_sentence, settle
 from p2pfl.config import FIELDS, TRAINING_FALLBACK, RunConfig, machine_memory
 
 __all__ = [
@@ -58,6 +57,7 @@ def named_choices() -> dict[str, str]:
         "algo": f"one of: {', '.join(REGISTRY)}; or package.module:Class, your own",
         "dataset": f"one of: {', '.join(DATASETS)}; or package.module:function, your own loader",
         "model": f"one of: {', '.join(MODELS)}; or package.module:function, your own",
+        "topology": choices_sentence(),
     }
 
 
@@ -282,6 +282,7 @@ def validate(cfg: RunConfig, writes: bool = True) -> None:
         raise UserError(f"--model {cfg.model} needs images (C, H, W); --dataset {canonical} has flat features")
     if cfg.partition == "writers" and not spec.natural_split:
         raise UserError(f"--partition writers needs a dataset with a natural split; {canonical} has none")
+    settle(cfg)
     cfg.rounds = cfg.algorithm.rounds(cfg.settings, cfg.rounds)
     if cfg.rounds < 1:
         raise UserError(f"--rounds must be at least 1, got {cfg.rounds}")
@@ -313,10 +314,7 @@ def check_peers(cfg: RunConfig, peers: int) -> None:
                 raise UserError(f"--clients-per-round {cfg.settings.clients_per_round} exceeds the {peers} clients")
             cfg.settings = dataclasses.replace(cfg.settings, clients_per_round=peers)  # the default: at most all
         return
-    try:
-        check_graph(cfg.topology, peers, cfg.kappa)
-    except GraphError as exc:
-        raise UserError(str(exc)) from None
+    check_topology(cfg, peers)
 
 
 def resolve(cfg: RunConfig, world_size: int) -> RunConfig:

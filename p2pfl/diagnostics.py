@@ -33,13 +33,29 @@ def mixing_matrix(graph: nx.Graph, kind: str, sample_counts: Sequence[int] | Non
     return matrix
 
 
-def spectral_gap(matrix: np.ndarray) -> float:
+def spectral_gap(matrix: np.ndarray, directed: bool = False) -> float:
     """1 - |lambda_2|, the second largest eigenvalue modulus of a row-stochastic W: how much one round
-    of averaging shrinks disagreement (0 for a disconnected graph, 1 for the complete graph's mean)."""
+    of averaging shrinks disagreement (0 for a disconnected graph, 1 for the complete graph's mean). A
+    directed graph's W need not be symmetric nor normal: 1 minus its second largest singular value."""
     if len(matrix) < 2:
         return 1.0
-    moduli = np.sort(np.abs(np.linalg.eigvals(matrix)))[::-1]
+    if directed:
+        moduli = np.linalg.svd(matrix, compute_uv=False)
+    else:
+        moduli = np.sort(np.abs(np.linalg.eigvals(matrix)))[::-1]
     return float(f"{max(0.0, 1.0 - moduli[1]):.8g}")
+
+
+def graph_gap(graph: nx.Graph, mixing: str, sample_counts: Sequence[int] | None = None) -> float:
+    """The spectral gap of a graph's mixing matrix."""
+    return spectral_gap(mixing_matrix(graph, mixing, sample_counts), graph.is_directed())
+
+
+def mean_gap(rows: list[dict]) -> float | None:
+    """final.json's spectral_gap: the rows' mean (a static graph's gap, or the mean over a time-varying
+    graph's rounds); None where the rows hold none (a star)."""
+    gaps = [row["spectral_gap"] for row in rows if "spectral_gap" in row]
+    return float(f"{sum(gaps) / len(gaps):.8g}") if gaps else None
 
 
 def edge_bytes(graph: nx.Graph, links: dict[tuple[int, int], int]) -> dict[str, float]:
@@ -69,6 +85,6 @@ def round_diagnostics(
             links[link] = links.get(link, 0) + size
     return {
         "consensus_distance": consensus_distance(weights),
-        "spectral_gap": spectral_gap(mixing_matrix(graph, mixing, sample_counts)),
+        "spectral_gap": graph_gap(graph, mixing, sample_counts),
         **edge_bytes(graph, links),
     }

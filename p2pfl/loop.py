@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from p2pfl.algorithms.base import check_round_result
 from p2pfl.checkpointing import Checkpoints, StopRequest
+from p2pfl.diagnostics import mean_gap
 from p2pfl.errors import Interrupted
 from p2pfl.metrics import MetricsLog, aggregate, synchronize
 from p2pfl.run_folder import edges_line, plot_rows, resume_hint, save_final
@@ -42,6 +43,9 @@ def run_rounds(ctx, algorithm, log: MetricsLog, first: int, run_dir: Path | None
             if k < cfg.rounds - 1:
                 saves.after_round(k, log.rows, result.resumable, stop.requested)
         final = algorithm.finish(run_dir if rank == 0 else None)
+        gap = mean_gap(log.rows) if rank == 0 else None
+        if gap is not None:  # how fast the run's graph mixes: every bound of the field is stated in it
+            final = {**(final or {}), "spectral_gap": gap}
         state = final_model(ctx, log, algorithm) if rank == 0 else None
         if rank == 0 and write:
             save_final(run_dir, final, state)

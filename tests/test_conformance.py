@@ -34,13 +34,30 @@ FITS = {
     "tct": ["--tct-stage1-rounds", "1", "--tct-stage2-rounds", "1", "--tct-features", "500", "--tct-local-steps", "20"],
     "cyclic": ["--cyclic-rounds", "1", "--then", "scaffold"],
     "fedavg-ft": ["--ft-trials", "1"],
+    "choco": ["--static"],
 }
 ALGOS = sorted(REGISTRY)
+# Each graph family and gossip codec beyond the defaults, on an algorithm that runs it.
+GRAPHS = {
+    "dfedavg-exponential": ["--algo", "dfedavg", "--topology", "exponential"],
+    "dfedavg-one-peer-exponential": ["--algo", "dfedavg", "--topology", "one-peer-exponential"],
+    "dfedavg-torus": ["--algo", "dfedavg", "--topology", "torus"],
+    "dfedavg-hypercube": ["--algo", "dfedavg", "--topology", "hypercube", "--peers", "8"],
+    "dfedavg-small-world": ["--algo", "dfedavg", "--topology", "small-world"],
+    "dfedavg-topk": ["--algo", "dfedavg", "--gossip-topk", "0.05"],
+    "dpsgd-randk": ["--algo", "dpsgd", "--gossip-randk", "0.1"],
+    "dfedavgm-quant": ["--algo", "dfedavgm", "--gossip-quant-bits", "4"],
+    "choco-quant": ["--algo", "choco", "--static", "--gossip-quant-bits", "4"],
+    "choco-exponential": ["--algo", "choco", "--static", "--topology", "exponential"],
+}
+CASES = {**{algo: [] for algo in ALGOS}, **GRAPHS}
 
 
-def tiny(algo: str) -> list[str]:
-    """2 rounds (TCT's stages: 1 + 1 in FITS)."""
-    return [*TINY, "--rounds", "2", "--algo", algo, *FITS.get(algo, [])]
+def tiny(case: str) -> list[str]:
+    """2 rounds (TCT's stages: 1 + 1 in FITS) of an algorithm, or of a graph case."""
+    if case in GRAPHS:
+        return [*TINY, "--rounds", "2", *GRAPHS[case]]
+    return [*TINY, "--rounds", "2", "--algo", case, *FITS.get(case, [])]
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -48,27 +65,27 @@ def test_runs_and_learns(tmp_path, algo):
     testing.check_learns(tiny(algo), tmp_path)
 
 
-@ranked_cases({algo: (3, [*tiny(algo), "--drop-links", "0.2"]) for algo in ALGOS})
-@pytest.mark.parametrize("algo", ALGOS)
-def test_one_process_equals_three_ranks_with_dropped_links(tmp_path, algo, ranked_run):
+@ranked_cases({case: (3, [*tiny(case), "--drop-links", "0.2"]) for case in CASES})
+@pytest.mark.parametrize("case", CASES)
+def test_one_process_equals_three_ranks_with_dropped_links(tmp_path, case, ranked_run):
     """testing.check_layout_invariance, with every algorithm's 3-rank run made by one shared mpirun; with
     links dropping, so that lost messages are the same on any layout too."""
     ranked_run.same_as_one_process(tmp_path)
     assert sum(row.get("messages_lost", 0) for row in testing.results(ranked_run.out)["metrics"]) > 0
 
 
-@pytest.mark.parametrize("algo", ALGOS)
-def test_stopped_after_round_one_and_resumed_equals_uninterrupted(tmp_path, algo):
-    testing.check_resume(tiny(algo), tmp_path)
+@pytest.mark.parametrize("case", CASES)
+def test_stopped_after_round_one_and_resumed_equals_uninterrupted(tmp_path, case):
+    testing.check_resume(tiny(case), tmp_path)
 
 
-@pytest.mark.parametrize("algo", ALGOS)
-def test_finishes_with_dropped_links(tmp_path, algo):
-    testing.check_faults(tiny(algo), tmp_path)
+@pytest.mark.parametrize("case", CASES)
+def test_finishes_with_dropped_links(tmp_path, case):
+    testing.check_faults(tiny(case), tmp_path)
 
 
 @pytest.mark.cuda
 @needs_check_device
-@pytest.mark.parametrize("algo", ALGOS)
-def test_cuda_agrees_with_cpu(tmp_path, algo):
-    testing.check_device_agrees(tiny(algo), tmp_path, CHECK_DEVICE)
+@pytest.mark.parametrize("case", CASES)
+def test_cuda_agrees_with_cpu(tmp_path, case):
+    testing.check_device_agrees(tiny(case), tmp_path, CHECK_DEVICE)

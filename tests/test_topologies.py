@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from p2pfl.seeding import graph_seeds
-from topologies import TopologySchedule, build_graph, mixing_weights
+from topologies import FAMILIES, GraphSpec, TopologySchedule, build_graph, mixing_weights
 from topologies.drawing import draw_graph
 
 
@@ -15,11 +15,11 @@ def test_regular_graph_degrees_and_purity():
 
 
 def test_schedule_is_pure_in_seed_and_round():
-    s1 = TopologySchedule("regular", 20, 4, graph_seeds(3))
-    s2 = TopologySchedule("regular", 20, 4, graph_seeds(3))
+    s1 = TopologySchedule(FAMILIES["regular"], 20, GraphSpec(kappa=4), graph_seeds(3))
+    s2 = TopologySchedule(FAMILIES["regular"], 20, GraphSpec(kappa=4), graph_seeds(3))
     assert sorted(s1.graph(5).edges) == sorted(s2.graph(5).edges)
     assert sorted(s1.graph(0).edges) != sorted(s1.graph(1).edges)  # dynamic: a new graph each round
-    static = TopologySchedule("regular", 20, 4, graph_seeds(3), static=True)
+    static = TopologySchedule(FAMILIES["regular"], 20, GraphSpec(kappa=4), graph_seeds(3), static=True)
     assert sorted(static.graph(0).edges) == sorted(static.graph(9).edges)
 
 

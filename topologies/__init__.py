@@ -1,7 +1,19 @@
-"""Graphs of peers: generators, the per-round schedule, mixing weights and drawings."""
+"""Graphs of peers: the registered families, the user's own graphs, the per-round schedule, mixing
+weights and drawings."""
 
-from topologies.generators import GraphError, build_graph, check_graph
-from topologies.mixing import mixing_weights
+from topologies.families import EXPONENTIAL_FORMS, FAMILIES, Family, GraphError, GraphSpec, build_graph
+from topologies.mixing import MIXINGS, in_neighbours, mixing_weights
 from topologies.schedule import TopologySchedule
 
-__all__ = ["GraphError", "build_graph", "check_graph", "mixing_weights", "TopologySchedule"]
+__all__ = [
+    "EXPONENTIAL_FORMS",
+    "FAMILIES",
+    "Family",
+    "GraphError",
+    "GraphSpec",
+    "build_graph",
+    "MIXINGS",
+    "in_neighbours",
+    "mixing_weights",
+    "TopologySchedule",
+]

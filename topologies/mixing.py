@@ -1,5 +1,6 @@
 """Mixing weights W_ij for neighbour averaging. Each row sums to 1 and lists j in increasing order,
-including i itself, so sums over a neighbourhood happen in the same order on every rank."""
+including i itself, so sums over a neighbourhood happen in the same order on every rank. On a directed
+graph (an edge j -> i: i hears j) row i weighs what i hears: its in-neighbours."""
 
 from __future__ import annotations
 
@@ -7,15 +8,27 @@ from typing import Sequence
 
 import networkx as nx
 
+MIXINGS = ("uniform", "metropolis", "sample-weighted", "given")
+
+
+def in_neighbours(graph: nx.Graph, i: int) -> list[int]:
+    """The peers i hears from: its neighbours, or its predecessors on a directed graph."""
+    return list(graph.predecessors(i) if graph.is_directed() else graph.neighbors(i))
+
 
 def mixing_weights(
     graph: nx.Graph, kind: str = "uniform", sample_counts: Sequence[int] | None = None
 ) -> dict[int, list[tuple[int, float]]]:
-    """uniform: 1/(deg_i+1) (NTK-DFL reference code); metropolis: 1/(1+max(deg_i, deg_j)), the rest on
-    i (symmetric, doubly stochastic); sample-weighted: n_j / sum of n over the neighbourhood (paper eq. 1)."""
+    """uniform: 1/(deg_i+1) (NTK-DFL reference code; in-degree on a directed graph, so the one-peer
+    exponential graph's W = (I + P)/2); metropolis: 1/(1+max(deg_i, deg_j)), the rest on i (symmetric,
+    doubly stochastic; undirected graphs only); sample-weighted: n_j / sum of n over the neighbourhood
+    (paper eq. 1); given: the edges' own "weight", the rest on i (a user's graph)."""
+    if kind == "metropolis" and graph.is_directed():
+        raise ValueError("metropolis weights need an undirected graph")
     rows: dict[int, list[tuple[int, float]]] = {}
     for i in graph.nodes:
-        hood = sorted(list(graph.neighbors(i)) + [i])
+        heard = in_neighbours(graph, i)
+        hood = sorted(heard + [i])
         if kind == "uniform":
             weights = {j: 1.0 / len(hood) for j in hood}
         elif kind == "metropolis":
@@ -26,6 +39,9 @@ def mixing_weights(
                 raise ValueError("sample-weighted mixing needs the peers' sample counts")
             total = float(sum(sample_counts[j] for j in hood))
             weights = {j: sample_counts[j] / total for j in hood}
+        elif kind == "given":
+            weights = {j: float(graph.edges[j, i]["weight"]) for j in heard}
+            weights[i] = 1.0 - sum(weights[j] for j in sorted(heard))
         else:
             raise ValueError(f"unknown mixing {kind!r}")
         rows[i] = [(j, weights[j]) for j in hood]

@@ -7,25 +7,32 @@ from typing import Callable
 
 import networkx as nx
 
-from topologies.generators import build_graph, check_graph
+from topologies.families import Family, GraphSpec
 
 
 class TopologySchedule:
     """graph_seed(key) is the seed of the graph drawn for key (0 when static, else the round): the caller's
-    keyed seed, so that the package depends on no one's seeding."""
+    keyed seed, so that the package depends on no one's seeding. A family drawn by round (one-peer
+    exponential, a user's function) still gets each round, static or not."""
 
-    def __init__(self, kind: str, n: int, kappa: float, graph_seed: Callable[[int], int], static: bool = False):
-        check_graph(kind, n, kappa)
-        self.kind, self.n, self.kappa, self.graph_seed, self.static = kind, n, kappa, graph_seed, static
+    def __init__(self, family: Family, n: int, spec: GraphSpec, graph_seed: Callable[[int], int], static: bool = False):
+        family.check(n, spec)
+        self.family, self.n, self.spec, self.graph_seed = family, n, spec, graph_seed
+        self.static = static or family.fixed
+
+    @property
+    def varies(self) -> bool:
+        """Whether rounds may see different graphs."""
+        return not self.static or self.family.by_round
 
     def graph(self, round_index: int) -> nx.Graph:
-        return self._graph(0 if self.static else round_index)
+        key = 0 if self.static else round_index
+        return self._graph(key, round_index if self.family.by_round and not self.family.fixed else 0)
 
     @lru_cache(maxsize=4)
-    def _graph(self, key: int) -> nx.Graph:
-        return build_graph(self.kind, self.n, self.kappa, self.graph_seed(key))
+    def _graph(self, key: int, round_index: int) -> nx.Graph:
+        return self.family.graph(self.n, round_index, self.spec, self.graph_seed(key))
 
-    def neighbours(self, round_index: int) -> dict[int, list[int]]:
-        """Sorted neighbour lists, the order every sum over neighbours follows."""
-        graph = self.graph(round_index)
-        return {i: sorted(graph.neighbors(i)) for i in range(self.n)}
+    @property
+    def directed(self) -> bool:
+        return self.graph(0).is_directed()

@@ -14,6 +14,7 @@ from p2pfl.comm import Weights
 from p2pfl.config import RunConfig
 from p2pfl.data import Dataset
 from p2pfl.errors import UserError
+from p2pfl.gossip import Compressed, GossipCodec, dense_bytes
 from topologies import mixing_weights
 
 
@@ -59,6 +60,7 @@ class Algorithm:
     setting_defaults: dict = {}
     training: dict = {}  # defaults of lr, lr_decay, batch_size, local_epochs, momentum
     centralized = False
+    directed_graphs = False  # whether its exchanges work on a directed graph, each peer hearing its in-neighbours
     tasks = ("classification", "regression")  # what it can learn
     # What a checkpoint saves besides ctx.flat and ctx.global_weights (p2pfl.checkpoint), by attribute name:
     # "peer", a tensor with one row per peer of the rank; "server", the server's (rank 0); "pooled", a list
@@ -159,22 +161,43 @@ def register(cls: type[Algorithm]) -> None:
     REGISTRY[cls.name] = cls
 
 
-def neighbour_average(ctx: RunContext, round_index: int, flat: torch.Tensor, phase: str = "average") -> torch.Tensor:
+def neighbour_average(
+    ctx: RunContext, round_index: int, flat: torch.Tensor, phase: str = "average", codec: GossipCodec | None = None
+) -> torch.Tensor:
     """Each peer sends its weights to its neighbours and takes the mixing-weighted average of its
     neighbourhood, synchronously: x_i <- sum_j W_ij x_j over j in N(i) + {i}, summed in peer order.
     Under simulated faults a peer averages what arrived, its weights renormalised to sum to 1 (an
-    offline peer hears nothing and keeps its own weights)."""
+    offline peer hears nothing and keeps its own weights). With a codec, each peer sends its row encoded
+    and averages what it decodes (its own values where a sparse message left a coordinate out)."""
     weights = mixing_weights(ctx.schedule.graph(round_index), ctx.cfg.mixing, ctx.sample_counts)
     row = ctx.row
-    inbox = ctx.neighbour_exchange(phase, round_index, Weights, {p: Weights(flat[row[p]]) for p in ctx.peers})
+    if codec is None:
+        sends = {p: Weights(flat[row[p]]) for p in ctx.peers}
+        inbox = ctx.neighbour_exchange(phase, round_index, Weights, sends)
+    else:
+        sends = {p: (codec.encode(flat[row[p]], ctx.cfg.seed, round_index, p), dense_bytes(flat[0])) for p in ctx.peers}
+        inbox = ctx.neighbour_exchange(phase, round_index, Compressed, sends)
     terms = []  # per row of this rank: (weight, the tensor it weighs), in peer order
     for p in ctx.peers:
         heard = [(j, w) for j, w in weights[p] if j == p or j in inbox[p]]
         if len(heard) < len(weights[p]):  # lost messages (simulated faults): the weights of what arrived
             total = sum(w for _, w in heard)
             heard = [(j, w / total) for j, w in heard]
-        terms.append([(w, flat[row[p]] if j == p else inbox[p][j].weights) for j, w in heard])
+        own = flat[row[p]]
+        terms.append([(w, own if j == p else _heard(codec, inbox[p][j], own)) for j, w in heard])
     return mix_rows(terms, flat)
+
+
+def _heard(codec: GossipCodec | None, message, own: torch.Tensor) -> torch.Tensor:
+    """A neighbour's row as its message gives it: dense, or its sparse coordinates over the receiver's own."""
+    if codec is None:
+        return message.weights
+    index, values = codec.decode(message, own.numel())
+    if index is None:
+        return values
+    row = own.clone()
+    row[index] = values
+    return row
 
 
 MIX_BLOCK_BYTES = 512 * 2**20  # a stacked mixing step's temporaries at most (a column's stack and its product)

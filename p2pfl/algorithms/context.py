@@ -14,10 +14,11 @@ from p2pfl.comm import Message, Payload, Transport
 from p2pfl.config import RunConfig
 from p2pfl.data import Dataset
 from p2pfl.faults import Faults
+from p2pfl.gradients import gradients
 from p2pfl.models import PeerStack
 from p2pfl.seeding import numpy_rng, peer_keys, torch_generator
 from p2pfl.training import SGDSettings, StepTerms, sample_batch, train_epochs
-from topologies import TopologySchedule
+from topologies import TopologySchedule, in_neighbours
 
 
 @dataclass
@@ -157,6 +158,24 @@ class RunContext:
             flat[rows] = part
         return losses
 
+    def stochastic_gradients(
+        self, round_index: int, opt: SGDSettings
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One minibatch gradient per peer of the rank at its weights (D-PSGD's and CHOCO-SGD's step):
+        (gradients, losses with NaN for offline peers, the rows that step: online with samples)."""
+        index, mask = self.minibatch(round_index, opt.batch_size)
+        noise = (
+            self.stack.dropout_noise(self.peer_keys("dropout", round_index), opt.batch_size)
+            if self.stack.dropouts
+            else None
+        )
+        grad, losses = gradients(self.stack, self.flat, self.data.train_x[index], self.data.train_y[index], mask, noise)
+        stepping = mask.sum(1) > 0
+        offline = self.offline_rows(round_index)
+        stepping[offline] = False
+        losses[offline] = float("nan")
+        return grad, losses, stepping
+
     # -- exchanges --------------------------------------------------------------------------------------
     def neighbour_exchange(
         self,
@@ -169,7 +188,8 @@ class RunContext:
     ) -> dict:
         """One synchronous exchange on the round's graph: sends is {peer: payload, or (payload, dense
         bytes)} for each of this rank's peers, sent to all its neighbours, or the messages themselves.
-        Each peer of the rank (in receivers, if given) expects every neighbour to send, or, with
+        Each peer of the rank (in receivers, if given) expects every neighbour to send (on a directed
+        graph: sends go to out-neighbours, and a peer hears its in-neighbours), or, with
         answering, those its message of that earlier phase reached (simulated faults). Returns
         {peer: {sender: payload}}."""
         graph = self.schedule.graph(round_index)
@@ -183,7 +203,7 @@ class RunContext:
             (j, p)
             for p in self.peers
             if receivers is None or p in receivers
-            for j in graph.neighbors(p)
+            for j in in_neighbours(graph, p)
             if answering is None or self.transport.delivered(round_index, p, j, answering)
         ]
         return self.transport.exchange(phase, round_index, sends, expect, kind)

@@ -6,17 +6,24 @@ Its "D-PSGD" (one local epoch of batch 10, then averaging) is this class with
 """
 
 from p2pfl.algorithms.base import Algorithm, Round, neighbour_average
+from p2pfl.algorithms.gossip_options import GossipSettings, gossip_codec
 
 
 class DFedAvg(Algorithm):
     name = "dfedavg"
     summary = "local epochs of SGD, then averaging with neighbours"
+    directed_graphs = True  # averaging reads in-neighbours only
+    Settings = GossipSettings
     training = {"lr": 0.1, "batch_size": 25, "local_epochs": 20, "momentum": 0.0}
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        gossip_codec(cfg.settings)
 
     def round(self, round_index: int) -> Round:
         ctx = self.ctx
         losses = ctx.train_online(round_index, ctx.flat)
-        ctx.flat = neighbour_average(ctx, round_index, ctx.flat)
+        ctx.flat = neighbour_average(ctx, round_index, ctx.flat, codec=gossip_codec(self.settings))
         return Round(losses)
 
 

@@ -1,0 +1,134 @@
+"""CHOCO-SGD (Koloskova, Stich and Jaggi, ICML 2019, Algorithm 2; the deep-learning study at ICLR 2020):
+gossip with compressed messages that still reaches consensus. Each peer keeps a public estimate x_hat_i
+of its weights that its neighbours track, and sends only the compressed difference from it:
+
+    x_i <- x_i - lr g_i(x_i)                                   one SGD step on a minibatch
+    q_i  = Q(x_i - x_hat_i)                                    sent to the out-neighbours
+    x_hat_j <- x_hat_j + q_j          for j in N(i) + {i}
+    x_i <- x_i + gamma sum_j W_ij (x_hat_j - x_hat_i)          the consensus step
+
+held as the paper's memory-efficient form: s_i = sum_j W_ij x_hat_j, updated by sum_j W_ij q_j, so a peer
+keeps two rows besides its weights whatever its degree. The estimates start at 0, as the paper's.
+
+Its graph is static (s_i sums one fixed set of neighbours): a graph new each round, the one-peer exponential
+graph and a function's graph are refused. Directed static graphs run (a peer tracks its in-neighbours).
+Links are reliable in the paper: under --drop-links a lost q_j is not resent, and the receiver's s_i stays
+off by W_ij q_j; an offline peer (--drop-peers) neither steps nor sends, so no estimate moves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from p2pfl.algorithms.base import Algorithm, Round
+from p2pfl.algorithms.gossip_options import GossipSettings, gossip_codec
+from p2pfl.errors import UserError
+from p2pfl.gossip import Compressed, GossipCodec, dense_bytes
+from p2pfl.options import fraction, option
+from p2pfl.plugins import is_reference
+from p2pfl.training import apply_step
+from topologies import FAMILIES, mixing_weights
+
+# The consensus step gamma of the paper's experiments (ICML 2019, logistic regression on epsilon, a ring of
+# 9 nodes, 1% of 2,000 coordinates kept or 16-level QSGD), by codec; dense gossip's is exact averaging.
+PAPER_GAMMA = {"top-k": 0.04, "random-k": 0.01, "qsgd": 0.34, "dense": 1.0}
+
+
+@dataclass
+class ChocoSettings(GossipSettings):
+    choco_gamma: float | None = option(
+        None,
+        "CHOCO-SGD's consensus step size gamma",
+        fraction,
+        shown="the paper's for the codec: top-k 0.04, random-k 0.01, QSGD 0.34, dense 1",
+    )
+
+
+class ChocoSGD(Algorithm):
+    name = "choco"
+    summary = "CHOCO-SGD (Koloskova et al. 2019): compressed gossip of differences from public estimates"
+    directed_graphs = True  # s_i sums what i hears
+    Settings = ChocoSettings
+    setting_defaults = {"gossip_topk": 0.01}  # the paper's headline codec: top-k 1%
+    training = {"lr": 0.1, "batch_size": 10, "momentum": 0.0}
+    state = {"estimate": "peer", "mixed": "peer"}
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        settings = cfg.settings
+        other = {"gossip_randk", "gossip_quant_bits"} & cfg.given
+        if other and "gossip_topk" not in cfg.given:  # another codec replaces the default top-k
+            settings = dataclasses.replace(settings, gossip_topk=1.0)
+        codec = gossip_codec(settings) or GossipCodec()
+        if settings.choco_gamma is None:
+            settings = dataclasses.replace(settings, choco_gamma=PAPER_GAMMA[codec.name])
+        cfg.settings = settings
+        family = FAMILIES.get(cfg.topology)
+        fixed = cfg.topology_file is not None or (family is not None and not family.by_round and cfg.static)
+        if not fixed:
+            graph = "a function's graph" if is_reference(cfg.topology) else f"--topology {cfg.topology}"
+            why = (
+                " changes every round by definition"
+                if family is not None and family.by_round
+                else (
+                    " may change each round (write it to a --topology-file)"
+                    if family is None
+                    else " is new each round without --static"
+                )
+            )
+            raise UserError(
+                f"--algo choco keeps running sums over a fixed set of neighbours: it needs a static graph, and "
+                f"{graph}{why}"
+            )
+
+    def __init__(self, ctx, settings=None):
+        super().__init__(ctx, settings)
+        self.codec = gossip_codec(self.settings) or GossipCodec()
+        self.estimate = torch.zeros_like(ctx.flat)  # x_hat_i, the public copy of each peer's weights
+        self.mixed = torch.zeros_like(ctx.flat)  # s_i = sum_j W_ij x_hat_j
+
+    def round(self, round_index: int) -> Round:
+        ctx, codec = self.ctx, self.codec
+        opt = ctx.sgd()
+        grad, losses, stepping = ctx.stochastic_gradients(round_index, opt)
+        apply_step(ctx.flat, grad, stepping, opt, ctx.lr(round_index), None)
+        online = ctx.online_rows(round_index)
+        sends = {
+            ctx.peers[i]: (
+                codec.encode(ctx.flat[i] - self.estimate[i], ctx.cfg.seed, round_index, ctx.peers[i]),
+                dense_bytes(ctx.flat[i]),
+            )
+            for i in online
+        }
+        inbox = ctx.neighbour_exchange(
+            "gossip", round_index, Compressed, sends, receivers={ctx.peers[i] for i in online}
+        )
+        weights = mixing_weights(ctx.schedule.graph(round_index), ctx.cfg.mixing, ctx.sample_counts)
+        for i in online:
+            p = ctx.peers[i]
+            heard = {p: sends[p][0], **inbox[p]}
+            for j, w in weights[p]:  # in peer order, so every layout adds alike
+                if j in heard:
+                    index, q = self._difference(heard[j])
+                    if j == p:
+                        _add(self.estimate[i], index, q)
+                    _add(self.mixed[i], index, w * q)
+            ctx.flat[i] += self.settings.choco_gamma * (self.mixed[i] - self.estimate[i])
+        return Round(losses)
+
+    def _difference(self, message: Compressed) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """q_j as the codec decodes it, scaled to a contraction (QSGD's 1/tau, as the paper's)."""
+        size = self.ctx.flat.shape[1]
+        index, values = self.codec.decode(message, size)
+        scale = self.codec.contraction(size)
+        return index, values * scale if scale != 1.0 else values
+
+
+def _add(row: torch.Tensor, index: torch.Tensor | None, values: torch.Tensor) -> None:
+    if index is None:
+        row += values
+    else:
+        row[index] += values

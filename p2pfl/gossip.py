@@ -1,0 +1,119 @@
+"""What crosses an edge when peers gossip their weights. A codec encodes a peer's row once a round (each
+neighbour gets the same message) and a neighbour decodes it; a message's bytes are the tensors it holds
+(values, indices or the key that draws them, scales, bit-packed levels), as a wire would carry them.
+
+A sparse message leaves coordinates out: averaging fills them with the receiver's own values (it
+averages only what it heard), and CHOCO-SGD adds the sparse difference to its public copies."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from p2pfl.bitpack import pack_bits, pack_mask, unpack_bits, unpack_mask
+from p2pfl.comm import Payload
+from p2pfl.seeding import derive_seed, torch_generator
+
+
+@dataclass
+class Compressed(Payload):
+    """An encoded row: the codec's tensors, in its order."""
+
+    parts: tuple[torch.Tensor, ...]
+
+
+class GossipCodec:
+    """The identity: the whole row, float32 as the model holds it."""
+
+    name = "dense"
+
+    def encode(self, x: torch.Tensor, seed: int, round_index: int, peer: int) -> Compressed:
+        return Compressed((x,))
+
+    def decode(self, message: Compressed, size: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(the coordinates sent, or None for all of them; their values)."""
+        return None, message.parts[0]
+
+    def contraction(self, size: int) -> float:
+        """The factor that makes the codec a contraction, E|Q(x) - x|^2 <= (1 - delta)|x|^2, as CHOCO-SGD's
+        analysis needs (1 for the sparsifiers; QSGD's 1/tau)."""
+        return 1.0
+
+
+class TopK(GossipCodec):
+    """The largest-magnitude fraction of the coordinates: int32 indices and their values."""
+
+    name = "top-k"
+
+    def __init__(self, keep: float):
+        self.keep = keep
+
+    def encode(self, x, seed, round_index, peer):
+        k = max(1, math.ceil(self.keep * x.numel()))
+        index = x.abs().topk(k, sorted=False).indices.sort().values
+        return Compressed((index.to(torch.int32), x[index]))
+
+    def decode(self, message, size):
+        index, values = message.parts
+        return index.long(), values
+
+
+class RandK(GossipCodec):
+    """A random fraction of the coordinates, drawn from a key keyed by (seed, round, sender): the message
+    carries the key (8 bytes) and the values, and every receiver draws the same coordinates on any
+    layout of peers over ranks."""
+
+    name = "random-k"
+
+    def __init__(self, keep: float):
+        self.keep = keep
+
+    def encode(self, x, seed, round_index, peer):
+        key = derive_seed(seed, "gossip-randk", round_index, peer)
+        index = self._coordinates(key, x.numel()).to(x.device)
+        return Compressed((torch.tensor([key], dtype=torch.int64, device=x.device), x[index]))
+
+    def decode(self, message, size):
+        key, values = message.parts
+        return self._coordinates(int(key[0]), size).to(values.device), values
+
+    def _coordinates(self, key: int, size: int) -> torch.Tensor:
+        gen = torch.Generator()
+        gen.manual_seed(key)
+        k = max(1, math.ceil(self.keep * size))
+        return torch.randperm(size, generator=gen)[:k].sort().values
+
+
+class QSGD(GossipCodec):
+    """Stochastic quantization (Alistarh et al. 2017): x_i ~ sign(x_i) |x| l_i / s with l_i the level
+    floor(s |x_i| / |x| + u), u uniform from the sender's key, so that E[Q(x)] = x. s = 2^bits - 1 levels
+    of `bits` bits each, a sign bit and the norm (float32) on the wire."""
+
+    name = "qsgd"
+
+    def __init__(self, bits: int):
+        self.bits, self.levels = bits, 2**bits - 1
+
+    def encode(self, x, seed, round_index, peer):
+        norm = x.norm()
+        u = torch.rand(x.numel(), generator=torch_generator(seed, "gossip-qsgd", round_index, peer)).to(x.device)
+        scaled = x.abs() / norm.clamp(min=torch.finfo(x.dtype).tiny) * self.levels
+        level = torch.floor(scaled + u).clamp(max=self.levels).to(torch.uint8).cpu().numpy()
+        packed = torch.from_numpy(pack_bits(level, self.bits)).to(x.device)
+        return Compressed((norm.reshape(1).float(), packed, pack_mask(x < 0)))
+
+    def decode(self, message, size):
+        norm, packed, signs = message.parts
+        level = torch.from_numpy(unpack_bits(packed.cpu().numpy(), self.bits, size)).to(norm.device).float()
+        sign = 1 - 2 * unpack_mask(signs, size).float()
+        return None, sign * level * (norm / self.levels)
+
+    def contraction(self, size):
+        """1/tau, tau = 1 + min(d/s^2, sqrt(d)/s): CHOCO-SGD's rescaled (biased) QSGD."""
+        return 1.0 / (1 + min(size / self.levels**2, math.sqrt(size) / self.levels))
+
+
+def dense_bytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()
