@@ -88,6 +88,15 @@ class Group:
         values = {_short(run.config.get(key)) for run in self.runs}
         return values.pop() if len(values) == 1 else "mixed"
 
+    def gap(self) -> float | None:
+        """The mean spectral gap of the runs' graphs over their rounds (None: a star, no graph rows)."""
+        gaps = [row["spectral_gap"] for run in self.runs for row in run.rows if "spectral_gap" in row]
+        return float(np.mean(gaps)) if gaps else None
+
+    def legend(self) -> str:
+        gap = self.gap()
+        return f"{self.label}{'' if gap is None else f', gap {gap:.3g}'} (n={len(self.runs)})"
+
     def rounds(self, key: str) -> list[int]:
         """Rounds at which every run of the group has the metric."""
         common = set.intersection(*(set(run.curve(key)) for run in self.runs))
@@ -223,6 +232,7 @@ def table(groups: list[Group], metric: str, targets: list[float]) -> list[dict]:
             / MIB,
             "s_per_round": float(np.mean([np.mean([round_seconds(r) for r in run.rows]) for run in group.runs])),
             "s_counts": "training" if any(run.training_time_only for run in group.runs) else "whole round",
+            "spectral_gap": group.gap(),
             **{f"setting_{k}": group.value(k) for k in group.also},  # what differs beside the label
         }
         for target in targets:
@@ -290,7 +300,7 @@ def draw(groups: list[Group], metric: str, band: str, path: Path, title: str, ta
         ]
         client_rounds = group.rounds(f"client_{metric}_mean")
         for ax, x in zip(axes, xs):
-            ax.plot(x, mean, AGGREGATED, color=color, label=f"{group.label} (n={len(group.runs)})")
+            ax.plot(x, mean, AGGREGATED, color=color, label=group.legend())
             if len(group.runs) > 1:
                 ax.fill_between(x, low, high, color=color, alpha=0.18)
             if client_rounds == rounds:

@@ -175,7 +175,8 @@ def neighbour_average(
         sends = {p: Weights(flat[row[p]]) for p in ctx.peers}
         inbox = ctx.neighbour_exchange(phase, round_index, Weights, sends)
     else:
-        sends = {p: (codec.encode(flat[row[p]], ctx.cfg.seed, round_index, p), dense_bytes(flat[0])) for p in ctx.peers}
+        messages = codec.encode_rows(flat, ctx.cfg.seed, round_index, ctx.peers)
+        sends = {p: (message, dense_bytes(flat[0])) for p, message in zip(ctx.peers, messages)}
         inbox = ctx.neighbour_exchange(phase, round_index, Compressed, sends)
     terms = []  # per row of this rank: (weight, the tensor it weighs), in peer order
     for p in ctx.peers:

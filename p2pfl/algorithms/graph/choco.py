@@ -96,16 +96,11 @@ class ChocoSGD(Algorithm):
         grad, losses, stepping = ctx.stochastic_gradients(round_index, opt)
         apply_step(ctx.flat, grad, stepping, opt, ctx.lr(round_index), None)
         online = ctx.online_rows(round_index)
-        sends = {
-            ctx.peers[i]: (
-                codec.encode(ctx.flat[i] - self.estimate[i], ctx.cfg.seed, round_index, ctx.peers[i]),
-                dense_bytes(ctx.flat[i]),
-            )
-            for i in online
-        }
-        inbox = ctx.neighbour_exchange(
-            "gossip", round_index, Compressed, sends, receivers={ctx.peers[i] for i in online}
-        )
+        peers = [ctx.peers[i] for i in online]
+        rows = slice(None) if len(online) == len(ctx.peers) else online  # a slice copies nothing
+        messages = codec.encode_rows(ctx.flat[rows] - self.estimate[rows], ctx.cfg.seed, round_index, peers)
+        sends = {p: (message, dense_bytes(ctx.flat[0])) for p, message in zip(peers, messages)}
+        inbox = ctx.neighbour_exchange("gossip", round_index, Compressed, sends, receivers=set(peers))
         weights = mixing_weights(ctx.schedule.graph(round_index), ctx.cfg.mixing, ctx.sample_counts)
         for i in online:
             p = ctx.peers[i]
@@ -116,7 +111,7 @@ class ChocoSGD(Algorithm):
                     if j == p:
                         _add(self.estimate[i], index, q)
                     _add(self.mixed[i], index, w * q)
-            ctx.flat[i] += self.settings.choco_gamma * (self.mixed[i] - self.estimate[i])
+        ctx.flat[rows] += self.settings.choco_gamma * (self.mixed[rows] - self.estimate[rows])
         return Round(losses)
 
     def _difference(self, message: Compressed) -> tuple[torch.Tensor | None, torch.Tensor]:
