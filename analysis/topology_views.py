@@ -17,7 +17,7 @@ from analysis.toolkit import Parser, guarded, output_folder
 from p2pfl.configure import parse_config, resolve
 from p2pfl.diagnostics import graph_gap
 from p2pfl.errors import UserError
-from p2pfl.topology import schedule_of
+from p2pfl.topology import describe, schedule_of
 from topologies.drawing import draw_views
 
 
@@ -50,10 +50,7 @@ def _main(argv: list[str] | None) -> int:
     out = output_folder(
         args.out or (args.source / "topology" if args.source.is_dir() else Path(f"topology-{config.stem}"))
     )
-    title = (
-        f"{cfg.topology} kappa={cfg.kappa:g}, {cfg.peers} peers, "
-        f"{'static' if cfg.static else 'new graph each round'}, seed {cfg.seed}"
-    )
+    title = f"{describe(cfg)}, {cfg.peers} peers, {'static' if cfg.static else 'new graph each round'}, seed {cfg.seed}"
     counts = None
     if cfg.mixing == "sample-weighted":  # the weights need every peer's sample count: a run folder has them
         partition = args.source / "partition.json"
@@ -62,7 +59,14 @@ def _main(argv: list[str] | None) -> int:
                 "--mixing sample-weighted needs the peers' sample counts: give a run folder (partition.json)"
             )
         counts = [peer["samples"] for peer in json.loads(partition.read_text())]
-    paths = draw_views(schedule.graph, rounds, lambda g: graph_gap(g, cfg.mixing, counts), out, title, args.peer)
+    gaps = [graph_gap(schedule.graph(k), cfg.mixing, counts) for k in range(rounds)]
+    said = (
+        f"{gaps[0]:.6g}"
+        if len(set(gaps)) == 1
+        else f"mean {sum(gaps) / len(gaps):.6g}, min {min(gaps):.6g}, max {max(gaps):.6g}"
+    )
+    print(f"spectral gap of the {cfg.mixing} mixing matrix over {rounds} round{'s' * (rounds > 1)}: {said}")
+    paths = draw_views(schedule.graph, gaps, out, title, args.peer)
     for path in paths:
         print(f"drew {path}")
     return 0

@@ -24,6 +24,7 @@ from p2pfl.errors import UserError
 from p2pfl.models import count_parameters
 from p2pfl.paths import FolderLock
 from p2pfl.report import plot_metric, plot_partition
+from p2pfl.topology import describe
 
 LOCKS: list[FolderLock] = []  # the run folders this process writes, locked until execute() ends
 # What a run writes into its folder: an overwritten run's are removed first, so that one folder never
@@ -83,7 +84,9 @@ def write_run_header(ctx, run_dir: Path, notes: list[str]) -> None:
             f"{clients_per_round(cfg.settings, cfg.peers)} sampled each round"
         )
     else:
-        title = f"{cfg.topology} ({'static' if cfg.static else 'round 1 of a new graph each round'}), {cfg.peers} peers"
+        title = (
+            f"{describe(cfg)} ({'static' if cfg.static else 'round 1 of a new graph each round'}), {cfg.peers} peers"
+        )
     with naming(run_dir / "topology.png"):
         draw_graph(ctx.schedule.graph(0), run_dir / "topology.png", title)
 
@@ -115,7 +118,7 @@ def save_final(run_dir: Path, final: dict | None, state: dict[str, torch.Tensor]
 
 def plot_rows(cfg: RunConfig, rows: list[dict], task, run_dir: Path) -> None:
     """The headline metric over the rounds; a failure to draw it is a line, not the run's error."""
-    graph = "star" if cfg.topology == "star" else f"{cfg.topology} kappa={cfg.kappa:g}"
+    graph = "star" if cfg.topology == "star" else describe(cfg)
     title = f"{cfg.algo}: {cfg.peers} peers, {graph}, {cfg.model} on {cfg.dataset} {cfg.partition}" + (
         f" alpha={cfg.alpha:g}" if cfg.partition == "dirichlet" else ""
     )

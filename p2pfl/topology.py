@@ -22,6 +22,21 @@ def choices_sentence() -> str:
     )
 
 
+DEGREE_READ_BY = ("regular", "erdos-renyi", "small-world")  # the families --kappa sets
+
+
+def describe(cfg) -> str:
+    """The graph in a few words, for titles: 'regular kappa=5', 'torus', 'file edges.txt'."""
+    if cfg.topology_file is not None:
+        return f"file {Path(cfg.topology_file).name}"
+    words = cfg.topology + (f" kappa={cfg.kappa:g}" if cfg.topology in DEGREE_READ_BY else "")
+    if cfg.topology == "exponential":
+        words += f" ({cfg.exponential_form})"
+    if cfg.topology == "small-world":
+        words += f" rewire={cfg.rewire:g}"
+    return words
+
+
 def graph_spec(cfg) -> GraphSpec:
     return GraphSpec(cfg.kappa, cfg.torus_sides, cfg.rewire, cfg.exponential_form)
 

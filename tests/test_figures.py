@@ -74,7 +74,7 @@ def test_a_runs_figures_count_in_whole_numbers(peers, saved, tmp_path):
         },
         tmp_path / "final.png",
     )
-    draw_views(lambda k: nx.random_regular_graph(4, peers, seed=k), 3, lambda g: 0.1, tmp_path / "views", "views")
+    draw_views(lambda k: nx.random_regular_graph(4, peers, seed=k), [0.1] * 3, tmp_path / "views", "views")
     assert len(saved) == 8
     for fig in saved:
         assert whole(count_ticks(fig)), [ax.get_title() for ax in fig.axes]

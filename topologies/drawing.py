@@ -137,23 +137,22 @@ def draw_neighbourhood(graphs: list[nx.Graph], peer: int, path: Path, title: str
 
 def draw_views(
     graph_of: Callable[[int], nx.Graph],
-    rounds: int,
-    gap_of: Callable[[nx.Graph], float],
+    gaps: list[float],
     out: Path,
     title: str,
     peer: int = 0,
     multiples: int = 6,
 ) -> list[Path]:
     """Every view of a run's topology over its rounds into out/: adjacency.png, rounds.png,
-    statistics.png, neighbourhood.png."""
+    statistics.png, neighbourhood.png; gaps: each round's spectral gap, one a round drawn."""
     out.mkdir(parents=True, exist_ok=True)
-    graphs = [graph_of(k) for k in range(rounds)]
+    graphs = [graph_of(k) for k in range(len(gaps))]
     paths = [out / name for name in ("adjacency.png", "rounds.png", "statistics.png", "neighbourhood.png")]
     fig, ax = _pyplot().subplots(figsize=(6.5, 6))
     adjacency_panel(ax, graphs[0], f"{title}: round 1")
     _save(fig, paths[0])
     draw_rounds(graphs[:multiples], paths[1], title)
-    draw_statistics(graphs, [gap_of(g) for g in graphs], paths[2], title)
+    draw_statistics(graphs, gaps, paths[2], title)
     draw_neighbourhood(graphs, peer, paths[3], title)
     return paths
 
