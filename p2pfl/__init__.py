@@ -33,6 +33,9 @@ _PUBLIC = {
     "Round": "p2pfl.algorithms.base",  # writing an algorithm
     "RunContext": "p2pfl.algorithms.context",
     "neighbour_average": "p2pfl.algorithms.base",
+    "GossipSettings": "p2pfl.algorithms.gossip_options",
+    "gossip_codec": "p2pfl.algorithms.gossip_options",
+    "GossipCodec": "p2pfl.gossip",
     "ServerAlgorithm": "p2pfl.algorithms.server",
     "ServerOptions": "p2pfl.algorithms.server",
     "Message": "p2pfl.comm",

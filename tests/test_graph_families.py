@@ -235,3 +235,14 @@ def test_graphs_an_algorithm_cannot_run_are_refused_in_one_line(tmp_path, args, 
     result, _ = run(tmp_path, "--peers", "6", *args)
     assert result.returncode == 2 and said in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_topology_list_in_the_docs_is_generated_from_the_registry():
+    from pathlib import Path
+
+    from p2pfl.docs import TOPOLOGY_BEGIN, TOPOLOGY_END, topology_list
+    from topologies import FAMILIES
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "topologies.md").read_text()
+    assert page.split(TOPOLOGY_BEGIN, 1)[1].split(TOPOLOGY_END, 1)[0].strip() == topology_list().strip()
+    assert all(f"`{name}`" in topology_list() for name in FAMILIES)

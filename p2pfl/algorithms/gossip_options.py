@@ -10,7 +10,7 @@ from p2pfl.gossip import QSGD, GossipCodec, RandK, TopK
 from p2pfl.options import bits, fraction, option
 
 
-@dataclass
+@dataclass(frozen=True)
 class GossipSettings:
     gossip_topk: float = option(
         1.0,

@@ -37,7 +37,7 @@ from topologies import FAMILIES, mixing_weights
 PAPER_GAMMA = {"top-k": 0.04, "random-k": 0.01, "qsgd": 0.34, "dense": 1.0}
 
 
-@dataclass
+@dataclass(frozen=True)
 class ChocoSettings(GossipSettings):
     choco_gamma: float | None = option(
         None,
