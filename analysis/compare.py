@@ -133,16 +133,16 @@ def group_runs(runs: list[Run], by: list[str] | None) -> list[Group]:
         run.config = {**{k: v for k, v in setting_defaults(run.config.get("algo")).items() if k in keys}, **run.config}
     groups: dict[tuple, Group] = {}
     for run in runs:
-        groups.setdefault(tuple(repr(run.config.get(k)) for k in keys), Group("")).runs.append(run)
+        groups.setdefault(tuple(_same(run.config.get(k)) for k in keys), Group("")).runs.append(run)
     varying = keys if by else label_keys(runs, keys)
     shared = [
         k for k in sorted({k for run in runs for k in run.config} - NOT_RESULTS) if all(k in r.config for r in runs)
     ]
-    also = [k for k in shared if k not in varying and len({repr(r.config.get(k)) for r in runs}) > 1]
+    also = [k for k in shared if k not in varying and len({_same(r.config.get(k)) for r in runs}) > 1]
     for group in groups.values():
         config = group.runs[0].config
         group.settings, group.also = list(varying), also
-        group.mixed = [k for k in shared if len({repr(r.config.get(k)) for r in group.runs}) > 1]
+        group.mixed = [k for k in shared if len({_same(r.config.get(k)) for r in group.runs}) > 1]
         group.label = ", ".join(f"{k}={_short(config.get(k))}" for k in varying) or str(config.get("algo", "runs"))
     return list(groups.values())
 
@@ -177,7 +177,7 @@ def label_keys(runs: list[Run], keys: list[str]) -> list[str]:
     """The settings that tell groups apart, less those that follow from the algorithm (its own settings,
     its training defaults): with algo among them, a setting that takes one value per algorithm is left
     out of the label."""
-    varying = [k for k in keys if len({repr(r.config.get(k)) for r in runs}) > 1]
+    varying = [k for k in keys if len({_same(r.config.get(k)) for r in runs}) > 1]
     if "algo" not in varying:
         return varying
     by_algo: dict[str, list[Run]] = {}
@@ -186,9 +186,16 @@ def label_keys(runs: list[Run], keys: list[str]) -> list[str]:
     follows = {
         k
         for k in varying
-        if k != "algo" and all(len({repr(r.config.get(k)) for r in part}) == 1 for part in by_algo.values())
+        if k != "algo" and all(len({_same(r.config.get(k)) for r in part}) == 1 for part in by_algo.values())
     }
     return [k for k in varying if k not in follows]
+
+
+def _same(value) -> str:
+    """A setting's value as compared: 5 and 5.0 are one value (a TOML file may write either)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(float(value))
+    return repr(value)
 
 
 def _short(value) -> str:
@@ -335,7 +342,7 @@ def subtitle(groups: list[Group], metric: str, band: str) -> str:
     shared = {
         k: runs[0].config.get(k)
         for k in ("algo", "dataset", "peers", "model")
-        if k not in told_apart and len({repr(r.config.get(k)) for r in runs}) == 1 and k in runs[0].config
+        if k not in told_apart and len({_same(r.config.get(k)) for r in runs}) == 1 and k in runs[0].config
     }
     what = f"test {'accuracy' if metric == 'acc' else metric}"
     what += f" of {len(groups)} groups by {', '.join(told_apart)}" if told_apart else f" of {len(groups)} group(s)"

@@ -57,6 +57,8 @@ def atomic_write(path: Path, write) -> None:
     the file as it was and raises OSError naming it (torch.save reports a failed write as RuntimeError)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
+        if tmp.is_symlink():  # written through, a planted link would put the file elsewhere: drop the link
+            tmp.unlink()
         write(tmp)
         os.replace(tmp, path)
     except (OSError, RuntimeError) as exc:

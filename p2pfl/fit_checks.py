@@ -9,7 +9,7 @@ from pathlib import Path
 
 from p2pfl.config import RunConfig, machine_memory
 from p2pfl.errors import UserError
-from p2pfl.paths import checked_path
+from p2pfl.paths import FolderLock, checked_path
 
 
 def check_data_dir(cfg: RunConfig, spec) -> None:
@@ -33,7 +33,8 @@ def check_out(cfg: RunConfig) -> None:
     path = checked_path(Path(cfg.out), f"--out {text if len(text) <= 100 else text[:60] + '...'}")
     if path.exists() and not path.is_dir():
         raise UserError(f"--out {cfg.out} is a file, not a folder")
-    if path.is_dir() and any(path.iterdir()) and not (cfg.overwrite or cfg.resume):
+    held = [p for p in path.iterdir() if p.name != FolderLock.NAME] if path.is_dir() else []  # a lock is no run
+    if held and not (cfg.overwrite or cfg.resume):
         raise UserError(
             f"--out {cfg.out} already holds files (a finished run?); choose a new folder or add --overwrite"
         )

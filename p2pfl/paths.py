@@ -50,6 +50,15 @@ def read_regular(path: Path, limit: int | None = SMALL_FILE) -> bytes:
         return fh.read(limit + 1 if limit is not None else -1)
 
 
+def refuse_link(path: Path, folder: Path, flag: str) -> None:
+    """One line where a file the run would write is a link: a run writes only inside its folder."""
+    if path.is_symlink():
+        raise UserError(
+            f"{flag}: {path.relative_to(folder)} is a link; a run writes only inside its "
+            "folder, never through a link (replace it with the file, or remove it)"
+        )
+
+
 def check_resumable(run_dir: Path, checkpoints: str) -> None:
     """Before a resume writes anything: no link among the run folder's files (a run writes only inside its
     folder, never through a link to elsewhere), and the checkpoint folder holds files only (a slot that is
@@ -58,11 +67,7 @@ def check_resumable(run_dir: Path, checkpoints: str) -> None:
     for path in sorted(
         [*folder.iterdir(), *((folder / checkpoints).iterdir() if (folder / checkpoints).is_dir() else [])]
     ):
-        if path.is_symlink():
-            raise UserError(
-                f"--resume {run_dir}: {path.relative_to(folder)} is a link; a run writes only inside its "
-                "folder, never through a link (replace it with the file, or remove it)"
-            )
+        refuse_link(path, folder, f"--resume {run_dir}")
         if path.parent.name == checkpoints and not path.is_file():
             raise UserError(
                 f"--resume {run_dir}: {path.relative_to(folder)} is not a file (remove it to resume "
@@ -73,12 +78,26 @@ def check_resumable(run_dir: Path, checkpoints: str) -> None:
 class FolderLock:
     """A run folder's lock while a run writes it (an exclusive flock on the file NAME inside): a second run into
     the same folder (a resume, an --overwrite, a sweep's run) is refused instead of writing beside it. The
-    kernel drops the lock when the process ends, however it ends."""
+    kernel drops the lock when the process ends, however it ends. The lock file is opened without following
+    a link and without blocking, so that a link (to a file elsewhere, or to nothing) or a named pipe planted
+    under its name is refused in one line instead of writing elsewhere or waiting for ever."""
 
     NAME = ".p2pfl-lock"
 
     def __init__(self, folder: Path):
-        self.handle = open(Path(folder) / self.NAME, "a")
+        path = Path(folder) / self.NAME
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            what = "a link" if path.is_symlink() else (exc.strerror or str(exc)).lower()
+            raise UserError(f"{path} cannot be the run's lock file: it is {what}; remove it") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UserError(
+                f"{path} cannot be the run's lock file: it is not a regular file (a pipe or device?); remove it"
+            )
+        self.handle = os.fdopen(fd, "a")
         try:
             fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -16,21 +16,40 @@ import torch
 from topologies.drawing import draw_graph
 
 from p2pfl import checkpoint
+from p2pfl.algorithms import REGISTRY
 from p2pfl.algorithms.server import clients_per_round
 from p2pfl.config import RunConfig
 from p2pfl.configure import resolved_dict
 from p2pfl.data import summary
 from p2pfl.errors import UserError
 from p2pfl.models import count_parameters
-from p2pfl.paths import FolderLock
-from p2pfl.report import plot_metric, plot_partition
+from p2pfl.paths import FolderLock, refuse_link
+from p2pfl.report import PLOT_FILES, plot_metric, plot_partition
 from p2pfl.topology import describe
 
 LOCKS: list[FolderLock] = []  # the run folders this process writes, locked until execute() ends
-# What a run writes into its folder: an overwritten run's are removed first, so that one folder never
-# holds two runs (an NTK-DFL run's final.json beside a DFedAvg run's metrics). The algorithms' own
-# products (TCT's linear model, the figures of final averaging) are files of these kinds too.
-RUN_FILES = ("config.toml", "metrics.jsonl", "edges.jsonl", "*.json", "*.pt", "*.png", "checkpoint", "tensorboard")
+# What a run writes into its folder, by name: an overwritten run's are removed first, so that one folder
+# never holds two runs (an NTK-DFL run's final.json beside a DFedAvg run's metrics), and nothing else is:
+# a user's own files in the folder stay. The algorithms' own products are named by each (Algorithm.products).
+RUN_FILES = (
+    "config.toml",
+    "metrics.jsonl",
+    "edges.jsonl",
+    "final.json",
+    "model.pt",
+    "partition.json",
+    "partition.png",
+    "topology.png",
+    *PLOT_FILES.values(),
+    checkpoint.FOLDER,
+    "tensorboard",
+)
+
+
+def run_files() -> list[str]:
+    """Every name a run may write, whichever algorithm ran (a temporary's too: model.pt.tmp)."""
+    names = [*RUN_FILES, *(name for cls in REGISTRY.values() for name in cls.products)]
+    return sorted({n for name in names for n in (name, f"{name}.tmp")})
 
 
 def made_or_refused(cfg: RunConfig) -> Path | UserError:
@@ -41,6 +60,10 @@ def made_or_refused(cfg: RunConfig) -> Path | UserError:
 
 
 def make_run_dir(cfg: RunConfig) -> Path:
+    """The run folder, taken (locked) before anything in it is removed or written and before any data is
+    read: a second run into it is refused, and so is a folder that came to hold files since the start-up
+    check (a run that finished there meanwhile) unless --overwrite. --overwrite removes the run's own
+    files by name; a link among them is refused."""
     if cfg.resume:
         LOCKS.append(FolderLock(Path(cfg.resume)))
         return Path(cfg.resume)
@@ -54,8 +77,15 @@ def make_run_dir(cfg: RunConfig) -> Path:
             suffix += 1
     path.mkdir(parents=True, exist_ok=True)
     LOCKS.append(FolderLock(path))  # before anything in it changes: a run writing it now is not disturbed
-    for product in sorted({p for pattern in RUN_FILES for p in path.glob(pattern)}):  # --overwrite: all of them
-        if product.is_dir() and not product.is_symlink():
+    if not cfg.overwrite and any(p.name != FolderLock.NAME for p in path.iterdir()):
+        raise UserError(
+            f"--out {path} now holds files (a run that finished there?); choose a new folder or add --overwrite"
+        )
+    products = [path / name for name in run_files() if (path / name).exists() or (path / name).is_symlink()]
+    for product in products:
+        refuse_link(product, path, f"--out {path}")
+    for product in products:
+        if product.is_dir():
             shutil.rmtree(product, ignore_errors=True)
         else:
             product.unlink(missing_ok=True)

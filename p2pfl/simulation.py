@@ -116,11 +116,13 @@ def execute(
 def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, everywhere: bool) -> Result:
     if size > 1:  # oversubscribed ranks share the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+    taken = made_or_refused(cfg) if rank == 0 and write else None  # locked before any data is read
+    if size == 1 and isinstance(taken, UserError):
+        raise taken
     ctx, algorithm = build(cfg, rank, size, local_rank)
     if ctx.stack.convolutional and ctx.device.type == "cpu":
         torch.set_num_threads(1)  # CPU conv kernels round differently with their thread count: one per rank
-    ctx.transport.barrier()  # every rank has checked --out before rank 0 makes the folder
-    run_dir = ctx.transport.bcast(made_or_refused(cfg) if rank == 0 and write else None)
+    run_dir = ctx.transport.bcast(taken)  # every rank stops with a refusal of the folder, or goes on with it
     if isinstance(run_dir, UserError):  # every rank stops with rank 0's refusal (a folder in use)
         raise run_dir
     first, rows = 0, []

@@ -23,6 +23,7 @@ def choices_sentence() -> str:
 
 
 DEGREE_READ_BY = ("regular", "erdos-renyi", "small-world")  # the families --kappa sets
+READ_ONLY_BY = {"torus_sides": "torus", "rewire": "small-world", "exponential_form": "exponential"}
 
 
 def describe(cfg) -> str:
@@ -73,6 +74,9 @@ def settle(cfg) -> None:
             raise UserError(f"--topology-file: --algo {cfg.algo} runs on a star around its server; it takes no graph")
         cfg.topology = FROM_FILE
         cfg.topology_file = str(Path(cfg.topology_file).resolve())  # a resumed run reads the same file
+    for name, reader in READ_ONLY_BY.items():
+        if getattr(cfg, name) != GraphSpec.__dataclass_fields__[name].default and cfg.topology != reader:
+            raise UserError(f"--{name.replace('_', '-')} applies to --topology {reader}, not {cfg.topology}")
     family = FAMILIES.get(cfg.topology)
     if family is not None and family.kappa is not None and "kappa" not in cfg.given:
         cfg.kappa = family.kappa

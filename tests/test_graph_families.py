@@ -229,6 +229,8 @@ def test_a_bad_topology_file_is_one_line_before_any_data(tmp_path, user_module, 
         (["--algo", "choco"], "needs a static graph"),
         (["--algo", "choco", "--static", "--topology", "one-peer-exponential"], "changes every round"),
         (["--gossip-topk", "0.1", "--gossip-quant-bits", "4"], "two codecs"),
+        (["--topology", "ring", "--torus-sides", "2x3"], "--torus-sides applies to --topology torus, not ring"),
+        (["--topology", "torus", "--rewire", "0.3"], "--rewire applies to --topology small-world"),
     ],
 )
 def test_graphs_an_algorithm_cannot_run_are_refused_in_one_line(tmp_path, args, said):

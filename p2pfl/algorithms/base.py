@@ -66,6 +66,7 @@ class Algorithm:
     # "peer", a tensor with one row per peer of the rank; "server", the server's (rank 0); "pooled", a list
     # whose order does not matter, pooled over ranks.
     state: dict[str, str] = {}
+    products: tuple[str, ...] = ()  # the files its finish() writes into the run folder (--overwrite removes them)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -179,21 +180,24 @@ def neighbour_average(
         sends = {p: (message, dense_bytes(flat[0])) for p, message in zip(ctx.peers, messages)}
         inbox = ctx.neighbour_exchange(phase, round_index, Compressed, sends)
     terms = []  # per row of this rank: (weight, the tensor it weighs), in peer order
+    decoded: dict[int, tuple] = {}  # each sender's message decoded once, however many of its receivers are here
     for p in ctx.peers:
         heard = [(j, w) for j, w in weights[p] if j == p or j in inbox[p]]
         if len(heard) < len(weights[p]):  # lost messages (simulated faults): the weights of what arrived
             total = sum(w for _, w in heard)
             heard = [(j, w / total) for j, w in heard]
         own = flat[row[p]]
-        terms.append([(w, own if j == p else _heard(codec, inbox[p][j], own)) for j, w in heard])
+        terms.append([(w, own if j == p else _heard(codec, inbox[p][j], own, decoded, j)) for j, w in heard])
     return mix_rows(terms, flat)
 
 
-def _heard(codec: GossipCodec | None, message, own: torch.Tensor) -> torch.Tensor:
+def _heard(codec: GossipCodec | None, message, own: torch.Tensor, decoded: dict, sender: int) -> torch.Tensor:
     """A neighbour's row as its message gives it: dense, or its sparse coordinates over the receiver's own."""
     if codec is None:
         return message.weights
-    index, values = codec.decode(message, own.numel())
+    if sender not in decoded:
+        decoded[sender] = codec.decode(message, own.numel())
+    index, values = decoded[sender]
     if index is None:
         return values
     row = own.clone()

@@ -102,12 +102,15 @@ class ChocoSGD(Algorithm):
         sends = {p: (message, dense_bytes(ctx.flat[0])) for p, message in zip(peers, messages)}
         inbox = ctx.neighbour_exchange("gossip", round_index, Compressed, sends, receivers=set(peers))
         weights = mixing_weights(ctx.schedule.graph(round_index), ctx.cfg.mixing, ctx.sample_counts)
+        decoded: dict[int, tuple] = {}  # each sender's q decoded once, however many of its receivers are here
         for i in online:
             p = ctx.peers[i]
             heard = {p: sends[p][0], **inbox[p]}
             for j, w in weights[p]:  # in peer order, so every layout adds alike
                 if j in heard:
-                    index, q = self._difference(heard[j])
+                    if j not in decoded:
+                        decoded[j] = self._difference(heard[j])
+                    index, q = decoded[j]
                     if j == p:
                         _add(self.estimate[i], index, q)
                     _add(self.mixed[i], index, w * q)

@@ -44,6 +44,7 @@ class NTKDFLSettings(NTKOptions):
 
 class NTKDFL(Algorithm):
     name = "ntk-dfl"
+    products = ("final_averaging.png",)
     summary = "NTK-DFL: averaging, Jacobian exchange, local NTK evolution"
     Settings = NTKDFLSettings
     state = {"taus_chosen": "pooled"}

@@ -110,6 +110,7 @@ def linear_gd(
 
 class FedAvgFT(FedAvg):
     name = "fedavg-ft"
+    products = ("rep_dist.png", "grad_norm.png", "finetune_error.png", "fine_tuning.png", "feature_similarity.png")
     summary = "FedAvg with fine-tuning: local steps learn a representation; new clients fine-tune it"
     Settings = FedAvgFTSettings
     setting_defaults = {"clients_per_round": 0, "local_steps": 2}

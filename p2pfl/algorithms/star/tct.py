@@ -59,6 +59,7 @@ class TCTSettings:
 
 class TCT(ServerAlgorithm):
     name = "tct"
+    products = ("tct_linear.pt",)
     summary = "TCT: FedAvg, then the eNTK-convexified problem solved with SCAFFOLD"
     Settings = TCTSettings
     training = {"lr": 0.01, "batch_size": 64, "local_epochs": 5, "momentum": 0.0, "weight_decay": 1e-5}
