@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from p2pfl.algorithms.base import call_hook
 from p2pfl.algorithms.context import RunContext
 from p2pfl.comm import make_transport, ranks_sharing_this_machine
 from p2pfl.fit_checks import check_data_fit, check_model_memory
@@ -77,7 +78,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     # a partition file's indices name samples of the training set as loaded: read before the algorithm
     # drops any (FedAvg-FT's held-out classes), then mapped to the samples kept
     written = read_partition_file(cfg.partition_file, cfg.peers, len(data.train_y)) if cfg.partition_file else None
-    cls.prepare_data(data, cfg)
+    call_hook(cls, "prepare_data", data, cfg)
     transport = make_transport(cfg.peers, 1 if cls.centralized else 0, cfg.comm_timeout, device)
     faults = Faults(
         cfg.seed, cfg.peers, cfg.drop_peers, cfg.drop_links, cfg.slow_peers, cfg.slow_factor, cfg.round_deadline
@@ -123,7 +124,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
         device=device,
         faults=transport.faults,
     )
-    return ctx, cls(ctx)
+    return ctx, call_hook(cls, "__init__", ctx)
 
 
 def device_note(devices: list[str]) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pfl.algorithms import REGISTRY, lookup, owners_of, setting_names
+from p2pfl.algorithms.base import call_hook
 from p2pfl.algorithms.server import ServerOptions
 from p2pfl.checkpoint import FOLDER as CHECKPOINTS, has_checkpoint
 from p2pfl.data import DATASETS, canonical_dataset, dataset_spec
@@ -88,7 +89,7 @@ def algorithm_defaults(cls) -> dict[str, Any]:
     """The run flags whose defaults an algorithm sets, as that algorithm sets them: its training table
     (lr, batch size, local epochs, ...) and its rounds (TCT's and CyclicFL's from their stages)."""
     out = {name: cls.training.get(name, TRAINING_FALLBACK.get(name)) for name in TRAINING_FIELDS}
-    out["rounds"] = cls.rounds(build(cls.Settings, {}, cls.setting_defaults), None)
+    out["rounds"] = call_hook(cls, "rounds", build(cls.Settings, {}, cls.setting_defaults), None)
     return {name: value for name, value in out.items() if value is not None}
 
 
@@ -283,10 +284,10 @@ def validate(cfg: RunConfig, writes: bool = True) -> None:
     if cfg.partition == "writers" and not spec.natural_split:
         raise UserError(f"--partition writers needs a dataset with a natural split; {canonical} has none")
     settle(cfg)
-    cfg.rounds = cfg.algorithm.rounds(cfg.settings, cfg.rounds)
+    cfg.rounds = call_hook(cfg.algorithm, "rounds", cfg.settings, cfg.rounds)
     if cfg.rounds < 1:
         raise UserError(f"--rounds must be at least 1, got {cfg.rounds}")
-    cfg.algorithm.check(cfg)
+    call_hook(cfg.algorithm, "check", cfg)
     if cfg.tensorboard:
         if not writes:
             raise UserError("tensorboard=True writes into the run folder: give out=")

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from p2pfl.algorithms.base import check_round_result
+from p2pfl.algorithms.base import call_hook, check_round_result
 from p2pfl.checkpointing import Checkpoints, StopRequest
 from p2pfl.diagnostics import mean_gap
 from p2pfl.errors import Interrupted
@@ -25,14 +25,14 @@ def run_rounds(ctx, algorithm, log: MetricsLog, first: int, run_dir: Path | None
     cfg, rank = ctx.cfg, ctx.transport.rank
     observers = watching(ctx, run_dir, first, write)
     stop, saves = StopRequest(rank, ctx.transport), Checkpoints(ctx, algorithm, run_dir, write, first)
-    shape, k = tuple(ctx.flat.shape), first
+    shape, dtype, k = tuple(ctx.flat.shape), ctx.flat.dtype, first
     round_start = time.perf_counter()  # each row's round_s runs from the previous row: the rows add up to the loop
     try:
         for k in range(first, cfg.rounds):
             ctx.transport.round_index = k
             synchronize(ctx.device)
             start = time.perf_counter()
-            result = check_round_result(algorithm, ctx, k, algorithm.round(k), shape)
+            result = check_round_result(algorithm, ctx, k, call_hook(algorithm, "round", k), shape, dtype)
             synchronize(ctx.device)  # the round's queued GPU work is part of its time
             row = log.record(k, result, time.perf_counter() - start, round_start, ctx.evaluates(k))
             round_start = time.perf_counter()
@@ -42,7 +42,7 @@ def run_rounds(ctx, algorithm, log: MetricsLog, first: int, run_dir: Path | None
                 observer.observe(k, row)
             if k < cfg.rounds - 1:
                 saves.after_round(k, log.rows, result.resumable, stop.requested)
-        final = algorithm.finish(run_dir if rank == 0 else None)
+        final = call_hook(algorithm, "finish", run_dir if rank == 0 else None)
         gap = mean_gap(log.rows) if rank == 0 else None
         if gap is not None:  # how fast the run's graph mixes: every bound of the field is stated in it
             final = {**(final or {}), "spectral_gap": gap}
@@ -128,7 +128,7 @@ def reported_model(ctx, weights: torch.Tensor, algorithm) -> torch.Tensor:
     weights where it has one, else their --aggregate average."""
     if ctx.global_weights is not None:
         return ctx.global_weights
-    own = algorithm.aggregate_model(weights.to(ctx.device))
+    own = call_hook(algorithm, "aggregate_model", weights.to(ctx.device))
     if own is not None:
         return own
     return aggregate(weights.to(ctx.device), ctx.sample_counts, ctx.cfg.aggregate)

@@ -84,7 +84,8 @@ class FolderLock:
 
     NAME = ".p2pfl-lock"
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, made: bool = False):
+        self.folder, self.made = Path(folder), made  # made: this run made the folder (removed if left empty)
         path = Path(folder) / self.NAME
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
@@ -107,4 +108,12 @@ class FolderLock:
             ) from None
 
     def release(self) -> None:
+        """Drop the lock; a folder this run made and left holding nothing but the lock (a run refused or
+        failed before writing) goes too, so a failed start leaves no trace."""
         self.handle.close()  # closing drops the flock
+        if self.made and [p.name for p in self.folder.iterdir()] == [self.NAME]:
+            (self.folder / self.NAME).unlink(missing_ok=True)
+            try:
+                self.folder.rmdir()
+            except OSError:  # someone wrote into it meanwhile: theirs
+                pass

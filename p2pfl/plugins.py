@@ -52,6 +52,10 @@ def call_plugin(what: str, function, *args):
         return function(*args)
     except UserError:
         raise
+    except SystemExit as exc:  # their sys.exit would end the run silently, even with status 0
+        raise UserError(
+            f"{what} called sys.exit({exc.code!r}); a plug-in returns, or raises an exception that says why"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - whatever the user's code raises is theirs to see
         raise _theirs(what, exc) from None
 

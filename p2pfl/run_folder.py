@@ -75,8 +75,9 @@ def make_run_dir(cfg: RunConfig) -> Path:
         while path.exists():
             path = path.with_name(f"{path.name.split('~')[0]}~{suffix}")
             suffix += 1
+    made = not path.exists()
     path.mkdir(parents=True, exist_ok=True)
-    LOCKS.append(FolderLock(path))  # before anything in it changes: a run writing it now is not disturbed
+    LOCKS.append(FolderLock(path, made))  # before anything in it changes: a run writing it now is not disturbed
     if not cfg.overwrite and any(p.name != FolderLock.NAME for p in path.iterdir()):
         raise UserError(
             f"--out {path} now holds files (a run that finished there?); choose a new folder or add --overwrite"

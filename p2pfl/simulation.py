@@ -19,7 +19,7 @@ from topologies import GraphError
 
 from p2pfl import checkpoint
 from p2pfl.algorithms import REGISTRY
-from p2pfl.algorithms.base import Algorithm
+from p2pfl.algorithms.base import Algorithm, call_hook
 from p2pfl.assemble import build, device_note, out_of_gpu_memory, pick_device
 from p2pfl.comm import mpi_world
 from p2pfl.config import RunConfig
@@ -153,7 +153,7 @@ def announce(ctx, algorithm, run_dir: Path | None, write: bool) -> None:
     """The run header: each rank's device and the algorithm's notes, in config.toml (a new run's) and, on
     stderr, the device where a GPU is used and the notes."""
     devices = ctx.transport.gather(str(ctx.device))
-    notes = algorithm.notes()
+    notes = call_hook(algorithm, "notes")
     if ctx.transport.rank != 0:
         return
     placed = device_note(devices)

@@ -81,7 +81,7 @@ def test_simulate_writes_its_folder_when_asked(tmp_path):
     "settings, message",
     [
         ({"peers": 0}, "--peers must be at least 1, got 0"),
-        ({"topology": "torus"}, "unknown topology 'torus'"),
+        ({"topology": "moebius"}, "unknown topology 'moebius'"),
         ({"learning_rate": 0.1}, "unknown setting(s): learning_rate"),
         # None is a value only where the default is None; a path is a str or a Path (hostile cases of issue 40)
         ({"kappa": None}, "--kappa takes a finite number, not None"),
@@ -445,6 +445,57 @@ def no_parameters(shape, n):
 
 def double(shape, n):
     return nn.Linear(6, n).double()
+
+def bad_owners():  # an owner of 0.5
+    return (*good(), np.arange(40) / 2)
+
+def negative_owners():
+    return (*good(), np.arange(40) - 1)
+
+def no_width():  # samples of no features
+    x, y, tx, ty = good()
+    return x[:, :0], y, tx[:, :0], ty
+
+def frozen(shape, n):  # parameters, none of them trained
+    net = nn.Linear(6, n)
+    net.requires_grad_(False)
+    return net
+
+def integer_scores(shape, n):
+    class Argmax(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(6, n)
+        def forward(self, x):
+            return (self.a(x) > 0).long()
+    return Argmax()
+
+def detached(shape, n):
+    class Detached(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(6, n)
+        def forward(self, x):
+            return self.a(x).detach()
+    return Detached()
+
+def self_changing(shape, n):
+    class Drift(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(6, n)
+        def forward(self, x):
+            with torch.no_grad():
+                self.a.weight.add_(1.0)
+            return self.a(x)
+    return Drift()
+
+def dropout(shape, n):
+    return nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, n))
+
+def exits():
+    import sys
+    sys.exit(0)
 """
 
 
@@ -472,13 +523,30 @@ def double(shape, n):
         ("good", "tuple_output", "gave a tuple; p2pfl needs one tensor of shape (2, 4)"),
         ("good", "no_parameters", "has no parameters to train"),
         ("good", "double", "has torch.float64 parameters; p2pfl trains float32"),
+        ("bad_owners", None, "owners must be whole numbers or names, not float64 values"),
+        ("negative_owners", None, "owners are whole numbers >= 0 or names; one is -1"),
+        (
+            "no_width",
+            None,
+            "train_x has shape (40, 0); it must be (samples, features...) with at least one sample and one feature",
+        ),
+        ("good", "frozen", "has no parameters to train (none requires grad)"),
+        ("good", "integer_scores", "returns int64 scores; p2pfl needs float ones"),
+        ("good", "detached", "returns scores that do not depend on its parameters (detached?)"),
+        ("good", "self_changing", "its forward pass changed its own parameters"),
+        (
+            "good",
+            "dropout",
+            "the model's layer '1' (Dropout) draws random numbers, which one batch of peers (vmap) cannot: run with --no-batch",
+        ),
+        ("exits", None, "--dataset hostile:exits (loading its data) called sys.exit(0)"),
     ],
 )
 def test_what_a_plug_in_returns_is_checked_where_it_enters(tmp_path, monkeypatch, dataset, model, needle):
     """The hostile cases of issue 40: each ran silently with wrong numbers (5,001 classes at 0.0%) or
     ended in a traceback from deep inside p2pfl. Each is one line naming the plug-in and the field, exit
     2; where the user's code raised, that line and then their frames only."""
-    done = run_hostile(tmp_path, monkeypatch, dataset, model)
+    done = run_hostile(tmp_path, monkeypatch, dataset, model, "--samples-per-peer", "8")
     assert done.returncode == 2 and needle in done.stderr, done.stderr[-2000:]
     assert done.stderr.startswith("p2pfl: error: ")
     if "traceback" in needle:  # their frames (their module's, torch's for their Linear), none of p2pfl's
@@ -486,6 +554,11 @@ def test_what_a_plug_in_returns_is_checked_where_it_enters(tmp_path, monkeypatch
         assert "p2pfl/" not in frames and ("hostile.py" in frames or "torch" in frames), frames
     else:
         assert done.stderr.count("\n") == 1
+
+
+def test_a_model_that_draws_random_numbers_runs_with_no_batch_as_its_refusal_says(tmp_path, monkeypatch):
+    done = run_hostile(tmp_path, monkeypatch, "good", "dropout", "--samples-per-peer", "8", "--no-batch")
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 ALGORITHMS = {
@@ -522,6 +595,27 @@ ALGORITHMS = {
         "class Twin(p2pfl.Algorithm):\n    name = 'dfedavg'\n    summary = 'x'\n",
         "two algorithms are named 'dfedavg'",
     ),
+    "roundless": (
+        "class Roundless(p2pfl.Algorithm):\n    name = 'roundless'\n    summary = 'x'\n",
+        "has no round(self, round_index)",
+    ),
+    "typed": (
+        "from dataclasses import dataclass\n@dataclass(frozen=True)\nclass S:\n"
+        "    table: dict = p2pfl.option(None, 'x')\n"
+        "class Typed(p2pfl.Algorithm):\n    name = 'typed'\n    summary = 'x'\n    Settings = S\n"
+        "    def round(self, k):\n        return p2pfl.Round(None)\n",
+        "its setting 'table' is of type dict; settings are bool, int, float, str or a list of ints",
+    ),
+    "double": (
+        "class Double(p2pfl.Algorithm):\n    name = 'double'\n    summary = 'x'\n"
+        "    def round(self, k):\n        self.ctx.flat = self.ctx.flat.double()\n        return p2pfl.Round(None)\n",
+        "round 1 left ctx.flat as float64; it must stay float32",
+    ),
+    "quits": (
+        "import sys\nclass Quits(p2pfl.Algorithm):\n    name = 'quits'\n    summary = 'x'\n"
+        "    def round(self, k):\n        sys.exit(0)\n",
+        "--algo quits: its round called sys.exit(0)",
+    ),
 }
 
 
@@ -537,6 +631,32 @@ def test_an_algorithm_of_ones_own_is_checked_where_it_enters(tmp_path, monkeypat
     )
     REGISTRY.pop(case, None)
     assert done.returncode == 2 and needle in done.stderr and done.stderr.count("\n") == 1, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("hook", ["__init__", "round", "finish"])
+def test_an_algorithms_own_exception_is_one_line_then_its_frames(tmp_path, monkeypatch, hook):
+    """Hostile cases of issue 50: an exception in a user's algorithm was a long traceback through p2pfl."""
+    body = {
+        "__init__": "    def __init__(self, ctx, settings=None):\n        raise ValueError('mine')\n",
+        "round": "",
+        "finish": "    def finish(self, run_dir):\n        raise ValueError('mine')\n",
+    }[hook]
+    source = (
+        "import p2pfl\nclass Raises(p2pfl.Algorithm):\n    name = 'raises'\n    summary = 'x'\n"
+        + body
+        + "    def round(self, k):\n"
+        + ("        raise ValueError('mine')\n" if hook == "round" else "        return p2pfl.Round(None)\n")
+    )
+    (tmp_path / "algo_raises.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("algo_raises", None)
+    done = run_in_process(
+        [*TINY_ARGS, "--peers", "4", "--rounds", "1", "--algo", "algo_raises:Raises", "--out", str(tmp_path / "run")]
+    )
+    REGISTRY.pop("raises", None)
+    head, _, frames = done.stderr.partition("its traceback:")
+    assert done.returncode == 2 and f"--algo raises: its {hook} raised ValueError" in head, done.stderr[-2000:]
+    assert "algo_raises.py" in frames and "ValueError: mine" in frames and "p2pfl/" not in frames, frames
 
 
 def test_tensorboard_that_is_missing_or_broken_is_one_line_and_a_resume_may_leave_it(tmp_path, monkeypatch):

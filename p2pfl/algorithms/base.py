@@ -15,6 +15,8 @@ from p2pfl.config import RunConfig
 from p2pfl.data import Dataset
 from p2pfl.errors import UserError
 from p2pfl.gossip import Compressed, GossipCodec, dense_bytes
+from p2pfl.options import kind_of
+from p2pfl.plugins import call_plugin
 from topologies import mixing_weights
 
 
@@ -108,11 +110,33 @@ class Algorithm:
         return None
 
 
-def check_round_result(algorithm: Algorithm, ctx: RunContext, k: int, result, shape: tuple[int, ...]) -> Round:
+def is_builtin(cls: type) -> bool:
+    """Whether an algorithm class is p2pfl's own (its errors are p2pfl's bugs: a full traceback)."""
+    return cls.__module__.startswith("p2pfl.")
+
+
+def call_hook(algorithm, hook: str, *args):
+    """algorithm.hook(*args) (a class or an instance): a user's algorithm's exception, or its sys.exit, is
+    one line naming the algorithm and the hook, then its frames (p2pfl.plugins.call_plugin)."""
+    cls = algorithm if isinstance(algorithm, type) else type(algorithm)
+    method = cls if hook == "__init__" else getattr(algorithm, hook)
+    if is_builtin(cls):
+        return method(*args)
+    return call_plugin(f"--algo {cls.name}: its {hook}", method, *args)
+
+
+def check_round_result(
+    algorithm: Algorithm, ctx: RunContext, k: int, result, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
+) -> Round:
     """What an algorithm's round returns and leaves, checked where it comes back (a user's algorithm, too):
     a Round, the weights keep their shape (one row of the model's parameters per peer of the rank), the
     losses are None or one per peer."""
     where = f"--algo {algorithm.name}: round {k + 1}"
+    if isinstance(ctx.flat, torch.Tensor) and ctx.flat.dtype != dtype:
+        raise UserError(
+            f"{where} left ctx.flat as {str(ctx.flat.dtype).replace('torch.', '')}; it must stay "
+            f"{str(dtype).replace('torch.', '')}, as the model's parameters"
+        )
     if not isinstance(ctx.flat, torch.Tensor) or tuple(ctx.flat.shape) != shape:
         got = tuple(ctx.flat.shape) if isinstance(ctx.flat, torch.Tensor) else type(ctx.flat).__name__
         raise UserError(
@@ -152,6 +176,14 @@ def register(cls: type[Algorithm]) -> None:
             f"{where}: its setting {core[0]!r} is named like the run's own --{core[0].replace('_', '-')}; "
             "give it a name of its own"
         )
+    for f in dataclasses.fields(cls.Settings):
+        try:
+            kind_of(f)
+        except TypeError:
+            raise UserError(
+                f"{where}: its setting {f.name!r} is of type {getattr(f.type, '__name__', f.type)}; settings are "
+                "bool, int, float, str or a list of ints"
+            ) from None
     kinds = cls.state if isinstance(cls.state, dict) else {}
     wrong = [f"{name}: {kind!r}" for name, kind in kinds.items() if kind not in STATE_KINDS]
     if not isinstance(cls.state, (dict, property)) or wrong:
@@ -159,6 +191,8 @@ def register(cls: type[Algorithm]) -> None:
             f"{where}: state maps attribute names to one of {', '.join(STATE_KINDS)}; got "
             f"{(wrong[0] if wrong else repr(cls.state))}"[:300]
         )
+    if cls.round is Algorithm.round:
+        raise UserError(f"{where} has no round(self, round_index); an algorithm is its round")
     REGISTRY[cls.name] = cls
 
 

@@ -288,10 +288,10 @@ def _user_dataset(reference: str, req: DataRequest) -> Dataset:
         _numbers(v, f"{where}: {name}") for v, name in zip(parts, ("train_x", "train_y", "test_x", "test_y"))
     )
     for x, name in ((train_x, "train_x"), (test_x, "test_x")):
-        if x.ndim < 2 or len(x) == 0:
+        if x.ndim < 2 or len(x) == 0 or 0 in x.shape[1:]:
             raise UserError(
                 f"{where}: {name} has shape {tuple(x.shape)}; it must be (samples, features...) with at "
-                "least one sample"
+                "least one sample and one feature"
             )
         if not torch.isfinite(x.float()).all():
             raise UserError(f"{where}: {name} holds NaN or inf")
@@ -324,6 +324,12 @@ def _user_dataset(reference: str, req: DataRequest) -> Dataset:
         raise UserError(
             f"{where}: owners must name one owner per training sample ({len(train_x)}), not shape {groups.shape}"
         )
+    if groups is not None and not (
+        np.issubdtype(groups.dtype, np.integer) or np.issubdtype(groups.dtype, np.str_)
+    ):  # an owner is a name or a whole number, not 0.5
+        raise UserError(f"{where}: owners must be whole numbers or names, not {groups.dtype} values")
+    if groups is not None and np.issubdtype(groups.dtype, np.integer) and len(groups) and groups.min() < 0:
+        raise UserError(f"{where}: owners are whole numbers >= 0 or names; one is {int(groups.min())}")
     return Dataset(reference, train_x.float(), train_y.long(), test_x.float(), test_y.long(), n_classes, groups=groups)
 
 

@@ -91,24 +91,30 @@ def _checked(model, name: str, shape: tuple[int, ...], n_outputs: int) -> nn.Mod
     if not isinstance(model, nn.Module):
         raise UserError(f"{where} returned a {type(model).__name__}, not a torch.nn.Module")
     params = list(model.parameters())
-    if not params:
-        raise UserError(f"{where} has no parameters to train")
+    if not any(p.requires_grad for p in params):
+        raise UserError(f"{where} has no parameters to train (none requires grad)")
     kinds = sorted({str(p.dtype) for p in params} - {"torch.float32"})
     if kinds:
         raise UserError(f"{where} has {', '.join(kinds)} parameters; p2pfl trains float32 (build it with .float())")
+    if any(size < 1 for size in shape):
+        raise UserError(f"{where}: the dataset's inputs have shape {tuple(shape)}; every dimension needs a size >= 1")
     training = model.training
     model.eval()
-    with torch.no_grad():
-        out = call_plugin(
-            f"{where} (a forward pass of 2 inputs of shape {tuple(shape)})", model, torch.zeros(2, *shape)
-        )
+    before = [p.detach().clone() for p in params if not p.is_meta]  # a model sized on the meta device has no values
+    out = call_plugin(f"{where} (a forward pass of 2 inputs of shape {tuple(shape)})", model, torch.zeros(2, *shape))
     model.train(training)
+    if any(not torch.equal(a, p.detach()) for a, p in zip(before, [p for p in params if not p.is_meta])):
+        raise UserError(f"{where}: its forward pass changed its own parameters; training changes them, not forward")
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, n_outputs):
         got = f"a {type(out).__name__}" if not isinstance(out, torch.Tensor) else f"shape {tuple(out.shape)}"
         raise UserError(
             f"{where}: a batch of 2 inputs of shape {tuple(shape)} gave {got}; p2pfl needs one tensor of "
             f"shape (2, {n_outputs}), a score per {'class' if n_outputs > 1 else 'output'}"
         )
+    if not out.is_floating_point():
+        raise UserError(f"{where} returns {str(out.dtype).replace('torch.', '')} scores; p2pfl needs float ones")
+    if not out.requires_grad:
+        raise UserError(f"{where} returns scores that do not depend on its parameters (detached?); none could train")
     return model
 
 

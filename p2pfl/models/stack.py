@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from p2pfl.errors import UserError
 from p2pfl.models.layers import PeerDropout
 from p2pfl.models.layout import ParamLayout
 from p2pfl.models.mlp import MLP, MLPShape
@@ -42,6 +43,13 @@ class PeerStack:
         # ranks that share the GPU)
         self.memory_share = 0.5
         self.dropouts = {name: m for name, m in model.named_modules() if isinstance(m, PeerDropout)}
+        drawing = [name for name, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
+        if drawing and self.batched:
+            raise UserError(
+                f"the model's layer {drawing[0]!r} ({type(dict(model.named_modules())[drawing[0]]).__name__}) draws "
+                "random numbers, which one batch of peers (vmap) cannot: run with --no-batch, or use "
+                "p2pfl.models.layers.PeerDropout (keyed per peer, batched)"
+            )
         # a batched MLP trains through hand-written batched products (p2pfl.gradients.mlp_gradients)
         self.mlp = _mlp_shape(model, self.layout) if self.batched else None
         self._scratch = threading.local()  # freed with its thread
@@ -73,7 +81,15 @@ class PeerStack:
         if features:
             call = self._with_features
         if self.batched:
-            return vmap(call, in_dims=(0, None if shared_input else 0))(params, x)
+            try:
+                return vmap(call, in_dims=(0, None if shared_input else 0))(params, x)
+            except RuntimeError as exc:
+                if "random" not in str(exc):
+                    raise
+                raise UserError(
+                    "the model draws random numbers in its forward pass, which one batch of peers (vmap) cannot: "
+                    "run with --no-batch"
+                ) from None
         rows = next(iter(params.values())).shape[0]
         out = [call({k: v[i] for k, v in params.items()}, x if shared_input else x[i]) for i in range(rows)]
         return tuple(torch.stack(part) for part in zip(*out)) if features else torch.stack(out)
