@@ -74,7 +74,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     data = load_dataset(cfg.dataset, DataRequest(cfg.data_dir, cfg.labels, cfg.peers, cfg.samples_per_peer, cfg.seed))
     if cfg.train_samples:
         data.keep_training_samples(cfg.train_samples, cfg.seed)
-    check_data_fit(cfg, len(data.train_y), len(data.test_y))
+    check_data_fit(cfg, len(data.train_y), len(data.test_y), data.train_x[0].numel())
     # a partition file's indices name samples of the training set as loaded: read before the algorithm
     # drops any (FedAvg-FT's held-out classes), then mapped to the samples kept
     written = read_partition_file(cfg.partition_file, cfg.peers, len(data.train_y)) if cfg.partition_file else None

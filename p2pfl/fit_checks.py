@@ -55,8 +55,18 @@ def _check_writable(path: Path) -> None:
         raise UserError(f"--out {path} cannot be made in {target} ({exc.strerror or exc.__class__.__name__})")
 
 
-def check_data_fit(cfg: RunConfig, train_samples: int, test_samples: int) -> None:
-    """Options that must fit the data, checked once it is loaded and before anything is made of it."""
+def check_data_fit(cfg: RunConfig, train_samples: int, test_samples: int, sample_numel: int = 1) -> None:
+    """Options that must fit the data, checked once it is loaded and before anything is made of it: a
+    minibatch of --batch-size for every peer (its index plan, 8 bytes a sample, and its float32 inputs)
+    must fit this machine's memory, so a typo such as --batch-size 1000000000 is one line, not 32 GB."""
+    need = cfg.peers * (cfg.batch_size or 1) * (8 + 4 * sample_numel)
+    have = machine_memory("cpu")[1]
+    if need > have:
+        raise UserError(
+            f"--batch-size {cfg.batch_size:,} for {cfg.peers} peers needs about {need / 2**30:,.1f} GiB of "
+            f"minibatches, more than this machine's {have / 2**30:,.1f} GiB; a batch beyond a peer's "
+            f"{cfg.samples_per_peer} samples holds no more than them"
+        )
     if cfg.peers > train_samples:
         raise UserError(
             f"--peers {cfg.peers} exceeds the {train_samples:,} training samples of {cfg.dataset}: "

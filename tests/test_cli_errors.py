@@ -358,3 +358,13 @@ def test_the_tiers_tell_a_launch_from_a_librarys_helper_program():
     assert _launch_kind([sys.executable, "-m", "analysis"]) == "subprocess"
     assert _launch_kind(["p2pfl-run", "--peers", "4"]) == "subprocess"
     assert _launch_kind(["gcc", "-v"]) is None and _launch_kind("ldconfig -p") is None
+
+
+def test_a_batch_size_no_machine_holds_is_one_line_before_anything_is_allocated(tmp_path, capsys):
+    """Hostile case of issue 50: --batch-size 1000000000 tried to allocate 32 GB of minibatch plans."""
+    out = tmp_path / "run"
+    args = ["--dataset", "synthetic", "--peers", "4", "--kappa", "2", "--rounds", "1", "--no-progress"]
+    code = main([*args, "--batch-size", "1000000000", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--batch-size 1,000,000,000 for 4 peers needs about" in err, err
+    assert err.count("\n") == 1 and not out.exists()  # the folder the refused run made is gone again
