@@ -30,12 +30,11 @@ class StopRequest:
     def __init__(self, rank: int, transport=None):
         stopping.LOOP_STARTED[0] = True
         self.requested, self.rank, self.by, self.now, self.remote = False, rank, "Ctrl-C", False, None
+        self.code = 130  # the exit status of the stop: 128 + the signal's number (Ctrl-C: 130, SIGTERM: 143)
         self.transport = transport
         in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
         self.previous = (
-            {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
-            if in_main_thread
-            else {}
+            {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, *stopping.AT_ONCE)} if in_main_thread else {}
         )
         self.watcher = stopping.SignalWatcher() if in_main_thread else None  # the long loops learn at once
         if in_main_thread and transport is not None:
@@ -52,12 +51,19 @@ class StopRequest:
     def on_signal(self, signum, frame) -> None:
         if self.now:  # already stopping at once: let it save what it holds
             return
+        if signum != signal.SIGUSR1:
+            self.code = 128 + signum
         if signum == signal.SIGTERM:
             self.by = "SIGTERM (a scheduler's stop; under mpirun also when a rank died)"
+        elif signum == signal.SIGHUP:
+            self.by = "SIGHUP (its terminal closed)"
+        elif signum == signal.SIGQUIT:
+            self.by = "SIGQUIT"
         elif signum == signal.SIGUSR1 and self.remote:
             self.by = self.remote
         elif signum == signal.SIGUSR1:  # mpirun forwards it to every rank, where SIGTERM ends the job at once
             self.by = "SIGUSR1 (a stop forwarded by mpirun)"
+            self.code = 143
         if self.requested or signum != signal.SIGINT:
             self.now = True
             stopping.NOW[0] = 1
@@ -72,10 +78,14 @@ class StopRequest:
             )
 
     def uninstall(self) -> None:
+        """The handlers as they were; on the command line, after a stop, further signals are ignored
+        instead: the process is about to print its one line and exit, and a second signal (an impatient
+        Ctrl-C, a scheduler's repeated SIGTERM) must not end it without that line."""
         if self.transport is not None:
             self.transport.stop_watching()
+        stopping_now = self.now or self.requested
         for s, handler in self.previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, signal.SIG_IGN if stopping_now and stopping.CLI[0] else handler)
         if self.watcher is not None:
             self.watcher.close()
 

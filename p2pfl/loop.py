@@ -52,9 +52,7 @@ def run_rounds(ctx, algorithm, log: MetricsLog, first: int, run_dir: Path | None
         return final, state
     except KeyboardInterrupt:
         saved = saves.save_held()
-        raise Interrupted(
-            f"stopped in round {k + 1} by {stop.by}; {resume_hint(run_dir, saved)}", 130 if stop.by == "Ctrl-C" else 143
-        ) from None
+        raise Interrupted(f"stopped in round {k + 1} by {stop.by}; {resume_hint(run_dir, saved)}", stop.code) from None
     finally:
         stop.uninstall()
         for observer in observers:

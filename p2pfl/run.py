@@ -21,6 +21,7 @@ threads_per_rank()  # before torch is imported
 
 import traceback  # noqa: E402
 
+from p2pfl import stopping  # noqa: E402
 from p2pfl.comm import launched_by_mpi, mpi_world  # noqa: E402
 from p2pfl.comm.transport import CommTimeout  # noqa: E402
 from p2pfl.configure import parse_config, resolve  # noqa: E402
@@ -30,6 +31,7 @@ from p2pfl.stopping import record_status  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    stopping.CLI[0] = argv is None  # the command line's process (python -m p2pfl.run, p2pfl-run), not a caller's
     code = _main(argv)
     if mpi_world()[0] == 0:
         record_status(code)

@@ -21,7 +21,9 @@ import numpy as np
 
 NOW = np.zeros(1, np.int8)  # 1: stop at once (read by compiled loops, hence an array)
 LOOP_STARTED = [False]  # a round loop has begun in this process (it handles signals from then on)
-AT_ONCE = (signal.SIGTERM, signal.SIGUSR1)  # a first SIGINT finishes the round; a second one is at once
+# a first SIGINT finishes the round; a second one is at once, as these are (SIGHUP: the terminal closed)
+AT_ONCE = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT)
+CLI = [False]  # this process is the command line's (p2pfl.run): nothing after a stop may kill it silently
 
 
 def requested() -> bool:
@@ -83,13 +85,13 @@ def quiet_until_started() -> None:
     a stop while torch loads, before the run can save anything, or after the loop (what mpirun sends the
     other ranks when one has stopped), ends in one line, not a traceback; the run installs its own when
     it starts. A write past a file-size limit fails (EFBIG) instead of killing the process."""
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+    for signum in (signal.SIGINT, *AT_ONCE):
         signal.signal(signum, _stopped_early)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
 def _stopped_early(signum, frame) -> None:
-    code = 130 if signum == signal.SIGINT else 143  # SIGUSR1 is a stop forwarded by mpirun, as SIGTERM
+    code = 143 if signum == signal.SIGUSR1 else 128 + signum  # SIGUSR1 is a stop forwarded by mpirun, as SIGTERM
     rank0 = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")) == "0"  # one line for the job
     if not LOOP_STARTED[0] and rank0:
         os.write(2, b"p2pfl: stopped before the run started\n")

@@ -509,3 +509,33 @@ def test_a_run_folder_in_use_is_refused_to_a_second_run(tmp_path, monkeypatch):
     monkeypatch.undo()
     again = testing.run_in_process([*args, "--overwrite"])  # the lock went with the run
     assert again.returncode == 0, again.stderr[-2000:]
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGQUIT])
+def test_sighup_and_sigquit_save_the_last_round_as_sigterm_does(tmp_path, signum):
+    """Hostile case of issue 50: SIGHUP (a closed terminal) and SIGQUIT killed the run without saving."""
+    run = tmp_path / "cut"
+    proc = _start(SLOW, run, 0)
+    _wait_for_rows(proc, run, 2)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, err
+    assert "checkpoint after round" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert json.loads((run / "checkpoint" / "latest.json").read_text())["round"] >= 2
+
+
+@pytest.mark.subprocess
+def test_a_second_signal_during_a_stop_still_ends_with_the_line_and_the_save(tmp_path):
+    """Hostile case of issue 50: a second SIGTERM while the run stopped ended it without a word."""
+    run = tmp_path / "cut"
+    proc = _start(SLOW, run, 0)
+    _wait_for_rows(proc, run, 2)
+    proc.send_signal(signal.SIGTERM)
+    for _ in range(20):  # an impatient scheduler: again and again while the stop saves and exits
+        time.sleep(0.02)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "checkpoint after round" in err, err
+    assert json.loads((run / "checkpoint" / "latest.json").read_text())["round"] >= 2
