@@ -26,7 +26,7 @@ import torch
 from p2pfl.algorithms.base import Algorithm, Round
 from p2pfl.algorithms.gossip_options import GossipSettings, gossip_codec
 from p2pfl.errors import UserError
-from p2pfl.gossip import Compressed, GossipCodec, dense_bytes
+from p2pfl.gossip import QSGD, Compressed, GossipCodec, dense_bytes
 from p2pfl.options import fraction, option
 from p2pfl.plugins import is_reference
 from p2pfl.training import apply_step
@@ -35,6 +35,7 @@ from topologies import FAMILIES, mixing_weights
 # The consensus step gamma of the paper's experiments (ICML 2019, logistic regression on epsilon, a ring of
 # 9 nodes, 1% of 2,000 coordinates kept or 16-level QSGD), by codec; dense gossip's is exact averaging.
 PAPER_GAMMA = {"top-k": 0.04, "random-k": 0.01, "qsgd": 0.34, "dense": 1.0}
+PAPER_QSGD_TAU = 3.8  # 1 + min(d/s^2, sqrt(d)/s) at the paper's d = 2,000 and s = 16
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,21 @@ class ChocoSGD(Algorithm):
         self.codec = gossip_codec(self.settings) or GossipCodec()
         self.estimate = torch.zeros_like(ctx.flat)  # x_hat_i, the public copy of each peer's weights
         self.mixed = torch.zeros_like(ctx.flat)  # s_i = sum_j W_ij x_hat_j
+
+    def notes(self) -> list[str]:
+        """QSGD's paper gamma was chosen where its rescaling was mild; say how far this model is from that."""
+        if not isinstance(self.codec, QSGD):
+            return []
+        tau = 1 / self.codec.contraction(self.ctx.flat.shape[1])
+        return [
+            f"CHOCO-SGD: QSGD rescaled by 1/tau, tau = {tau:.1f} for {self.ctx.flat.shape[1]:,} weights (the "
+            f"paper's gamma 0.34 was for tau {PAPER_QSGD_TAU}, 2,000 weights); gamma {self.settings.choco_gamma:g}"
+            + (
+                " may diverge here: on the 79,510-weight MLP it did, 0.1 did not"
+                if tau > 2 * PAPER_QSGD_TAU and self.settings.choco_gamma >= 0.34
+                else ""
+            )
+        ]
 
     def round(self, round_index: int) -> Round:
         ctx, codec = self.ctx, self.codec
