@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from p2pfl.config import result_settings
 from p2pfl.errors import UserError
 from p2pfl.paths import read_regular
 
@@ -37,6 +38,15 @@ def _set(obj, dotted: str, value) -> None:
     for name in path:
         obj = getattr(obj, name)
     setattr(obj, last, value)
+
+
+def _differences(stored: dict, now: dict) -> list[str]:
+    """'seed 1, not 0' for each setting a checkpoint was written with that the run now has otherwise."""
+    return [
+        f"{k} {stored.get(k)!r}, not {now.get(k)!r}"
+        for k in sorted(set(stored) | set(now))
+        if stored.get(k) != now.get(k)
+    ]
 
 
 def _names(algorithm, kind: str) -> list[str]:
@@ -86,6 +96,7 @@ def capture(ctx, algorithm, rows: list[dict], rounds_done: int, copy: bool = Tru
         state["server"] = {name: take(_get(algorithm, name)) for name in _names(algorithm, "server")}
         state["global_weights"] = take(ctx.global_weights)
         state["rows"] = list(rows)
+        state["settings"] = result_settings(ctx.cfg)  # whose checkpoint this is (a copied one is refused)
     return state
 
 
@@ -256,7 +267,19 @@ def restore(ctx, algorithm, snapshot: Snapshot, run_dir: Path) -> None:
     run as configured (a config.toml edited since would not): nothing changes where it does not."""
     parts = snapshot.parts
     where = {p: (part, i) for part in parts for i, p in enumerate(part["peers"])}
-    problem = None
+    problem, stored = None, parts[0].get("settings")
+    differ = [] if stored is None else _differences(stored, result_settings(ctx.cfg))
+    if differ:
+        raise UserError(
+            f"--resume {run_dir}: the checkpoint does not fit the run's config.toml: it was written with "
+            f"{'; '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}; was config.toml edited, or the checkpoint "
+            "copied from another run?"
+        )
+    if snapshot.round >= ctx.cfg.rounds:
+        raise UserError(
+            f"--resume {run_dir}: the checkpoint is after round {snapshot.round}, and config.toml's rounds is "
+            f"{ctx.cfg.rounds}: nothing is left to run (was rounds lowered by hand? set it back in config.toml)"
+        )
     if sorted(where) != list(range(ctx.cfg.peers)):
         problem = f"it holds {len(where)} peers, config.toml {ctx.cfg.peers}"
     elif any(part["flat"].shape[1] != ctx.stack.layout.size for part in parts):

@@ -51,8 +51,7 @@ class StopRequest:
     def on_signal(self, signum, frame) -> None:
         if self.now:  # already stopping at once: let it save what it holds
             return
-        if signum != signal.SIGUSR1:
-            self.code = 128 + signum
+        self.code = 143 if signum == signal.SIGUSR1 else 128 + signum  # SIGUSR1: a stop forwarded, as SIGTERM
         if signum == signal.SIGTERM:
             self.by = "SIGTERM (a scheduler's stop; under mpirun also when a rank died)"
         elif signum == signal.SIGHUP:
@@ -63,7 +62,6 @@ class StopRequest:
             self.by = self.remote
         elif signum == signal.SIGUSR1:  # mpirun forwards it to every rank, where SIGTERM ends the job at once
             self.by = "SIGUSR1 (a stop forwarded by mpirun)"
-            self.code = 143
         if self.requested or signum != signal.SIGINT:
             self.now = True
             stopping.NOW[0] = 1

@@ -28,7 +28,7 @@ from p2pfl.paths import check_resumable, read_regular
 from p2pfl.plugins import is_reference
 from p2pfl.tracking import check_available
 from p2pfl.topology import check_topology, choices_sentence, settle
-from p2pfl.config import FIELDS, TRAINING_FALLBACK, RunConfig, machine_memory
+from p2pfl.config import FIELDS, RESULT_NEUTRAL, TRAINING_FALLBACK, RunConfig, machine_memory
 
 __all__ = [
     "RunConfig",
@@ -145,7 +145,6 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
 
 
 # settings that change no number
-RESULT_NEUTRAL = ("resume", "out", "overwrite", "comm_timeout", "progress", "checkpoint_every", "tensorboard")
 
 
 def _stored_config(run_dir: str) -> dict[str, Any]:

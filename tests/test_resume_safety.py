@@ -5,6 +5,7 @@ accepted, and SIGTERM saves the last completed round."""
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -539,3 +540,48 @@ def test_a_second_signal_during_a_stop_still_ends_with_the_line_and_the_save(tmp
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143 and "checkpoint after round" in err, err
     assert json.loads((run / "checkpoint" / "latest.json").read_text())["round"] >= 2
+
+
+CUT = [
+    "--dataset",
+    "synthetic",
+    "--peers",
+    "4",
+    "--kappa",
+    "2",
+    "--rounds",
+    "3",
+    "--samples-per-peer",
+    "20",
+    "--local-epochs",
+    "1",
+    "--test-samples",
+    "50",
+    "--no-progress",
+]
+
+
+def test_a_checkpoint_copied_from_another_run_is_refused_naming_what_differs(tmp_path):
+    """Hostile case of issue 50: another seed's checkpoint was resumed without a word."""
+    for name, seed in (("mine", "0"), ("theirs", "1")):
+        cut = testing.run_in_process([*CUT, "--seed", seed, "--out", str(tmp_path / name)], stop_after_first_round=True)
+        assert cut.returncode == 130, cut.stderr
+    shutil.rmtree(tmp_path / "mine" / "checkpoint")
+    shutil.copytree(tmp_path / "theirs" / "checkpoint", tmp_path / "mine" / "checkpoint")
+    before = (tmp_path / "mine" / "metrics.jsonl").read_text()
+    done = testing.run_in_process(["--resume", str(tmp_path / "mine"), "--no-progress"])
+    assert (
+        done.returncode == 2 and "does not fit the run's config.toml: it was written with seed 1, not 0" in done.stderr
+    )
+    assert (tmp_path / "mine" / "metrics.jsonl").read_text() == before  # nothing changed
+
+
+def test_rounds_lowered_by_hand_below_the_checkpoint_is_refused_and_keeps_the_checkpoint(tmp_path):
+    """Hostile case of issue 50: --resume exited 0, deleted the checkpoint and wrote no model."""
+    run = tmp_path / "run"
+    assert testing.run_in_process([*CUT, "--out", str(run)], stop_after_first_round=True).returncode == 130
+    config = run / "config.toml"
+    config.write_text(config.read_text().replace("\nrounds = 3\n", "\nrounds = 1\n"))
+    done = testing.run_in_process(["--resume", str(run), "--no-progress"])
+    assert done.returncode == 2 and "nothing is left to run (was rounds lowered by hand?" in done.stderr, done.stderr
+    assert (run / "checkpoint" / "latest.json").is_file()
