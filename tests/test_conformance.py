@@ -50,13 +50,30 @@ GRAPHS = {
     "choco-quant": ["--algo", "choco", "--static", "--gossip-quant-bits", "4"],
     "choco-exponential": ["--algo", "choco", "--static", "--topology", "exponential"],
 }
-CASES = {**{algo: [] for algo in ALGOS}, **GRAPHS}
+# Where one process and three ranks cut the peers into different blocks (training's blocks of 24 MLP peers:
+# 24 + 6 on one process, 10 on each rank), so that a sum whose order follows the blocks shows up.
+BLOCKS = {
+    "dfedavg-30-peers": ["--algo", "dfedavg", "--peers", "30", "--kappa", "3", "--samples-per-peer", "30"],
+    "ntk-dfl-30-peers": [
+        "--algo",
+        "ntk-dfl",
+        "--peers",
+        "30",
+        "--kappa",
+        "3",
+        "--samples-per-peer",
+        "30",
+        *FITS["ntk-dfl"],
+    ],
+}
+EXTRA = {**GRAPHS, **BLOCKS}  # cases beyond each algorithm's own, as full argument lists
+CASES = {**{algo: [] for algo in ALGOS}, **EXTRA}
 
 
 def tiny(case: str) -> list[str]:
     """2 rounds (TCT's stages: 1 + 1 in FITS) of an algorithm, or of a graph case."""
-    if case in GRAPHS:
-        return [*TINY, "--rounds", "2", *GRAPHS[case]]
+    if case in EXTRA:
+        return [*TINY, "--rounds", "2", *EXTRA[case]]
     return [*TINY, "--rounds", "2", "--algo", case, *FITS.get(case, [])]
 
 
