@@ -39,6 +39,7 @@ NOT_RESULTS = {
     "client_test_samples",
 }
 MIB = 2**20
+BYTES_SPREAD = 20  # groups whose bytes sent differ more than this: the bytes axis is drawn on a log scale
 
 
 @dataclass
@@ -143,7 +144,9 @@ def group_runs(runs: list[Run], by: list[str] | None) -> list[Group]:
         config = group.runs[0].config
         group.settings, group.also = list(varying), also
         group.mixed = [k for k in shared if len({_same(r.config.get(k)) for r in group.runs}) > 1]
-        group.label = ", ".join(f"{k}={_short(config.get(k))}" for k in varying) or str(config.get("algo", "runs"))
+        group.label = ", ".join(  # a setting its algorithm does not have (None) says nothing of the group
+            f"{k}={_short(config.get(k))}" for k in varying if config.get(k) is not None
+        ) or str(config.get("algo", "runs"))
     return list(groups.values())
 
 
@@ -325,6 +328,10 @@ def draw(groups: list[Group], metric: str, band: str, path: Path, title: str, ta
         if metric != "acc":
             ax.set_yscale("log")
     whole_numbers(axes[0].xaxis)
+    sent = [group.stack("bytes_sent", group.rounds(key), True).mean(0)[-1] for group in groups if group.rounds(key)]
+    if sent and min(sent) > 0 and max(sent) / min(sent) > BYTES_SPREAD:  # codecs, or rounds of unequal cost
+        axes[1].set_xscale("log")
+        axes[1].set_xlabel("MiB sent (all peers, cumulative; log scale)")
     axes[0].set_ylabel(names.get(metric, f"test {metric}"))
     axes[0].legend(loc="best", fontsize=8)
     axes[2].plot([], [], "k" + AGGREGATED, label="aggregated model")
