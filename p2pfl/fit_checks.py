@@ -59,6 +59,13 @@ def check_data_fit(cfg: RunConfig, train_samples: int, test_samples: int, sample
     """Options that must fit the data, checked once it is loaded and before anything is made of it: a
     minibatch of --batch-size for every peer (its index plan, 8 bytes a sample, and its float32 inputs)
     must fit this machine's memory, so a typo such as --batch-size 1000000000 is one line, not 32 GB."""
+    if cfg.peers > train_samples:
+        raise UserError(
+            f"--peers {cfg.peers} exceeds the {train_samples:,} training samples of {cfg.dataset}: "
+            "a peer needs at least one"
+        )
+    if cfg.test_samples is not None and cfg.test_samples > test_samples:
+        raise UserError(f"--test-samples {cfg.test_samples} exceeds the {test_samples:,} test samples of {cfg.dataset}")
     need = cfg.peers * (cfg.batch_size or 1) * (8 + 4 * sample_numel)
     have = machine_memory("cpu")[1]
     if need > have:
@@ -67,13 +74,6 @@ def check_data_fit(cfg: RunConfig, train_samples: int, test_samples: int, sample
             f"minibatches, more than this machine's {have / 2**30:,.1f} GiB; a batch beyond a peer's "
             f"{cfg.samples_per_peer} samples holds no more than them"
         )
-    if cfg.peers > train_samples:
-        raise UserError(
-            f"--peers {cfg.peers} exceeds the {train_samples:,} training samples of {cfg.dataset}: "
-            "a peer needs at least one"
-        )
-    if cfg.test_samples is not None and cfg.test_samples > test_samples:
-        raise UserError(f"--test-samples {cfg.test_samples} exceeds the {test_samples:,} test samples of {cfg.dataset}")
 
 
 STACK_COPIES = 4  # a peer's weights, its update or gradient, an optimizer buffer and a received copy

@@ -83,12 +83,17 @@ def settle(cfg) -> None:
 
 
 def check_topology(cfg, peers: int) -> None:
-    """The graph of the first round, checked against the algorithm and the mixing (a user's graph is
-    checked where it enters, in drawing it)."""
+    """The graph against the algorithm and the mixing, before any data is read. A built-in family is
+    checked by its settings (drawing 10^8 peers' graph to look at it would take the machine's memory);
+    a user's graph, a function's or a file's, is drawn for the first round and checked where it enters."""
     schedule = schedule_of(cfg, peers)
-    first = _refusing(schedule.graph, 0)
+    family = FAMILIES.get(cfg.topology)
+    if family is not None and cfg.topology_file is None:
+        directed = family.directed(graph_spec(cfg))
+    else:
+        directed = _refusing(schedule.graph, 0).is_directed()
     where = f"--topology-file {cfg.topology_file}" if cfg.topology_file else f"--topology {cfg.topology}"
-    if first.is_directed():
+    if directed:
         if not getattr(cfg.algorithm, "directed_graphs", False):
             raise UserError(
                 f"{where} is directed (each peer hears its in-neighbours only); --algo {cfg.algo} needs symmetric "
@@ -97,7 +102,7 @@ def check_topology(cfg, peers: int) -> None:
             )
         if cfg.mixing == "metropolis":
             raise UserError(f"--mixing metropolis needs an undirected graph; {where} is directed (use uniform)")
-    if cfg.mixing == "given" and cfg.topology in FAMILIES:
+    if cfg.mixing == "given" and family is not None and cfg.topology_file is None:
         raise UserError(f"--mixing given reads the weights on the edges of your own graph; {where}'s carry none")
 
 

@@ -14,7 +14,7 @@ BAD = [
     (["--topology", "erdos-renyi", "--kappa", "12", "--peers", "10"], "mean degree"),
     (["--topology", "ring", "--peers", "2"], "ring needs at least 3"),
     (["--algo", "nope"], "unknown algorithm 'nope'"),
-    (["--topology", "torus"], "unknown topology 'torus'"),
+    (["--topology", "moebius"], "unknown topology 'moebius'"),
     (["--dataset", "imagenet"], "unknown dataset"),
     (["--partition", "pathological"], "unknown partition"),
     (["--alpha", "0"], "--alpha must be a positive number"),
