@@ -23,6 +23,7 @@ NOW = np.zeros(1, np.int8)  # 1: stop at once (read by compiled loops, hence an 
 LOOP_STARTED = [False]  # a round loop has begun in this process (it handles signals from then on)
 # a first SIGINT finishes the round; a second one is at once, as these are (SIGHUP: the terminal closed)
 AT_ONCE = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT)
+CHILDREN: list = []  # processes the run started and waits for (numba's compile ahead): a stop ends them too
 CLI = [False]  # this process is the command line's (p2pfl.run): nothing after a stop may kill it silently
 
 
@@ -93,6 +94,8 @@ def quiet_until_started() -> None:
 def _stopped_early(signum, frame) -> None:
     code = 143 if signum == signal.SIGUSR1 else 128 + signum  # SIGUSR1 is a stop forwarded by mpirun, as SIGTERM
     rank0 = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")) == "0"  # one line for the job
+    for child in CHILDREN:
+        child.kill()
     if not LOOP_STARTED[0] and rank0:
         os.write(2, b"p2pfl: stopped before the run started\n")
         record_status(code)

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -585,3 +586,50 @@ def test_rounds_lowered_by_hand_below_the_checkpoint_is_refused_and_keeps_the_ch
     done = testing.run_in_process(["--resume", str(run), "--no-progress"])
     assert done.returncode == 2 and "nothing is left to run (was rounds lowered by hand?" in done.stderr, done.stderr
     assert (run / "checkpoint" / "latest.json").is_file()
+
+
+@pytest.mark.subprocess
+def test_a_stop_during_numbas_first_compile_ends_within_10_s(tmp_path):
+    """Hostile case of issue 50: SIGTERM while numba compiled the NTK loop took 143 s (no handler runs
+    inside the compiler). With an empty numba cache the run compiles in a child that a stop ends."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}  # nothing compiled there yet
+    cmd = [
+        sys.executable,
+        "-m",
+        "p2pfl.run",
+        "--algo",
+        "ntk-dfl",
+        "--dataset",
+        "synthetic",
+        "--peers",
+        "4",
+        "--kappa",
+        "2",
+        "--rounds",
+        "1",
+        "--ntk-taus",
+        "50,100",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()
+    while line and "compiling the NTK integrator loop" not in line:
+        line = proc.stderr.readline()
+    assert line, "the run did not compile ahead"
+    time.sleep(1.0)  # inside the compile
+    proc.send_signal(signal.SIGTERM)
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - start < 10 and proc.returncode == 143, err
+    assert err.strip().splitlines() == ["p2pfl: stopped before the run started"], err
+    left = subprocess.run(["pgrep", "-f", "p2pfl.ntk.precompile"], capture_output=True, text=True).stdout.split()
+    assert not [pid for pid in left if _parent(pid) == proc.pid], "the compiling child outlived the run"
+
+
+def _parent(pid: str) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1

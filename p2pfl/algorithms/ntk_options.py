@@ -3,13 +3,16 @@ settings, the Jacobian codec, the input projection and the memory cap of dense J
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 import torch
 
 from p2pfl.options import bits, fraction, non_negative, option, positive, positive_ints
 from p2pfl.comm import Payload
+from p2pfl import stopping
 from p2pfl.errors import UserError
 from p2pfl.models import model_spec
 from p2pfl.ntk.codec import JacobianCodec
@@ -111,20 +114,37 @@ class NTKOptions:
         return NTKSettings(self.ntk_loss, tuple(self.ntk_taus), self.ntk_ode, self.ntk_selection)
 
 
-def announce_compiling(ctx, options: NTKOptions) -> None:
+def compile_ahead(ctx, options: NTKOptions) -> None:
     """Where the run's CE evolutions go through the compiled (numba) integrator loop and this machine's
-    numba cache lacks it, say on rank 0 that the first evolution compiles it."""
-    if (
-        ctx.transport.rank == 0
-        and options.ntk_loss == "ce"
-        and options.ntk_ode in ("split", "deflated")
-        and not loop_is_cached()
-    ):
+    numba cache lacks it, rank 0 compiles it now, in a child process (python -m p2pfl.ntk.precompile),
+    while the other ranks wait. Compiled in this process, the first evolution would hold the main thread
+    in numba for a minute or two, where no signal is handled: a scheduler's SIGTERM then took 143 s. The
+    child is waited for in short sleeps, so a stop is honoured at once, and the child ends with it."""
+    if not (options.ntk_loss == "ce" and options.ntk_ode in ("split", "deflated")):
+        return
+    if ctx.transport.rank == 0 and not loop_is_cached():
         print(
             "p2pfl: compiling the NTK integrator loop (numba) for this machine: about 1-2 minutes, once "
             "(make install does it ahead)",
             file=sys.stderr,
         )
+        child = subprocess.Popen(
+            [sys.executable, "-m", "p2pfl.ntk.precompile"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        stopping.CHILDREN.append(child)
+        try:
+            while child.poll() is None:
+                time.sleep(0.05)  # a signal's handler runs between these sleeps
+        finally:
+            stopping.CHILDREN.remove(child)
+            if child.poll() is None:
+                child.kill()
+        if child.returncode != 0:  # the first evolution compiles it in this process, as before
+            print(
+                f"p2pfl: compiling ahead failed ({child.stderr.read().decode(errors='replace')[-300:].strip()})",
+                file=sys.stderr,
+            )
+    ctx.transport.barrier()  # the other ranks load what rank 0 compiled
 
 
 def make_codec(ctx, options: NTKOptions) -> JacobianCodec:

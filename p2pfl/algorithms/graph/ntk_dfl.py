@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from p2pfl.algorithms.base import Algorithm, RunContext, Round, neighbour_average
-from p2pfl.algorithms.ntk_options import JacobianMessage, NTKOptions, announce_compiling, make_codec, project_inputs
+from p2pfl.algorithms.ntk_options import JacobianMessage, NTKOptions, compile_ahead, make_codec, project_inputs
 from p2pfl.errors import UserError
 from p2pfl.final_averaging import check_test_halves, final_averaging
 from p2pfl.metrics import histogram
@@ -58,7 +58,7 @@ class NTKDFL(Algorithm):
         check_test_halves(ctx.cfg.test_samples)
         self.step_settings = self.settings.step_settings()
         self.codec = make_codec(ctx, self.settings)
-        announce_compiling(ctx, self.settings)
+        compile_ahead(ctx, self.settings)
         self.plan = JacobianPlan(ctx, self.codec, self.settings)
         self.inputs = InputsCache(ctx.data)
         self.taus_chosen: list[int] = []  # every peer step's t, for final.json

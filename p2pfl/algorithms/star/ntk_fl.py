@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from p2pfl.algorithms.base import Round
-from p2pfl.algorithms.ntk_options import NTKOptions, announce_compiling, make_codec, project_inputs
+from p2pfl.algorithms.ntk_options import NTKOptions, compile_ahead, make_codec, project_inputs
 from p2pfl.algorithms.server import ServerAlgorithm, ServerOptions, clients_per_round
 from p2pfl.errors import UserError
 from p2pfl.options import fraction, option, positive
@@ -80,7 +80,7 @@ class NTKFL(ServerAlgorithm):
         super().__init__(ctx)
         self.step_settings = self.settings.step_settings()
         self.codec = make_codec(ctx, self.settings)
-        announce_compiling(ctx, self.settings)
+        compile_ahead(ctx, self.settings)
         self.beta = self.sampling_rate()
         self.taus_chosen: list[int] = []
         self.held_out = self.validation_clients()
