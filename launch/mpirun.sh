@@ -16,8 +16,14 @@ export P2PFL_STATUS_FILE
 trap 'rm -f "$P2PFL_STATUS_FILE"' EXIT
 # mpirun in a session of its own: a Ctrl-C at the terminal (SIGINT to the foreground process group) reaches
 # this script alone, which forwards it below; mpirun would end the job at once, saving nothing, without a word.
+# A rank ended by a signal before its run started (a user's kill, its node's OOM killer) ends the job:
+# mpirun stops the others, whose banner about it is left out here; p2pfl's own line says what happened.
 setsid "$here/.venv/bin/mpirun" --runtime-options error-nonzero-status=false -n "$ranks" --oversubscribe \
-    "$here/.venv/bin/python" -m p2pfl.run "$@" &
+    "$here/.venv/bin/python" -m p2pfl.run "$@" 2> >(awk '
+        /^--------------------+$/ { if (held) { held = held "\n" $0; if (held !~ /(noticed that process|exited on signal|prterun|mpirun)/) print held; held = ""; fflush() } else held = $0; next }
+        held { held = held "\n" $0; next }
+        { print; fflush() }
+        END { if (held) print held }' >&2) &
 job=$!
 trap 'kill -USR1 "$job" 2>/dev/null' TERM INT
 while kill -0 "$job" 2>/dev/null; do

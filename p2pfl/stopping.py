@@ -93,10 +93,17 @@ def quiet_until_started() -> None:
 
 def _stopped_early(signum, frame) -> None:
     code = 143 if signum == signal.SIGUSR1 else 128 + signum  # SIGUSR1 is a stop forwarded by mpirun, as SIGTERM
-    rank0 = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")) == "0"  # one line for the job
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK"))
+    rank0, under_mpi = rank in (None, "0"), rank is not None  # one line for the job
     for child in CHILDREN:
         child.kill()
     if not LOOP_STARTED[0] and rank0:
         os.write(2, b"p2pfl: stopped before the run started\n")
         record_status(code)
+    if signum != signal.SIGUSR1 and under_mpi:
+        # A signal to one rank alone (its node's, or a user's kill): end by that signal, which mpirun takes
+        # as the job's failure and ends the other ranks, instead of an exit status it may be told to
+        # ignore (launch/mpirun.sh), where they would wait for this rank at start-up for ever.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
     os._exit(code)

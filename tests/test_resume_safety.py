@@ -633,3 +633,40 @@ def _parent(pid: str) -> int:
         return int(Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[1])
     except (OSError, ValueError, IndexError):
         return -1
+
+
+def _rank_pids(marker: str) -> dict[int, int]:
+    """{MPI rank: pid} of the processes whose command line holds marker."""
+    out = {}
+    for pid in subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split():
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ranks = [e.split(b"=", 1)[1] for e in env if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
+        if ranks:
+            out[int(ranks[0])] = int(pid)
+    return out
+
+
+@pytest.mark.mpi
+def test_sigterm_to_one_rank_of_launch_mpirun_while_it_starts_ends_the_job(tmp_path):
+    """Hostile case of issue 50: SIGTERM to one rank of `launch/mpirun.sh 3` while the job was still starting
+    hung it silently, also with --comm-timeout 20 (the others waited for that rank at start-up)."""
+    marker = str(tmp_path / "run")  # in the ranks' command lines
+    proc = subprocess.Popen(
+        ["bash", str(ROOT / "launch" / "mpirun.sh"), "3", *SLOW, "--comm-timeout", "20", "--out", marker],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(ranks := _rank_pids(marker)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(ranks) == 3, ranks
+    os.kill(ranks[2], signal.SIGTERM)  # while torch loads, before any collective
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - start < 10, err
+    assert proc.returncode == 143 and err.strip().splitlines() == ["p2pfl: stopped before the run started"], err
