@@ -670,3 +670,29 @@ def test_sigterm_to_one_rank_of_launch_mpirun_while_it_starts_ends_the_job(tmp_p
     _, err = proc.communicate(timeout=60)
     assert time.monotonic() - start < 10, err
     assert proc.returncode == 143 and err.strip().splitlines() == ["p2pfl: stopped before the run started"], err
+
+
+@pytest.mark.parametrize("landing", ["slot", "latest.json"])
+def test_a_stop_during_the_first_checkpoint_write_saves_the_finished_round(tmp_path, monkeypatch, landing):
+    """Issue 50 asks that a stop landing inside a checkpoint write keep the finished round (or the previous
+    checkpoint, named): SIGTERM inside the first write, of a slot file or of latest.json, saves round 1."""
+    from p2pfl import checkpoint
+
+    real, sent = checkpoint.atomic_write, []
+
+    def signalled(path, write):
+        if path.name.startswith(landing) and not sent:
+            sent.append(path.name)
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler raises inside this write
+        return real(path, write)
+
+    monkeypatch.setattr(checkpoint, "atomic_write", signalled)
+    run = tmp_path / "run"
+    cut = testing.run_in_process([*CUT, "--rounds", "3", "--checkpoint-every", "1", "--out", str(run)])
+    assert sent and cut.returncode == 143 and "checkpoint after round 1" in cut.stderr, cut.stderr
+    monkeypatch.setattr(checkpoint, "atomic_write", real)
+    assert json.loads((run / "checkpoint" / "latest.json").read_text())["round"] == 1
+    resumed = testing.run_in_process(["--resume", str(run), "--no-progress"])
+    whole = testing.run_in_process([*CUT, "--rounds", "3", "--out", str(tmp_path / "whole")])
+    assert resumed.returncode == 0 and whole.returncode == 0, resumed.stderr
+    testing.assert_same_results(tmp_path / "whole", run, "stopped inside a checkpoint write and resumed")
