@@ -32,5 +32,8 @@ done
 recorded=$(cat "$P2PFL_STATUS_FILE" 2>/dev/null || true)
 if [ "$status" = 0 ] && [ -z "$recorded" ]; then
     status=1  # no rank reached the end of p2pfl's main (killed, or mpirun failed to start it)
+elif [ "$status" -gt 128 ] && [ -z "$recorded" ]; then
+    # a signal ended the job before any rank's p2pfl could say so (killed while Python itself started)
+    echo "p2pfl: stopped before the run started" >&2
 fi
 exit "${recorded:-$status}"
