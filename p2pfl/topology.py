@@ -4,8 +4,10 @@ to the algorithm and the mixing weights, made before any data is read."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+from p2pfl.algorithms import REGISTRY
 from p2pfl.errors import UserError
 from p2pfl.plugins import call_plugin, is_reference, load_object
 from p2pfl.seeding import graph_seeds
@@ -22,20 +24,23 @@ def choices_sentence() -> str:
     )
 
 
-DEGREE_READ_BY = ("regular", "erdos-renyi", "small-world")  # the families --kappa sets
-READ_ONLY_BY = {"torus_sides": "torus", "rewire": "small-world", "exponential_form": "exponential"}
-
-
 def describe(cfg) -> str:
-    """The graph in a few words, for titles: 'regular kappa=5', 'torus', 'file edges.txt'."""
+    """The graph in a few words, for titles: 'regular kappa=5', 'torus', 'file edges.txt': the settings
+    its family reads, where given."""
     if cfg.topology_file is not None:
         return f"file {Path(cfg.topology_file).name}"
-    words = cfg.topology + (f" kappa={cfg.kappa:g}" if cfg.topology in DEGREE_READ_BY else "")
-    if cfg.topology == "exponential":
-        words += f" ({cfg.exponential_form})"
-    if cfg.topology == "small-world":
-        words += f" rewire={cfg.rewire:g}"
-    return words
+    family = FAMILIES.get(cfg.topology)
+    read = [(name, getattr(cfg, name)) for name in (family.reads if family is not None else ())]
+    return " ".join(
+        [
+            cfg.topology,
+            *(
+                f"{name}={value:g}" if isinstance(value, float | int) else f"{name}={value}"
+                for name, value in read
+                if value != ""
+            ),
+        ]
+    )
 
 
 def graph_spec(cfg) -> GraphSpec:
@@ -74,10 +79,12 @@ def settle(cfg) -> None:
             raise UserError(f"--topology-file: --algo {cfg.algo} runs on a star around its server; it takes no graph")
         cfg.topology = FROM_FILE
         cfg.topology_file = str(Path(cfg.topology_file).resolve())  # a resumed run reads the same file
-    for name, reader in READ_ONLY_BY.items():
-        if getattr(cfg, name) != GraphSpec.__dataclass_fields__[name].default and cfg.topology != reader:
-            raise UserError(f"--{name.replace('_', '-')} applies to --topology {reader}, not {cfg.topology}")
     family = FAMILIES.get(cfg.topology)
+    for f in dataclasses.fields(GraphSpec):  # --kappa is left out: every config.toml holds it
+        unread = family is None or f.name not in family.reads
+        if f.name != "kappa" and getattr(cfg, f.name) != f.default and unread:
+            readers = ", ".join(name for name, other in FAMILIES.items() if f.name in other.reads)
+            raise UserError(f"--{f.name.replace('_', '-')} applies to --topology {readers}, not {cfg.topology}")
     if family is not None and family.kappa is not None and "kappa" not in cfg.given:
         cfg.kappa = family.kappa
 
@@ -87,22 +94,31 @@ def check_topology(cfg, peers: int) -> None:
     checked by its settings (drawing 10^8 peers' graph to look at it would take the machine's memory);
     a user's graph, a function's or a file's, is drawn for the first round and checked where it enters."""
     schedule = schedule_of(cfg, peers)
-    family = FAMILIES.get(cfg.topology)
-    if family is not None and cfg.topology_file is None:
-        directed = family.directed(graph_spec(cfg))
-    else:
-        directed = _refusing(schedule.graph, 0).is_directed()
+    family = FAMILIES.get(cfg.topology)  # None for a function's graph and a file's (--topology file)
+    directed = family.directed(graph_spec(cfg)) if family is not None else _refusing(schedule.graph, 0).is_directed()
     where = f"--topology-file {cfg.topology_file}" if cfg.topology_file else f"--topology {cfg.topology}"
     if directed:
-        if not getattr(cfg.algorithm, "directed_graphs", False):
+        if not cfg.algorithm.directed_graphs:
+            able = ", ".join(name for name, cls in REGISTRY.items() if cls.directed_graphs)
             raise UserError(
                 f"{where} is directed (each peer hears its in-neighbours only); --algo {cfg.algo} needs symmetric "
-                "exchanges. Directed graphs run dpsgd, dfedavg, dfedavgm and choco"
+                f"exchanges. Directed graphs run {able}"
                 + ("; or use --exponential-form symmetric" if cfg.topology == "exponential" else "")
             )
         if cfg.mixing == "metropolis":
             raise UserError(f"--mixing metropolis needs an undirected graph; {where} is directed (use uniform)")
-    if cfg.mixing == "given" and family is not None and cfg.topology_file is None:
+    if cfg.algorithm.static_graph and schedule.varies:
+        why = (
+            "is new each round without --static"
+            if family is not None and not family.by_round
+            else "changes every round by definition"
+            if family is not None
+            else "may change each round (write it to a --topology-file)"
+        )
+        raise UserError(
+            f"--algo {cfg.algo} keeps state over a fixed set of neighbours: it needs a static graph, and {where} {why}"
+        )
+    if cfg.mixing == "given" and family is not None:
         raise UserError(f"--mixing given reads the weights on the edges of your own graph; {where}'s carry none")
 
 

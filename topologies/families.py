@@ -47,6 +47,7 @@ class Family:
     by_round: bool = False
     fixed: bool = False  # the same graph whatever the round and seed (a file's): drawn once
     kappa: float | None = None  # its degree where --kappa is not given (None: --kappa's default or unused)
+    reads: tuple[str, ...] = ()  # the GraphSpec fields it reads (any other given for it is a mistake)
 
     def graph(self, n: int, round_index: int, spec: GraphSpec, seed: int) -> nx.Graph:
         graph = self.draw(n, round_index, spec, seed)
@@ -112,7 +113,7 @@ def _check_regular(n: int, spec: GraphSpec) -> None:
         raise GraphError(f"no {int(kappa)}-regular graph on {n} peers exists: kappa * peers must be even")
 
 
-@family("regular", "random kappa-regular graph (--kappa: the degree)", check=_check_regular)
+@family("regular", "random kappa-regular graph (--kappa: the degree)", check=_check_regular, reads=("kappa",))
 def regular(n: int, round_index: int, spec: GraphSpec, seed: int) -> nx.Graph:
     rng = np.random.default_rng(seed)
     return nx.random_regular_graph(int(spec.kappa), n, seed=int(rng.integers(2**31)))
@@ -130,7 +131,7 @@ def _check_erdos_renyi(n: int, spec: GraphSpec) -> None:
         )
 
 
-@family("erdos-renyi", "G(n, p) drawn connected (--kappa: the mean degree)", check=_check_erdos_renyi)
+@family("erdos-renyi", "G(n, p) drawn connected (--kappa: the mean degree)", check=_check_erdos_renyi, reads=("kappa",))
 def erdos_renyi(n: int, round_index: int, spec: GraphSpec, seed: int) -> nx.Graph:
     rng = np.random.default_rng(seed)
     p = spec.kappa / (n - 1)
@@ -159,6 +160,7 @@ def _check_small_world(n: int, spec: GraphSpec) -> None:
     "Watts-Strogatz: a ring lattice of degree --kappa, each edge rewired with probability --rewire, drawn connected",
     check=_check_small_world,
     kappa=4,
+    reads=("kappa", "rewire"),
 )
 def small_world(n: int, round_index: int, spec: GraphSpec, seed: int) -> nx.Graph:
     rng = np.random.default_rng(seed)
@@ -214,6 +216,7 @@ def _check_exponential(n: int, spec: GraphSpec) -> None:
     "closure with --exponential-form symmetric",
     check=_check_exponential,
     directed=lambda spec: spec.exponential_form == "directed",
+    reads=("exponential_form",),
 )
 def exponential(n: int, round_index: int, spec: GraphSpec, seed: int) -> nx.Graph:
     edges = [(i, (i + 2**j) % n) for i in range(n) for j in range(exponents(n))]
@@ -256,7 +259,8 @@ def torus_sides(n: int, spec: GraphSpec) -> tuple[int, int]:
 @family(
     "torus",
     "2-D torus (periodic grid); its sides from --torus-sides, else the factors of n nearest a square",
-    check=lambda n, spec: torus_sides(n, spec) and None,
+    check=torus_sides,  # refuses sides that do not make n peers (what it returns is not needed here)
+    reads=("torus_sides",),
 )
 def torus(n: int, round_index: int, spec: GraphSpec, seed: int) -> nx.Graph:
     rows, columns = torus_sides(n, spec)

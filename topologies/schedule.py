@@ -27,12 +27,8 @@ class TopologySchedule:
 
     def graph(self, round_index: int) -> nx.Graph:
         key = 0 if self.static else round_index
-        return self._graph(key, round_index if self.family.by_round and not self.family.fixed else 0)
+        return self._graph(key, round_index if self.family.by_round else 0)
 
     @lru_cache(maxsize=4)
     def _graph(self, key: int, round_index: int) -> nx.Graph:
         return self.family.graph(self.n, round_index, self.spec, self.graph_seed(key))
-
-    @property
-    def directed(self) -> bool:
-        return self.graph(0).is_directed()

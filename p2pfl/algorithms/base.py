@@ -63,6 +63,7 @@ class Algorithm:
     training: dict = {}  # defaults of lr, lr_decay, batch_size, local_epochs, momentum
     centralized = False
     directed_graphs = False  # whether its exchanges work on a directed graph, each peer hearing its in-neighbours
+    static_graph = False  # whether it keeps state over a fixed set of neighbours (one graph for the whole run)
     tasks = ("classification", "regression")  # what it can learn
     # What a checkpoint saves besides ctx.flat and ctx.global_weights (p2pfl.checkpoint), by attribute name:
     # "peer", a tensor with one row per peer of the rank; "server", the server's (rank 0); "pooled", a list

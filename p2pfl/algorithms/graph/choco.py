@@ -25,12 +25,10 @@ import torch
 
 from p2pfl.algorithms.base import Algorithm, Round
 from p2pfl.algorithms.gossip_options import GossipSettings, gossip_codec
-from p2pfl.errors import UserError
 from p2pfl.gossip import QSGD, Compressed, GossipCodec, dense_bytes
 from p2pfl.options import fraction, option
-from p2pfl.plugins import is_reference
 from p2pfl.training import apply_step
-from topologies import FAMILIES, mixing_weights
+from topologies import mixing_weights
 
 # The consensus step gamma of the paper's experiments (ICML 2019, logistic regression on epsilon, a ring of
 # 9 nodes, 1% of 2,000 coordinates kept or 16-level QSGD), by codec; dense gossip's is exact averaging.
@@ -52,6 +50,7 @@ class ChocoSGD(Algorithm):
     name = "choco"
     summary = "CHOCO-SGD (Koloskova et al. 2019): compressed gossip of differences from public estimates"
     directed_graphs = True  # s_i sums what i hears
+    static_graph = True  # s_i sums one fixed set of neighbours
     Settings = ChocoSettings
     setting_defaults = {"gossip_topk": 0.01}  # the paper's headline codec: top-k 1%
     training = {"lr": 0.1, "batch_size": 10, "momentum": 0.0}
@@ -67,23 +66,6 @@ class ChocoSGD(Algorithm):
         if settings.choco_gamma is None:
             settings = dataclasses.replace(settings, choco_gamma=PAPER_GAMMA[codec.name])
         cfg.settings = settings
-        family = FAMILIES.get(cfg.topology)
-        fixed = cfg.topology_file is not None or (family is not None and not family.by_round and cfg.static)
-        if not fixed:
-            graph = "a function's graph" if is_reference(cfg.topology) else f"--topology {cfg.topology}"
-            why = (
-                " changes every round by definition"
-                if family is not None and family.by_round
-                else (
-                    " may change each round (write it to a --topology-file)"
-                    if family is None
-                    else " is new each round without --static"
-                )
-            )
-            raise UserError(
-                f"--algo choco keeps running sums over a fixed set of neighbours: it needs a static graph, and "
-                f"{graph}{why}"
-            )
 
     def __init__(self, ctx, settings=None):
         super().__init__(ctx, settings)
