@@ -157,7 +157,8 @@ class Figures:
                 get = lambda key: [100 * run.curve(key)[k] for k in rounds]  # noqa: E731
                 ax.plot(rounds, get("test_acc"), AGGREGATED, color=COLORS[algo], label=f"{algo} aggregated")
                 ax.plot(rounds, get("client_acc_mean"), MEAN_CLIENT, color=COLORS[algo], label=f"{algo} mean client")
-                ax.fill_between(rounds, get("client_acc_min"), get("client_acc_max"), color=COLORS[algo], alpha=0.1)
+                if run.curve("client_acc_min"):  # runs that scored every client on every test sample
+                    ax.fill_between(rounds, get("client_acc_min"), get("client_acc_max"), color=COLORS[algo], alpha=0.1)
             ax.set_title(split.replace("alpha", "alpha = "))
             ax.set_xlabel("round")
             ax.grid(alpha=0.3)
@@ -259,7 +260,8 @@ class Figures:
             run = runs[name]
             rounds = sorted(run.curve("client_acc_mean"))
             get = lambda key: [100 * run.curve(key)[k] for k in rounds]  # noqa: E731
-            ax.fill_between(rounds, get("client_acc_min"), get("client_acc_max"), color=color, alpha=0.15)
+            if run.curve("client_acc_min"):  # runs that scored every client on every test sample
+                ax.fill_between(rounds, get("client_acc_min"), get("client_acc_max"), color=color, alpha=0.15)
             ax.plot(
                 rounds, get("client_acc_mean"), MEAN_CLIENT, color=color, label=f"{label}: mean client, min-max band"
             )

@@ -1,8 +1,8 @@
 """Per-round diagnostics of a decentralized run: how far the peers are from agreeing, how fast the
 round's graph mixes, and how evenly traffic spreads over its edges.
 
-All are computed on rank 0 from gathered values in peer order (or from the graph, a pure function of
-seed and round), so they are the same on any number of ranks.
+All are computed on rank 0 from the round's graph (a pure function of seed and round) and the ranks'
+counters, so they are the same on any number of ranks; the consensus distance is in p2pfl.round_facts.
 """
 
 from __future__ import annotations
@@ -11,16 +11,8 @@ from typing import Sequence
 
 import networkx as nx
 import numpy as np
-import torch
 
 from topologies import mixing_weights
-
-
-def consensus_distance(weights: torch.Tensor) -> float:
-    """(1/n) sum_i ||w_i - wbar||^2 over the peers' weights (n, D), in float64."""
-    w = weights.double()
-    value = float(((w - w.mean(0)) ** 2).sum(1).mean())
-    return float(f"{value:.10g}")  # the last bits of a long float64 sum depend on the thread count
 
 
 def mixing_matrix(graph: nx.Graph, kind: str, sample_counts: Sequence[int] | None = None) -> np.ndarray:
@@ -68,23 +60,4 @@ def edge_bytes(graph: nx.Graph, links: dict[tuple[int, int], int]) -> dict[str, 
         "edge_bytes_min": int(min(sizes)),
         "edge_bytes_mean": round(sum(sizes) / len(sizes), 1),
         "edge_bytes_max": int(max(sizes)),
-    }
-
-
-def round_diagnostics(
-    weights: torch.Tensor,
-    graph: nx.Graph,
-    mixing: str,
-    sample_counts: Sequence[int],
-    link_parts: Sequence[dict[tuple[int, int], int]],
-) -> dict:
-    """The fields a decentralized round adds to its metrics row; link_parts: each rank's bytes per link."""
-    links: dict[tuple[int, int], int] = {}
-    for part in link_parts:
-        for link, size in part.items():
-            links[link] = links.get(link, 0) + size
-    return {
-        "consensus_distance": consensus_distance(weights),
-        "spectral_gap": graph_gap(graph, mixing, sample_counts),
-        **edge_bytes(graph, links),
     }

@@ -1,6 +1,7 @@
-"""Scoring every peer's model on the test set: on a stratified subset for the clients where one is asked
-for (with the standard error it brings), on personal test sets for DisPFL's personal accuracy, and only
-the peers whose weights changed since they were last scored."""
+"""Scoring the peers' models on the test set: each peer on its own stratified subset of it, drawn from
+(seed, peer), with the sampling variance of its score (so the peers' mean carries a standard error
+that falls with the number of peers); DisPFL's personal test sets; and only the peers whose weights
+changed since they were last scored. Nothing here gathers: a rank scores its own peers."""
 
 from __future__ import annotations
 
@@ -10,9 +11,22 @@ import math
 import numpy as np
 import torch
 
+from p2pfl.forward import evaluate, evaluate_own, evaluation_chunks
+from p2pfl.models import PeerStack
 from p2pfl.seeding import numpy_rng
-from p2pfl.forward import evaluate, evaluation_chunks
 from p2pfl.training import padded_shards
+
+SE_TARGET = 0.002  # the standard error the default client subsets hold the peers' mean accuracy to (0.2 points)
+
+
+def client_subset_size(requested: int | None, peers: int, test_size: int) -> int:
+    """The test samples each client model is scored on: --client-test-samples, or by default enough that
+    the peers' mean accuracy has a standard error of at most SE_TARGET whatever the accuracies (each
+    score's variance p(1-p)/n is at most 1/(4n), and the peers' draws are independent: n = 1/(4 peers
+    SE_TARGET^2), 209 at 300 peers); the whole set where that is more. 0: the whole set."""
+    if requested is None:
+        requested = math.ceil(0.25 / SE_TARGET**2 / peers)
+    return test_size if requested == 0 else min(requested, test_size)
 
 
 def largest_remainder(share: np.ndarray, total: int) -> np.ndarray:
@@ -22,46 +36,50 @@ def largest_remainder(share: np.ndarray, total: int) -> np.ndarray:
     return quota
 
 
-def client_test_subset(labels: torch.Tensor, size: int, seed: int, stratify: bool) -> torch.Tensor | None:
-    """The test samples every client model is scored on (--client-test-samples): size of them, drawn once
-    from the seed, each class in its share of the set; None: all of them (size 0, or not below the set's)."""
-    if size == 0 or size >= len(labels):
-        return None
-    y = labels.cpu().numpy() if stratify else np.zeros(len(labels), dtype=np.int64)
-    strata = [np.flatnonzero(y == c) for c in np.unique(y)]
-    quota = largest_remainder(size * np.array([len(s) for s in strata]) / len(y), size)
-    rng = numpy_rng(seed, "client-test")
-    return torch.from_numpy(np.sort(np.concatenate([rng.choice(s, q, replace=False) for s, q in zip(strata, quota)])))
+def class_strata(labels: torch.Tensor, stratify: bool) -> np.ndarray:
+    """Each test sample's stratum: its class, or one stratum for all (a regression task's)."""
+    return labels.cpu().numpy() if stratify else np.zeros(len(labels), dtype=np.int64)
 
 
-def subset_mean_error(values: np.ndarray, strata: np.ndarray, population: dict) -> float:
-    """Standard error of a mean over a stratified subset of the test set against the same mean over the
-    whole set: sqrt(sum_h W_h^2 (1 - n_h/N_h) s_h^2 / n_h), where values are per-sample scores (the
-    clients' mean accuracy on each sample), s_h their spread within class h of the subset, N_h the set's
-    count of class h and W_h = N_h / N."""
+def client_test_subset(strata: np.ndarray, size: int, seed: int, peer: int) -> np.ndarray:
+    """The test samples peer's model is scored on: size of them, drawn from (seed, peer), each stratum in
+    its share of the set (largest remainder rounding), sorted."""
+    groups = [np.flatnonzero(strata == h) for h in np.unique(strata)]
+    quota = largest_remainder(size * np.array([len(g) for g in groups]) / len(strata), size)
+    rng = numpy_rng(seed, "client-test", peer)
+    return np.sort(np.concatenate([rng.choice(g, q, replace=False) for g, q in zip(groups, quota)]))
+
+
+def subset_variance(values: np.ndarray, strata: np.ndarray, population: dict[int, int]) -> np.ndarray:
+    """(L,): the sampling variance of each row's mean over its stratified subset, against the same mean
+    over the whole set: sum_h W_h^2 (1 - n_h/N_h) s_h^2 / n_h, where values (L, n) are per-sample scores,
+    strata (L, n) their strata, s_h a row's spread within stratum h, N_h the set's count of h and
+    W_h = N_h / N."""
     total = sum(population.values())
-    variance = 0.0
+    variance = np.zeros(len(values))
     for h, big_n in population.items():
-        v = values[strata == h]
-        if len(v) > 1 and len(v) < big_n:
-            variance += (big_n / total) ** 2 * (1 - len(v) / big_n) * v.var(ddof=1) / len(v)
-    return math.sqrt(variance)
+        inside = strata == h
+        count = inside[0].sum() if len(values) else 0  # every row draws the same count from each stratum
+        if 1 < count < big_n:
+            v = values[inside].reshape(len(values), count)
+            variance += (big_n / total) ** 2 * (1 - count / big_n) * v.var(axis=1, ddof=1) / count
+    return variance
 
 
-def personal_test_sets(ctx) -> list[torch.Tensor]:
-    """Each of this rank's peers' personal test set (DisPFL's): ceil(test size / peers) test samples
-    drawn, seeded per peer, with the label proportions of the peer's training shard (largest
-    remainder rounding; a class short of test samples is drawn with replacement)."""
-    labels = ctx.data.test_y.cpu().numpy()
-    by_class = {c: np.flatnonzero(labels == c) for c in range(ctx.data.n_classes)}
-    size = math.ceil(len(labels) / ctx.cfg.peers)
+def personal_test_sets(
+    test_labels: torch.Tensor, classes: int, train_labels: list[torch.Tensor], peers: list[int], total: int, seed: int
+) -> list[torch.Tensor]:
+    """Each of the peers' personal test set (DisPFL's): ceil(test size / total peers) test samples drawn,
+    seeded per peer, with the label proportions of the peer's training labels (largest remainder
+    rounding; a class short of test samples is drawn with replacement)."""
+    labels = test_labels.cpu().numpy()
+    by_class = {c: np.flatnonzero(labels == c) for c in range(classes)}
+    size = math.ceil(len(labels) / total)
     out = []
-    for p in ctx.peers:
-        counts = np.bincount(ctx.samples(p)[1].cpu().numpy(), minlength=ctx.data.n_classes)[
-            : ctx.data.n_classes
-        ].astype(float)
+    for p, own in zip(peers, train_labels):
+        counts = np.bincount(own.cpu().numpy(), minlength=classes)[:classes].astype(float)
         quota = largest_remainder(size * counts / max(1.0, counts.sum()), size)
-        rng = numpy_rng(ctx.cfg.seed, "personal-test", p)
+        rng = numpy_rng(seed, "personal-test", p)
         picks = [
             rng.choice(by_class[c], q, replace=q > len(by_class[c]))
             for c, q in enumerate(quota)
@@ -89,97 +107,70 @@ def row_fingerprints(flat: torch.Tensor) -> torch.Tensor:
 
 
 class PeerScores:
-    """Each peer's test metrics, gathered to rank 0 in peer order with every peer's weights."""
+    """This rank's peers' client metrics: each peer's model on its own client test subset (or on every
+    test sample), with the sampling variance of its headline score, and on its personal test set where
+    one is given. A peer whose weights did not change since it was scored (a star's clients not
+    sampled) keeps its scores."""
 
-    def __init__(self, ctx):
-        self.ctx = ctx
-        test_n = ctx.cfg.test_samples or len(ctx.data.test_y)
-        self.test_x, self.test_y = ctx.data.test_x[:test_n], ctx.data.test_y[:test_n]
-        classification = ctx.stack.task.name == "classification"
-        subset = client_test_subset(self.test_y, ctx.cfg.client_test_samples, ctx.cfg.seed, classification)
-        self.client_x, self.client_y = (
-            (self.test_x, self.test_y)
-            if subset is None
-            else (self.test_x[subset.to(self.test_x.device)], self.test_y[subset.to(self.test_y.device)])
-        )
-        strata = self.test_y.cpu().numpy() if classification else np.zeros(len(self.test_y), dtype=np.int64)
+    def __init__(
+        self,
+        stack: PeerStack,
+        test: tuple[torch.Tensor, torch.Tensor],
+        peers: list[int],
+        size: int,
+        seed: int,
+        personal: tuple[list[torch.Tensor], torch.Tensor, torch.Tensor] | None = None,
+    ):
+        self.stack, (self.test_x, self.test_y) = stack, test
+        strata = class_strata(self.test_y, stack.task.name == "classification")
         self.population = {int(h): int(n) for h, n in zip(*np.unique(strata, return_counts=True))}
-        self.client_strata = strata[subset.numpy()] if subset is not None else None  # None: no subset, no error
-        # each local peer's personal test set as a row of test indices padded to the longest, and its mask:
-        # on the device once, so that personal accuracy is one batched pass like the other metrics
-        self.personal = personal_rows(personal_test_sets(ctx), ctx.device) if classification else None
-        # each local peer's scores as last evaluated, and the fingerprints of the weights they were for:
-        # a peer whose weights did not change since (a star's clients not sampled) is not evaluated again
-        self.scored: torch.Tensor | None = None
+        self.sampled = size < len(self.test_y)  # False: every client on every test sample, exactly
+        picks = np.stack([client_test_subset(strata, size, seed, p) for p in peers]) if self.sampled else None
+        self.index = torch.from_numpy(picks).to(self.test_x.device) if picks is not None else None
+        self.strata = strata[picks] if picks is not None else None
+        # (each peer's personal test set as a row of indices padded to the longest, its mask, the samples x, y)
+        self.personal = (*personal_rows(personal[0], self.test_x.device), *personal[1:]) if personal else None
+        self.scored: torch.Tensor | None = None  # the fingerprints of the weights last scored
         self.scores: dict[str, torch.Tensor] = {}
-        self.sample_scores: torch.Tensor | None = None  # (local peers, client test samples): the headline metric
+        self.variances = torch.zeros(len(peers), dtype=torch.float64)
 
-    def evaluate_all(self) -> tuple[torch.Tensor | None, dict[str, torch.Tensor] | None, float | None]:
-        """Gathered weights (P, D), each peer's test metrics {metric: (P,)} on the client test samples,
-        and the standard error of the peers' mean headline metric from scoring a subset, on rank 0."""
-        ctx = self.ctx
-        scores, sample_sum = self.local_scores()
-        weights = ctx.transport.gather_rows(ctx.flat.float())
-        gathered = {m: ctx.transport.gather_rows(v[:, None].double()) for m, v in scores.items()}
-        sample_sums = ctx.transport.gather(sample_sum.cpu()) if self.client_strata is not None else None
-        if weights is None:
-            return None, None, None
-        error = None
-        if sample_sums is not None:
-            per_sample = (sum(sample_sums) / len(weights)).numpy()
-            error = subset_mean_error(per_sample, self.client_strata, self.population)
-        return weights, {m: v[:, 0] for m, v in gathered.items()}, error
-
-    def local_scores(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """This rank's peers' metrics {metric: (peers,)} on the client test samples (and personal_acc),
-        and their headline metric summed over the peers, sample by sample (n,). Only the peers whose
-        weights changed since they were last scored are evaluated."""
-        ctx, head = self.ctx, self.ctx.stack.task.headline
-        prints = row_fingerprints(ctx.flat)
+    def local_scores(self, flat: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """({metric: (L,) float64}, the sampling variance (L,) of each headline score, None where every
+        client sees every test sample). Only the rows whose weights changed are evaluated."""
+        prints = row_fingerprints(flat)
         stale = torch.ones_like(prints, dtype=torch.bool) if self.scored is None else prints != self.scored
         rows = stale.nonzero()[:, 0]
         if len(rows):
-            fresh, by_sample = self.evaluate_rows(rows)
+            fresh = self.evaluate_rows(flat, rows)
             if self.personal is not None:
-                fresh["personal_acc"] = self.personal_accuracy(rows.tolist())
-            if self.scored is None:
-                self.scores = {m: torch.zeros(len(prints), dtype=v.dtype, device=v.device) for m, v in fresh.items()}
-                self.sample_scores = torch.zeros(len(prints), len(self.client_y), device=by_sample[head].device)
+                fresh["personal_acc"] = self.personal_accuracy(flat, rows)
             for m, v in fresh.items():
-                self.scores[m][rows] = v
-            self.sample_scores[rows] = by_sample[head]
+                self.scores.setdefault(m, torch.zeros(len(flat), dtype=torch.float64))[rows.cpu()] = v.double().cpu()
         self.scored = prints
-        return {m: v.clone() for m, v in self.scores.items()}, self.sample_scores.double().sum(0)
+        return {m: v.clone() for m, v in self.scores.items()}, self.variances.clone() if self.sampled else None
 
-    def evaluate_rows(self, rows: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """evaluate on the client test samples for these local rows, a chunk of peers at a time (the chunks
-        evaluate itself would take), so that only a chunk's weights are copied out, not every stale row's."""
-        ctx = self.ctx
-        if len(rows) == len(ctx.flat):  # every row: evaluate takes views of ctx.flat
-            return evaluate(ctx.stack, ctx.flat, self.client_x, self.client_y, by_sample=True)
-        chunk, _ = evaluation_chunks(ctx.stack, len(rows), len(self.client_y), tuple(self.client_x.shape[1:]))
-        parts = [
-            evaluate(ctx.stack, ctx.flat[part], self.client_x, self.client_y, by_sample=True)
-            for part in rows.split(chunk)
-        ]
-        return tuple({m: torch.cat([part[k][m] for part in parts]) for m in parts[0][k]} for k in (0, 1))
+    def evaluate_rows(self, flat: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """These rows' metrics on their client test samples (a chunk of rows at a time), and their
+        headline scores' sampling variances kept."""
+        if not self.sampled:
+            if len(rows) == len(flat):  # every row: evaluate takes views of flat
+                return evaluate(self.stack, flat, self.test_x, self.test_y)
+            chunk, _ = evaluation_chunks(self.stack, len(rows), len(self.test_y), tuple(self.test_x.shape[1:]))
+            parts = [evaluate(self.stack, flat[part], self.test_x, self.test_y) for part in rows.split(chunk)]
+            return {m: torch.cat([part[m] for part in parts]) for m in parts[0]}
+        by_sample = evaluate_own(self.stack, flat[rows], self.test_x, self.test_y, self.index[rows])
+        picked = rows.cpu().numpy()
+        head = by_sample[self.stack.task.headline].double().cpu().numpy()
+        self.variances[rows.cpu()] = torch.from_numpy(subset_variance(head, self.strata[picked], self.population))
+        return {m: v.mean(1) for m, v in by_sample.items()}
 
-    def personal_accuracy(self, rows: list[int]) -> torch.Tensor:
-        """(rows,): these local peers' own models, each on its personal test set, as batched passes of as
-        many peers as evaluation takes at once (each on its own samples; padding counts for none)."""
-        ctx, (index, mask) = self.ctx, self.personal
-        acc = torch.zeros(len(rows), device=ctx.device)
+    def personal_accuracy(self, flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """(rows,): these peers' own models, each on its personal test set (padding counts for none)."""
+        index, mask, x, y = self.personal
         if index.shape[1] == 0:
-            return acc
-        chunk, _ = evaluation_chunks(ctx.stack, len(rows), index.shape[1], tuple(ctx.data.test_x.shape[1:]))
-        picked = torch.tensor(rows, device=ctx.device)
-        for start in range(0, len(rows), chunk):
-            part = picked[start : start + chunk]
-            at, counts = index[part], mask[part]
-            outputs = ctx.stack.forward(ctx.flat[part], ctx.data.test_x[at], shared_input=False)
-            right = ctx.stack.task.per_sample(outputs, ctx.data.test_y[at])["acc"] * counts
-            acc[start : start + len(part)] = right.sum(1) / counts.sum(1).clamp(min=1)
-        return acc
+            return torch.zeros(len(rows), device=flat.device)
+        right = evaluate_own(self.stack, flat[rows], x, y, index[rows])["acc"] * mask[rows]
+        return right.sum(1) / mask[rows].sum(1).clamp(min=1)
 
 
 def personal_rows(indices: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -82,3 +82,21 @@ def evaluate(
                     per_sample[m][p : p + peer_chunk, s : s + sample_chunk] = values
     means = {m: v / len(x) for m, v in sums.items()}
     return (means, per_sample) if by_sample else means
+
+
+@torch.no_grad()
+def evaluate_own(
+    stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Each row of flat (L, D) on its own samples, x[index[i]] for row i (index (L, n) on x's device):
+    each metric of each row, sample by sample {metric: (L, n)}, in chunks of rows and samples sized as
+    evaluate's."""
+    out = {m: torch.zeros(len(flat), index.shape[1], device=flat.device) for m in stack.task.metrics}
+    peer_chunk, sample_chunk = evaluation_chunks(stack, len(flat), index.shape[1], tuple(x.shape[1:]))
+    for p in range(0, len(flat), peer_chunk):
+        for s in range(0, index.shape[1], sample_chunk):
+            at = index[p : p + peer_chunk, s : s + sample_chunk]
+            outputs = stack.forward(flat[p : p + peer_chunk], x[at], shared_input=False)
+            for m, values in stack.task.per_sample(outputs, y[at]).items():
+                out[m][p : p + peer_chunk, s : s + sample_chunk] = values
+    return out

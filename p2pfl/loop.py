@@ -14,12 +14,13 @@ from p2pfl.algorithms.base import call_hook, check_round_result
 from p2pfl.checkpointing import Checkpoints, StopRequest
 from p2pfl.diagnostics import mean_gap
 from p2pfl.errors import Interrupted
-from p2pfl.metrics import MetricsLog, aggregate, synchronize
+from p2pfl.measure import RoundMeasure
+from p2pfl.round_facts import sum_rows, synchronize
 from p2pfl.run_folder import edges_line, plot_rows, resume_hint, save_final
 from p2pfl.tracking import TensorBoardLog
 
 
-def run_rounds(ctx, algorithm, log: MetricsLog, first: int, run_dir: Path | None, write: bool):
+def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path | None, write: bool):
     """Rounds first.. to the last on this rank; returns (final.json's results, the model's state dict) on
     rank 0. A stop (Interrupted) saves what the run holds; the plot of the rows so far is drawn anyway."""
     cfg, rank = ctx.cfg, ctx.transport.rank
@@ -34,19 +35,21 @@ def run_rounds(ctx, algorithm, log: MetricsLog, first: int, run_dir: Path | None
             start = time.perf_counter()
             result = check_round_result(algorithm, ctx, k, call_hook(algorithm, "round", k), shape, dtype)
             synchronize(ctx.device)  # the round's queued GPU work is part of its time
-            row = log.record(k, result, time.perf_counter() - start, round_start, ctx.evaluates(k))
+            evaluated = ctx.evaluates(k)
+            model = reported_model(ctx, algorithm) if evaluated and result.scores is None else None
+            row = measure.record(k, result, model, (time.perf_counter() - start, round_start), evaluated)
             round_start = time.perf_counter()
             if k < cfg.rounds - 1:
-                saves.hold(k, log.rows, result.resumable)
+                saves.hold(k, measure.log.rows, result.resumable)
             for observer in observers:
                 observer.observe(k, row)
             if k < cfg.rounds - 1:
-                saves.after_round(k, log.rows, result.resumable, stop.requested)
+                saves.after_round(k, measure.log.rows, result.resumable, stop.requested)
         final = call_hook(algorithm, "finish", run_dir if rank == 0 else None)
-        gap = mean_gap(log.rows) if rank == 0 else None
+        gap = mean_gap(measure.log.rows) if rank == 0 else None
         if gap is not None:  # how fast the run's graph mixes: every bound of the field is stated in it
             final = {**(final or {}), "spectral_gap": gap}
-        state = final_model(ctx, log, algorithm) if rank == 0 else None
+        state = final_model(measure, ctx) if rank == 0 else None
         if rank == 0 and write:
             save_final(run_dir, final, state)
         return final, state
@@ -57,8 +60,8 @@ def run_rounds(ctx, algorithm, log: MetricsLog, first: int, run_dir: Path | None
         stop.uninstall()
         for observer in observers:
             observer.close()
-        if rank == 0 and log.rows and write:
-            plot_rows(cfg, log.rows, ctx.stack.task, run_dir)
+        if rank == 0 and measure.log.rows and write:
+            plot_rows(cfg, measure.log.rows, ctx.stack.task, run_dir)
 
 
 def watching(ctx, run_dir: Path | None, first: int, write: bool) -> list:
@@ -121,21 +124,29 @@ class ProgressBar:
         self.bar.close()
 
 
-def reported_model(ctx, weights: torch.Tensor, algorithm) -> torch.Tensor:
-    """The model a run reports: a star's server model, else the algorithm's own aggregate of all peers'
-    weights where it has one, else their --aggregate average."""
-    if ctx.global_weights is not None:
+def reported_model(ctx, algorithm) -> torch.Tensor | None:
+    """The model a run reports, on rank 0: a star's server model; on a graph, the peers' weights averaged
+    coordinate by coordinate with the algorithm's coefficients (Algorithm.aggregate_coefficients; None:
+    --aggregate's), as one sum over the ranks: no rank holds every peer's weights."""
+    if algorithm.centralized:
         return ctx.global_weights
-    own = call_hook(algorithm, "aggregate_model", weights.to(ctx.device))
-    if own is not None:
-        return own
-    return aggregate(weights.to(ctx.device), ctx.sample_counts, ctx.cfg.aggregate)
-
-
-def final_model(ctx, log: MetricsLog, algorithm) -> dict[str, torch.Tensor] | None:
-    """The aggregated model's state dict on the CPU (rank 0), where a round was evaluated or a star's
-    server holds it."""
-    if log.last_weights is None and ctx.global_weights is None:  # a star's server model needs no gather
+    a = call_hook(algorithm, "aggregate_coefficients", ctx.flat)
+    if a is None and ctx.cfg.aggregate != "uniform":
+        a = torch.tensor([float(ctx.sample_counts[p]) for p in ctx.peers], device=ctx.flat.device)
+    if a is None:
+        a = torch.ones(len(ctx.peers), device=ctx.flat.device)
+    weight = a.double().sum(0) if a.dim() == 2 else a.double().sum()[None]
+    total = ctx.transport.reduce(torch.cat([sum_rows(ctx.flat, a), weight]))
+    if total is None:
         return None
-    model = reported_model(ctx, log.last_weights, algorithm)
+    num, den = total[: ctx.flat.shape[1]], total[ctx.flat.shape[1] :]
+    return torch.where(den > 0, num / den, torch.zeros_like(num)).to(ctx.flat.dtype)
+
+
+def final_model(measure: RoundMeasure, ctx) -> dict[str, torch.Tensor] | None:
+    """The reported model's state dict on the CPU (rank 0), where a round was evaluated or a star's
+    server holds it."""
+    model = ctx.global_weights if ctx.global_weights is not None else measure.last_model
+    if model is None:
+        return None
     return {k: v.cpu().clone() for k, v in ctx.stack.layout.views(model).items()}  # loadable anywhere

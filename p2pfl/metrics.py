@@ -1,7 +1,7 @@
-"""Per-round evaluation and the metrics.jsonl writer.
-
-Weights and per-peer results are gathered to rank 0 in peer order, so the aggregated model and every
-figure is computed from the same numbers whatever the layout of peers over ranks.
+"""The metrics a run reports, each declared once (`declare_metric`): its keys, meaning, unit, whether it
+is a fact of the machine, and how rank 0 computes it from the round's facts (p2pfl.round_facts). The
+rows of metrics.jsonl, the docs' table and the list of machine facts are all derived from the
+declarations; an algorithm declares the fields its rounds add.
 """
 
 from __future__ import annotations
@@ -9,131 +9,267 @@ from __future__ import annotations
 import json
 import math
 import os
-import resource
-import socket
-import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
-from p2pfl.diagnostics import round_diagnostics
-from p2pfl.errors import DivergenceError
-from p2pfl.evaluation import PeerScores
-from p2pfl.forward import evaluate
+from p2pfl.diagnostics import edge_bytes, graph_gap
+from p2pfl.round_facts import RoundFacts, busiest_gpu_mib, consensus_distance, fault_fields, histogram
+
+__all__ = ["METRICS", "Metric", "declare_metric", "machine_facts", "read_metrics", "rounds_to_target"]
 
 
-def peak_gpu_mib(device: torch.device) -> float | None:
-    """This process's high-water mark of GPU memory on device, MiB, as torch's allocator held it from the
-    driver (reserved: tensors, its cache and their fragmentation; what the device had to give, which the
-    allocated peak understates); None off a GPU. The CUDA context (a few hundred MiB a process) is not in it."""
-    if device.type != "cuda":
+@dataclass(frozen=True)
+class Metric:
+    """A metric: the row keys it writes, what they mean and in which unit; machine: a fact of the machine
+    (times, memory), left out where runs are compared for equal results; value: its value(s) on rank 0
+    from the round's facts (a number, or {key: value} for several keys; None: absent this round), or
+    None where the algorithm writes it (Round.fields, Round.pooled)."""
+
+    keys: tuple[str, ...]
+    meaning: str
+    unit: str
+    machine: bool = False
+    value: Callable[[RoundFacts], Any] | None = None
+
+
+METRICS: dict[str, Metric] = {}  # by first key, in declaration order: the row's and the table's order
+
+
+def declare_metric(*keys: str, meaning: str, unit: str, machine: bool = False, value=None) -> Metric:
+    """Declare a metric (once: the same first key again replaces it, as a re-imported module does)."""
+    if not keys or any(not isinstance(k, str) or not k for k in keys):
+        raise ValueError(f"declare_metric needs its row keys as strings, not {keys!r}")
+    METRICS[keys[0]] = metric = Metric(tuple(keys), meaning, unit, machine, value)
+    return metric
+
+
+def machine_facts() -> tuple[str, ...]:
+    """Every key that is a fact of the machine: how the run went here, not its results."""
+    return tuple(k for m in METRICS.values() if m.machine for k in m.keys)
+
+
+def declared_keys() -> set[str]:
+    return {k for m in METRICS.values() for k in m.keys}
+
+
+def build_row(facts: RoundFacts, fields: dict) -> dict:
+    """The row of a round: each declared metric's value(s) in declaration order, the algorithm's fields
+    after the round, and the pooled lists as histograms."""
+    row: dict = {}
+    for metric in METRICS.values():
+        value = metric.value(facts) if metric.value is not None else None
+        if isinstance(value, dict):
+            row.update(value)
+        elif value is not None:
+            row[metric.keys[0]] = value
+        if metric.keys[0] == "round":
+            row.update(fields)
+            row.update({name: histogram(values) for name, values in pooled(facts).items()})
+    return row
+
+
+def pooled(facts: RoundFacts) -> dict[str, list]:
+    names = [name for rank in facts.ranks for name in rank.pooled]
+    return {name: [v for rank in facts.ranks for v in rank.pooled.get(name, [])] for name in dict.fromkeys(names)}
+
+
+BAR = "\\|"  # a | inside a table cell
+
+
+def metrics_table() -> str:
+    """docs/cli.md's table of the metrics.jsonl keys, from the declarations."""
+    lines = ["| key | meaning | unit |", "|---|---|---|"]
+    for m in METRICS.values():
+        keys = ", ".join(f"`{k}`" for k in m.keys)
+        meaning = m.meaning + (" (a fact of the machine: left out where runs are compared)" if m.machine else "")
+        lines.append(f"| {keys} | {meaning.replace('|', BAR)} | {m.unit.replace('|', BAR)} |")
+    return "\n".join(lines)
+
+
+def client_fields(facts: RoundFacts) -> dict:
+    """Each client metric's mean over the peers, and its minimum and maximum where every peer was scored
+    on every test sample: the extremes of scores on small subsets are biased (the minimum of noisy
+    estimates is low), so those are left out. A personal test set is its metric's whole definition."""
+    out = {}
+    for m, v in (facts.clients or {}).items():
+        out[f"client_{m}_mean"] = float(v.mean())
+        if facts.client_se is None or m == "personal_acc":
+            out.update({f"client_{m}_min": float(v.min()), f"client_{m}_max": float(v.max())})
+    return out
+
+
+def train_loss(facts: RoundFacts) -> float | None:
+    """The mean training loss over the peers that trained (NaN marks the others); None where none did."""
+    if all(rank.losses is None for rank in facts.ranks):
         return None
-    return torch.cuda.max_memory_reserved(device) / 2**20
+    losses = torch.tensor(facts.joined("losses"), dtype=torch.float64)
+    return None if bool(losses.isnan().all()) else float(losses.nanmean())
 
 
-def gpu_identity(device: torch.device) -> str | None:
-    """Which physical GPU device is (ranks that share one report the same), None off a GPU."""
-    if device.type != "cuda":
-        return None
-    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
-    return str(uuid) if uuid is not None else f"{socket.gethostname()}:{device}"
+def graph_only(compute):
+    """A metric of a graph run's round: absent on a star."""
+    return lambda f: compute(f) if f.graph is not None else None
 
 
-def busiest_gpu_mib(marks: list[tuple[float | None, str | None]]) -> float | None:
-    """From each rank's (peak GPU MiB, GPU identity): the largest sum over the ranks that share one GPU,
-    which is what must fit on it (4 ranks sharing a GPU each peaking at 10 GiB need 40); None: no GPU."""
-    per_gpu: dict[str, float] = {}
-    for peak, gpu in marks:
-        if peak is not None:
-            per_gpu[gpu] = per_gpu.get(gpu, 0.0) + peak
-    return max(per_gpu.values()) if per_gpu else None
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work: a clock read before it on a GPU measures the launches only."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def peak_rss_kib() -> int:
-    """This process's peak resident memory, KiB. Linux's ru_maxrss keeps the peak of the process that
-    started this one (exec carries it over: a run started from pytest or a bench reported their
-    memory), so the high-water mark of this process's own memory, VmHWM, is read where there is one."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-VARIANCE_BLOCK = 2**22  # float64 entries (32 MiB) of the weights taken at once for the variance
-
-
-def inter_model_variance(weights: torch.Tensor) -> float:
-    """NTK-DFL eq. (6): V = (1/d) sum_j sqrt(sum_i (wbar_j - w_ij)^2), over parameters j and peers i; in
-    blocks of parameters, so that its float64 copies stay within VARIANCE_BLOCK, not several P x D."""
-    cols = max(1, VARIANCE_BLOCK // max(1, len(weights)))
-    spread = torch.cat(
-        [
-            (torch.var(weights[:, c : c + cols].double(), dim=0, correction=0) * len(weights)).sqrt()
-            for c in range(0, weights.shape[1], cols)
-        ]
-    )
-    value = float(spread.mean())
-    return float(f"{value:.10g}")  # the last bits of a long float64 sum depend on the thread count
-
-
-def aggregate(weights: torch.Tensor, counts: list[int], kind: str) -> torch.Tensor:
-    """The aggregated model: uniform or sample-weighted average of all peers' weights."""
-    if kind == "uniform":
-        return weights.mean(0)
-    w = torch.tensor(counts, dtype=weights.dtype, device=weights.device)
-    return (w[:, None] * weights).sum(0) / w.sum()
-
-
-def histogram(values: list) -> dict[str, int]:
-    """How often each value occurs, by value (the chosen t of NTK evolutions: a row field and final.json)."""
-    return {str(v): values.count(v) for v in sorted(set(values))}
-
-
-def check_finite(ctx, round_index: int) -> None:
-    """Stop every rank together, naming the peers, when a model holds NaN or inf."""
-    rows = (~torch.isfinite(ctx.flat).all(1)).nonzero()[:, 0].tolist()  # one read of the device, not one a peer
-    bad = [ctx.peers[i] for i in rows]
-    gathered = ctx.transport.gather(bad)
-    every = ctx.transport.bcast(sorted(p for part in gathered for p in part) if gathered is not None else None)
-    if every:
-        raise DivergenceError(
-            f"round {round_index + 1}: peers {every[:20]}{' ...' if len(every) > 20 else ''} "
-            f"have NaN/inf weights; lower --lr"
-        )
-
-
-def fault_fields(faults, round_index: int, peers: int, lost: int) -> dict:
-    """Who took part in a round under simulated faults, and its simulated time."""
-    everyone = range(peers)
-    return {
-        "offline": [p for p in everyone if faults.offline(round_index, p)],
-        "stragglers": [
-            p for p in faults.taking_part(round_index, everyone) if faults.finish_time(round_index, p) > 1.0
-        ],
-        "messages_lost": lost,
-        "sim_time": faults.simulated_time(round_index, everyone),
-    }
+declare_metric("round", meaning="the round, counted from 1", unit="count", value=lambda f: f.round_index + 1)
+declare_metric(
+    "test_acc",
+    "test_loss",
+    meaning="the aggregated model on the whole test set (`--test-samples`): a star's server model; on a graph "
+    "the `--aggregate` average of all peers' weights (DisPFL: its mask-wise average). Regression tasks "
+    "report `test_loss` only",
+    unit="fraction; cross-entropy in nats (regression: the task's loss)",
+    value=lambda f: {f"test_{m}": float(v) for m, v in f.aggregated.items()},
+)
+declare_metric(
+    "offline",
+    "stragglers",
+    "messages_lost",
+    "sim_time",
+    meaning="with faults: the peers offline this round, those past the deadline, messages dropped, the round's "
+    "simulated time",
+    unit="peers; count; simulated time units",
+    value=lambda f: (
+        fault_fields(f.faults, f.round_index, f.peers, sum(r.messages_lost for r in f.ranks))
+        if f.faults is not None
+        else None
+    ),
+)
+declare_metric(
+    "client_acc_mean",
+    "client_acc_min",
+    "client_acc_max",
+    "client_loss_mean",
+    "client_loss_min",
+    "client_loss_max",
+    meaning="each peer's own model on its own client test samples: `--client-test-samples` of the test set "
+    "(default 62,500 / peers, at most all), drawn from `--seed` and the peer, each class in its share. The "
+    "minimum and maximum are written only where every client is scored on every test sample "
+    "(`--client-test-samples 0`, or a set no larger than the subset): on a subset they would be biased, the "
+    "lowest of noisy scores lower than the lowest true one",
+    unit="fraction; nats",
+    value=client_fields,
+)
+declare_metric(
+    "client_acc_se",
+    meaning="standard error of `client_acc_mean` against the same mean over the whole test set: the root "
+    "of the sum over peers of each score's stratified sampling variance, over the number of peers (the "
+    "peers' draws are independent, so it falls as peers are added); absent where every client sees every "
+    "test sample. Regression: `client_loss_se`",
+    unit="fraction",
+    value=lambda f: {f"client_{f.headline}_se": round(f.client_se, 6)} if f.client_se is not None else None,
+)
+declare_metric(
+    "client_personal_acc_mean",
+    "client_personal_acc_min",
+    "client_personal_acc_max",
+    meaning="classification: each peer's own model on its personal test set, ceil(test images / peers) images "
+    "drawn, seeded per peer, with the label proportions of its training shard (DisPFL's personalized accuracy)",
+    unit="fraction",
+)  # written with the other client metrics
+declare_metric(
+    "variance",
+    meaning="inter-model variance (NTK-DFL eq. 6): the mean over parameters of the root of the summed squared "
+    "deviations from the mean model",
+    unit="weight units",
+    value=lambda f: f.variance,
+)
+declare_metric(
+    "consensus_distance",
+    meaning="decentralized, every round: the mean over peers of the squared distance of a peer's weights to "
+    "their average, after the round",
+    unit="squared weight units",
+    value=graph_only(lambda f: consensus_distance(sum(r.spread for r in f.ranks), f.peers)),
+)
+declare_metric(
+    "spectral_gap",
+    meaning="decentralized: 1 - abs(lambda_2) of the round's `--mixing` matrix W (0: disconnected; 1: one "
+    "averaging reaches consensus); on a directed graph, 1 minus W's second largest singular value",
+    unit="number in [0, 1]",
+    value=graph_only(lambda f: graph_gap(f.graph, f.mixing, f.sample_counts)),
+)
+declare_metric(
+    "edge_bytes_min",
+    "edge_bytes_mean",
+    "edge_bytes_max",
+    meaning="decentralized: bytes over each edge of the round's graph, both directions and every phase (an edge "
+    "between two offline peers counts 0)",
+    unit="bytes",
+    value=graph_only(lambda f: edge_bytes(f.graph, f.summed("links"))),
+)
+declare_metric(
+    "train_loss",
+    meaning="the mean over the peers that trained this round of each one's training loss: the mean of its "
+    "minibatch losses over the round's local steps, each taken before its step (D-PSGD: its one minibatch; "
+    "NTK-DFL: the chosen weights' loss on the neighbourhood's pooled samples)",
+    unit="nats (regression: the task's loss)",
+    value=train_loss,
+)
+declare_metric(
+    "bytes_sent",
+    "bytes_dense",
+    "bytes_by_phase",
+    meaning="bytes all peers sent this round; what they would be uncompressed; `bytes_sent` by message phase",
+    unit="bytes",
+    value=lambda f: {
+        "bytes_sent": int(sum(f.summed("bytes_by_phase").values())),
+        "bytes_dense": int(sum(f.summed("bytes_dense").values())),
+        "bytes_by_phase": f.summed("bytes_by_phase"),
+    },
+)
+declare_metric(
+    "train_s",
+    meaning="the algorithm's round: local training and exchanges (on a GPU its queued work included)",
+    unit="s",
+    machine=True,
+    value=lambda f: round(f.train_s, 4),
+)
+declare_metric(
+    "eval_s",
+    meaning="this round's evaluation, gathering and metrics",
+    unit="s",
+    machine=True,
+    value=lambda f: round(f.now - f.eval_start, 4),
+)
+declare_metric(
+    "round_s",
+    meaning="the round's whole time, from the previous row to this one: training, evaluation, checkpoint and "
+    "files; the rows' `round_s` add up to the run's loop. The progress bar's rate and `analysis compare`'s "
+    "time panel and `s_per_round` use it",
+    unit="s",
+    machine=True,
+    value=lambda f: round(f.now - f.round_start, 4),
+)
+declare_metric(
+    "peak_rss_mb",
+    meaning="peak resident memory so far, summed over ranks (each rank's VmHWM on Linux; ru_maxrss would carry "
+    "over the peak of the process that started the run)",
+    unit="MiB",
+    machine=True,
+    value=lambda f: round(sum(r.peak_rss_kib for r in f.ranks) / 1024),
+)
+declare_metric(
+    "peak_gpu_mb",
+    meaning="on a GPU: the high-water marks of the memory torch's allocator reserved (tensors, its cache, "
+    "fragmentation; not the CUDA context of a few hundred MiB a process) summed over the ranks that share a "
+    "GPU, for the busiest GPU (what must fit on it)",
+    unit="MiB",
+    machine=True,
+    value=lambda f: (
+        None if (peak := busiest_gpu_mib([(r.peak_gpu_mib, r.gpu) for r in f.ranks])) is None else round(peak)
+    ),
+)
 
 
 class MetricsLog:
-    def __init__(self, ctx, run_dir: Path | None, centralized: bool, reported_model):
-        self.ctx = ctx
-        self.centralized = centralized
-        self.reported_model = reported_model  # all peers' weights (P, D) -> the model the run reports (rank 0)
-        self.path = run_dir / "metrics.jsonl" if run_dir is not None else None
-        self.peers = PeerScores(ctx)
+    """The rows so far and metrics.jsonl (rank 0's; path None: no file)."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
         self.rows: list[dict] = []
-        self.last_weights: torch.Tensor | None = None  # every peer's weights at the last evaluation (rank 0)
 
     def restore(self, rows: list[dict]) -> None:
         """The rows so far (a resumed run's; none for a new one, rank 0): metrics.jsonl rewritten to hold
@@ -142,103 +278,10 @@ class MetricsLog:
         if self.path is not None:
             self.path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
-    def record(self, round_index: int, result, train_s: float, round_start: float, evaluate_now: bool) -> dict | None:
-        """The row of a round from what it returned (a Round), on rank 0 (None elsewhere), appended to
-        metrics.jsonl. Its times: train_s, the algorithm's round; eval_s, this evaluation and gathering;
-        round_s, all since round_start (the previous row), so that the rows' round_s add up to the loop."""
-        ctx = self.ctx
-        eval_start = time.perf_counter()
-        check_finite(ctx, round_index)
-        decentralized = not self.centralized
-        sent, dense, lost = ctx.transport.counter.take()
-        links = ctx.transport.counter.take_links()  # bytes per edge: a graph's diagnostic, not a star's
-        rss, gpu = peak_rss_kib(), peak_gpu_mib(ctx.device)
-        gathered = ctx.transport.gather(
-            (sent, dense, rss, lost, links if decentralized else {}, gpu, gpu_identity(ctx.device))
-        )
-        losses = result.losses
-        train = ctx.transport.gather_rows(losses[:, None].double()) if losses is not None else None
-        custom = result.scores if evaluate_now else None
-        weights, clients, client_error = (
-            self.peers.evaluate_all() if evaluate_now and custom is None else (None, None, None)
-        )
-        if decentralized and not evaluate_now:  # consensus distance needs every round's weights
-            weights = ctx.transport.gather_rows(ctx.flat.float())
-        pooled = {name: ctx.transport.gather(values) for name, values in result.pooled.items()}
-        if ctx.transport.rank != 0:
-            return None
-        row: dict = {"round": round_index + 1, **result.fields}
-        if ctx.faults is not None:
-            row.update(fault_fields(ctx.faults, round_index, ctx.cfg.peers, sum(g[3] for g in gathered)))
-        aggregated: dict = {}
-        if custom is not None:
-            aggregated, clients = custom
-        elif clients is not None:
-            self.last_weights = weights
-            model = self.reported_model(weights)[None]
-            aggregated = {
-                m: float(v[0]) for m, v in evaluate(ctx.stack, model, self.peers.test_x, self.peers.test_y).items()
-            }
-        row.update({f"test_{m}": float(v) for m, v in aggregated.items()})
-        for m, v in (clients or {}).items():
-            row.update(
-                {
-                    f"client_{m}_mean": float(v.mean()),
-                    f"client_{m}_min": float(v.min()),
-                    f"client_{m}_max": float(v.max()),
-                }
-            )
-        if client_error is not None:
-            row[f"client_{ctx.stack.task.headline}_se"] = round(client_error, 6)
-        if clients is not None and weights is not None:
-            row["variance"] = inter_model_variance(weights)
-        if decentralized and weights is not None:
-            row.update(
-                round_diagnostics(
-                    weights,
-                    ctx.schedule.graph(round_index),
-                    ctx.cfg.mixing,
-                    ctx.sample_counts,
-                    [g[4] for g in gathered],
-                )
-            )
-        row.update({name: histogram([v for part in parts for v in part]) for name, parts in pooled.items()})
-        train_loss = train_loss_of(train)
-        if train_loss is not None:
-            row["train_loss"] = train_loss  # the peers that trained this round
-        phases, now = phase_bytes(gathered), time.perf_counter()
-        row.update(
-            bytes_sent=int(sum(phases.values())),
-            bytes_dense=int(sum(sum(g[1].values()) for g in gathered)),
-            bytes_by_phase=phases,
-            train_s=round(train_s, 4),
-            eval_s=round(now - eval_start, 4),
-            round_s=round(now - round_start, 4),
-            peak_rss_mb=round(sum(g[2] for g in gathered) / 1024),
-        )
-        gpu_peak = busiest_gpu_mib([(g[5], g[6]) for g in gathered])
-        if gpu_peak is not None:
-            row["peak_gpu_mb"] = round(gpu_peak)
+    def append(self, row: dict) -> None:
         self.rows.append(row)
         if self.path is not None:
             append_line(self.path, json.dumps(row))
-        return row
-
-
-def train_loss_of(train: torch.Tensor | None) -> float | None:
-    """The mean training loss over the peers that trained (NaN marks the others); None where none did."""
-    if train is None or bool(train.isnan().all()):
-        return None
-    return float(train.nanmean())
-
-
-def phase_bytes(gathered: list) -> dict[str, int]:
-    """Bytes sent by phase, summed over the ranks' counters."""
-    phases: dict[str, int] = {}
-    for sent, *_ in gathered:
-        for k, v in sent.items():
-            phases[k] = phases.get(k, 0) + v
-    return phases
 
 
 def append_line(path: Path, line: str) -> None:

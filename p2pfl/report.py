@@ -88,13 +88,15 @@ def plot_metric(rows: list[dict], task, run_dir: Path, title: str = "") -> Path:
         ax.plot(
             x, [scale * r[f"client_{key}_mean"] for r in rows], MEAN_CLIENT, color="tab:orange", label="mean client"
         )
+        if all(f"client_{key}_min" in r for r in rows):  # every client scored on every test sample
+            low = [r[f"client_{key}_min"] for r in rows]
+            high, band = [r[f"client_{key}_max"] for r in rows], "client min-max"
+        else:  # on subsets: the mean's precision (the clients' extremes would be biased there)
+            se = [2 * r.get(f"client_{key}_se", 0.0) for r in rows]
+            low = [r[f"client_{key}_mean"] - e for r, e in zip(rows, se)]
+            high, band = [r[f"client_{key}_mean"] + e for r, e in zip(rows, se)], "mean client +- 2 s.e."
         ax.fill_between(
-            x,
-            [scale * r[f"client_{key}_min"] for r in rows],
-            [scale * r[f"client_{key}_max"] for r in rows],
-            color="tab:orange",
-            alpha=0.15,
-            label="client min-max",
+            x, [scale * v for v in low], [scale * v for v in high], color="tab:orange", alpha=0.15, label=band
         )
         personal = [r for r in rows if "client_personal_acc_mean" in r] if key == "acc" else []
         if personal:

@@ -25,7 +25,8 @@ from p2pfl.comm import mpi_world
 from p2pfl.config import RunConfig
 from p2pfl.configure import config_from_values, load_toml, resolve
 from p2pfl.errors import UserError
-from p2pfl.loop import reported_model, run_rounds
+from p2pfl.loop import run_rounds
+from p2pfl.measure import RoundMeasure
 from p2pfl.metrics import MetricsLog
 from p2pfl.run_folder import LOCKS, made_or_refused, summary_line, write_run_header
 
@@ -133,14 +134,9 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, eve
         if rank == 0 and snapshot.note:
             print(f"p2pfl: {snapshot.note}", file=sys.stderr)
     announce(ctx, algorithm, run_dir, write)
-    log = MetricsLog(
-        ctx,
-        run_dir if rank == 0 else None,
-        cfg.algorithm.centralized,
-        lambda weights: reported_model(ctx, weights, algorithm),
-    )
+    log = MetricsLog(run_dir / "metrics.jsonl" if rank == 0 and run_dir is not None else None)
     log.restore(rows if rank == 0 else [])  # metrics.jsonl holds exactly the rounds done (none for a new run)
-    final, state = run_rounds(ctx, algorithm, log, first, run_dir, write)
+    final, state = run_rounds(ctx, algorithm, RoundMeasure(ctx, log), first, run_dir, write)
     if rank == 0:
         print(summary_line(log.rows, ctx.stack.task, run_dir), file=sys.stderr)
     rows, final, state = (log.rows, final, state) if rank == 0 else ([], None, None)

@@ -21,13 +21,9 @@ import sys
 from pathlib import Path
 from unittest import mock
 
-MACHINE_FACTS = (
-    "train_s",
-    "eval_s",
-    "round_s",
-    "peak_rss_mb",
-    "peak_gpu_mb",
-)  # how the run went on this machine, not its results
+from p2pfl.metrics import machine_facts
+
+MACHINE_FACTS = machine_facts()  # how the run went on this machine, not its results (p2pfl.metrics declares them)
 
 
 def run_in_process(args: list[str], stop_after_first_round: bool = False) -> subprocess.CompletedProcess:
@@ -183,7 +179,7 @@ def _run_cases(plan: Path, done: Path) -> None:
 def results(run_dir: Path) -> dict:
     """What a run produced, without the machine facts: metrics rows and final.json."""
     rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    rows = [{k: v for k, v in row.items() if k not in MACHINE_FACTS} for row in rows]
+    rows = [{k: v for k, v in row.items() if k not in machine_facts()} for row in rows]
     final = Path(run_dir) / "final.json"
     return {"metrics": rows, "final": json.loads(final.read_text()) if final.exists() else None}
 

@@ -162,7 +162,7 @@ def test_an_unknown_device_name_is_refused_before_any_work():
 
 
 def test_peak_gpu_memory_is_summed_over_the_ranks_that_share_a_gpu():
-    from p2pfl.metrics import busiest_gpu_mib
+    from p2pfl.round_facts import busiest_gpu_mib
 
     assert busiest_gpu_mib([(None, None), (None, None)]) is None  # a CPU run
     assert busiest_gpu_mib([(100.0, "A"), (300.0, "A"), (250.0, "B")]) == 400.0

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from p2pfl.diagnostics import consensus_distance, edge_bytes, mixing_matrix, spectral_gap
+from p2pfl.diagnostics import edge_bytes, mixing_matrix, spectral_gap
+from p2pfl.round_facts import consensus_distance, squared_deviations, sum_rows
 from tests.conftest import ranked_cases, run_here
 from tests.helpers import metric_lines
 
@@ -17,8 +18,12 @@ DIAGNOSTICS = ("consensus_distance", "spectral_gap", "edge_bytes_min", "edge_byt
 
 def test_consensus_distance_is_the_mean_squared_distance_to_the_average():
     w = torch.tensor([[0.0, 0.0], [2.0, 0.0], [1.0, 3.0]])  # average (1, 1)
-    assert consensus_distance(w) == pytest.approx((2 + 2 + 4) / 3)
-    assert consensus_distance(torch.ones(5, 7)) == 0.0
+
+    def distance(w):
+        return consensus_distance(float(squared_deviations(w, sum_rows(w) / len(w)).sum()), len(w))
+
+    assert distance(w) == pytest.approx((2 + 2 + 4) / 3)
+    assert distance(torch.ones(5, 7)) == 0.0
 
 
 def test_spectral_gap_of_known_graphs():

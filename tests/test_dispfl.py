@@ -68,7 +68,8 @@ def test_aggregation_averages_each_coordinate_over_the_masks_that_keep_it():
 
 def test_personal_test_sets_follow_each_peers_label_mix():
     ctx, _ = make_context(**DECENTRAL, partition="classes", classes_per_peer=2)
-    sets = personal_test_sets(ctx)
+    labels = [ctx.samples(p)[1] for p in ctx.peers]
+    sets = personal_test_sets(ctx.data.test_y, ctx.data.n_classes, labels, ctx.peers, 8, ctx.cfg.seed)
     size = math.ceil(len(ctx.data.test_y) / 8)
     for p, index in enumerate(sets):
         assert len(index) == size

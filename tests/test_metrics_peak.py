@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from p2pfl.metrics import peak_rss_kib
+from p2pfl.round_facts import peak_rss_kib
 
-CHILD = "from p2pfl.metrics import peak_rss_kib; print(peak_rss_kib())"
+CHILD = "from p2pfl.round_facts import peak_rss_kib; print(peak_rss_kib())"
 
 
 @pytest.mark.subprocess
@@ -43,20 +43,20 @@ def test_nothing_accumulates_over_rounds_but_the_rows(tmp_path, monkeypatch):
 
     import torch
 
-    from p2pfl import metrics
+    from p2pfl import measure
     from p2pfl.testing import run_in_process
 
-    seen, real = {}, metrics.MetricsLog.record
+    seen, real = {}, measure.RoundMeasure.record
 
     def record(self, k, *args):
         row = real(self, k, *args)
         if k in (9, 59):
             gc.collect()
             tensors = sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
-            seen[k] = (tensors, tracemalloc.get_traced_memory()[0], len(json.dumps(self.rows)))
+            seen[k] = (tensors, tracemalloc.get_traced_memory()[0], len(json.dumps(self.log.rows)))
         return row
 
-    monkeypatch.setattr(metrics.MetricsLog, "record", record)
+    monkeypatch.setattr(measure.RoundMeasure, "record", record)
     tracemalloc.start()
     try:
         done = run_in_process(
@@ -90,14 +90,21 @@ def test_nothing_accumulates_over_rounds_but_the_rows(tmp_path, monkeypatch):
     assert python60 - python10 < 2 * (rows60 - rows10) + 256 * 1024, (python10, python60, rows60 - rows10)
 
 
-def test_the_inter_model_variance_in_blocks_is_the_whole_matrixs(monkeypatch):
-    """Taken a block of parameters at a time (its float64 copies bounded), eq. (6) is the same number."""
+def test_the_inter_model_variance_from_sums_in_row_blocks_is_the_whole_matrixs(monkeypatch):
+    """Summed a block of peers at a time (its float64 copies bounded), eq. (6) and the consensus distance
+    are the numbers of the whole matrix."""
     import torch
 
-    from p2pfl import metrics
+    from p2pfl import round_facts
 
     w = torch.randn(40, 3001, generator=torch.Generator().manual_seed(1)) * 0.1
     whole = float((torch.var(w.double(), dim=0, correction=0) * len(w)).sqrt().mean())
-    assert metrics.inter_model_variance(w) == float(f"{whole:.10g}")
-    monkeypatch.setattr(metrics, "VARIANCE_BLOCK", 40 * 7)  # blocks of 7 parameters, the last one shorter
-    assert metrics.inter_model_variance(w) == float(f"{whole:.10g}")
+    distance = float(((w.double() - w.double().mean(0)) ** 2).sum(1).mean())
+    for block in (round_facts.ROW_BLOCK, 3001 * 7):  # the last block of 7 rows shorter
+        monkeypatch.setattr(round_facts, "ROW_BLOCK", block)
+        mean = round_facts.sum_rows(w) / len(w)
+        deviations = round_facts.squared_deviations(w, mean)
+        assert round_facts.inter_model_variance(deviations) == pytest.approx(whole, rel=1e-9)
+        assert round_facts.consensus_distance(float(deviations.sum()), len(w)) == pytest.approx(distance, rel=1e-9)
+        a = torch.rand(40, generator=torch.Generator().manual_seed(2))
+        assert torch.allclose(round_facts.sum_rows(w, a), (a[:, None].double() * w.double()).sum(0))

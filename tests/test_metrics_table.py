@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import p2pfl
+from p2pfl.metrics import declared_keys
 
 CLI = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 TINY = dict(dataset="synthetic", peers=6, rounds=3, local_epochs=1, progress=False)
@@ -50,5 +51,6 @@ def test_every_key_a_run_writes_is_in_the_tables():
     table = documented("### The metrics and their units")
     assert {"ntk_t_hist", "ntk_t", "offline", "phase", "client_personal_acc_mean", "client_acc_se"} <= rows
     assert rows - table == set(), "metrics.jsonl keys missing from docs/cli.md's table"
+    assert rows - declared_keys() == set(), "metrics.jsonl keys no metric declares"
     assert {"tau_histogram", "client_val_acc"} <= finals
     assert finals - table == set(), "final.json keys missing from docs/cli.md's table"

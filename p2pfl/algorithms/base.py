@@ -101,9 +101,10 @@ class Algorithm:
     def round(self, round_index: int) -> Round:
         raise NotImplementedError
 
-    def aggregate_model(self, weights: torch.Tensor) -> torch.Tensor | None:
-        """The run's aggregated model from all peers' weights (P, D), on rank 0, where the algorithm
-        defines its own (DisPFL's mask-wise average); None: the --aggregate average."""
+    def aggregate_coefficients(self, flat: torch.Tensor) -> torch.Tensor | None:
+        """Where the run's aggregated model is the algorithm's own weighting of the peers' weights: this
+        rank's rows' coefficients a_i, a number (L,) or one per coordinate (L, D), of the average
+        sum_i a_i w_i / sum_i a_i taken over every peer (DisPFL's mask-wise average); None: --aggregate's."""
         return None
 
     def finish(self, run_dir: Path | None) -> dict | None:

@@ -287,6 +287,59 @@ class MpiTransport(Transport):
         with self._failures(what):
             return self._bcast_object(obj, what)
 
+    def reduce(self, values: torch.Tensor) -> torch.Tensor | None:
+        what = self._what("sum to rank 0")
+        with self._failures(what):
+            total = self._tree_sum(values.detach().cpu().double().numpy(), what)
+        return torch.from_numpy(total).to(values.device) if total is not None else None
+
+    def allreduce(self, values: torch.Tensor) -> torch.Tensor:
+        what = self._what("sum over ranks")
+        with self._failures(what):
+            total = self._tree_cast(self._tree_sum(values.detach().cpu().double().numpy(), what), what)
+        return torch.from_numpy(total).to(values.device)
+
+    def _tree_sum(self, total: np.ndarray, what: str) -> np.ndarray | None:
+        """Sums up a binary tree of the ranks (rank r's children are 2r+1 and 2r+2): each rank holds and
+        sends one array, whatever the number of ranks; the order of the sums is fixed by the rank count."""
+        total = total.copy()
+        parts: dict[int, np.ndarray] = {}
+        children = [c for c in (2 * self.rank + 1, 2 * self.rank + 2) if c < self.size]
+        self._poll(
+            children,
+            self.collective_tag,
+            lambda r, status: parts.__setitem__(r, self.comm.recv(source=r, tag=self.collective_tag)),
+            what,
+        )
+        for c in children:
+            total += parts[c]
+        if self.rank == 0:
+            return total
+        parent = (self.rank - 1) // 2
+        self._complete(
+            [self.comm.isend(total, dest=parent, tag=self.collective_tag)],
+            [parent],
+            what,
+            time.monotonic() + self.timeout,
+        )
+        return None
+
+    def _tree_cast(self, total: np.ndarray | None, what: str) -> np.ndarray:
+        """Rank 0's array down the same tree to every rank."""
+        if self.rank != 0:
+            got = []
+            self._poll(
+                [(self.rank - 1) // 2],
+                self.collective_tag,
+                lambda r, status: got.append(self.comm.recv(source=r, tag=self.collective_tag)),
+                what,
+            )
+            total = got[0]
+        children = [c for c in (2 * self.rank + 1, 2 * self.rank + 2) if c < self.size]
+        sends = [self.comm.isend(total, dest=c, tag=self.collective_tag) for c in children]
+        self._complete(sends, children, what, time.monotonic() + self.timeout)
+        return total
+
     def agree(self, flag, rank0_flag):
         flags = self.gather(bool(flag))
         return self.bcast((any(flags), bool(rank0_flag)) if flags is not None else None)

@@ -222,6 +222,15 @@ class Transport:
     def bcast(self, obj):
         return obj
 
+    def reduce(self, values: torch.Tensor) -> torch.Tensor | None:
+        """The sum over ranks of each rank's float64 values, on rank 0 (None elsewhere): what a sum over
+        every peer says without any rank holding every peer's values (a tree over the ranks under MPI)."""
+        return values
+
+    def allreduce(self, values: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks of each rank's float64 values, on every rank."""
+        return values
+
     def agree(self, flag: bool, rank0_flag: bool) -> tuple[bool, bool]:
         """(flag on any rank, rank 0's rank0_flag) on every rank: one decision for all ranks."""
         return flag, rank0_flag

@@ -213,9 +213,9 @@ class DisPFL(Algorithm):
         grad, _ = gradients(ctx.stack, ctx.flat.clone(), ctx.data.train_x[index], ctx.data.train_y[index], mask)
         return grad.abs()
 
-    def aggregate_model(self, weights: torch.Tensor) -> torch.Tensor:
-        """All peers' models averaged coordinate by coordinate over the peers whose weights hold it."""
-        w = self.width
-        held = (weights[:, :w] != 0).sum(0)
-        trainable = torch.where(held > 0, weights[:, :w].sum(0) / held.clamp(min=1), torch.zeros_like(weights[0, :w]))
-        return torch.cat([trainable, weights[:, w:].mean(0)])
+    def aggregate_coefficients(self, flat: torch.Tensor) -> torch.Tensor:
+        """All peers' models averaged coordinate by coordinate over the peers whose weights hold it: each
+        trainable coordinate weighs 1 where a peer's mask keeps it (its weight is not 0), the rest 1."""
+        held = torch.ones_like(flat)
+        held[:, : self.width] = (flat[:, : self.width] != 0).to(flat.dtype)
+        return held

@@ -25,6 +25,9 @@ from p2pfl.algorithms.server import ServerAlgorithm
 from p2pfl.options import fraction, option, positive
 from p2pfl.comm import Weights
 from p2pfl.errors import UserError
+from p2pfl.metrics import declare_metric
+
+declare_metric("phase", meaning="CyclicFL: `cyclic` or the second phase's algorithm", unit="name")
 
 THEN = {cls.name: cls for cls in (FedAvg, FedProx, Scaffold, Moon)}  # phase 2's algorithms
 PAPER_FL_ROUNDS = 900  # the paper's 1,000 rounds in all, 100 of them cyclic

@@ -29,6 +29,15 @@ from p2pfl.errors import UserError
 from p2pfl.report import plot_fine_tuning, plot_linear_run, plot_similarity
 from p2pfl.training import SGDSettings
 from p2pfl.forward import evaluate
+from p2pfl.metrics import declare_metric
+
+declare_metric(
+    "rep_dist",
+    "grad_norm",
+    meaning="FedAvg-FT on linear-rep: principal-angle distance of the representation to the true one; the norm "
+    "of the round's global gradient",
+    unit="number",
+)
 
 
 @dataclass(frozen=True)

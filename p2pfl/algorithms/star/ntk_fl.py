@@ -32,11 +32,14 @@ from p2pfl.algorithms.server import ServerAlgorithm, ServerOptions, clients_per_
 from p2pfl.errors import UserError
 from p2pfl.options import fraction, option, positive
 from p2pfl.comm import Payload
-from p2pfl.metrics import histogram
+from p2pfl.metrics import declare_metric
+from p2pfl.round_facts import histogram
 from p2pfl.ntk.plan import check_memory
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.ntk.step import ntk_step
 from p2pfl.forward import candidate_losses
+
+declare_metric("ntk_t", meaning="NTK-FL, CP-NTK-FL: the evolution time t the server chose this round", unit="steps")
 
 
 @dataclass(frozen=True)

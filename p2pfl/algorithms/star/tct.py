@@ -28,6 +28,11 @@ from p2pfl.config import machine_memory
 from p2pfl.errors import DivergenceError, UserError
 from p2pfl.ntk.entk import entk_features, one_logit_network, subsample_index
 from p2pfl.options import non_negative, option, positive, positive_or_auto
+from p2pfl.metrics import declare_metric
+
+declare_metric(
+    "stage", "tct_lr", meaning="TCT: the stage (1 FedAvg, 2 linear), the stage-2 learning rate", unit="number"
+)
 
 PAPER_LR = 5e-5  # stage 2's local lr in the paper's experiments
 AUTO_LR_SHARE = 0.5  # --tct-lr auto: this share of the stability limit 2 / lambda_max

@@ -1,0 +1,146 @@
+"""A round's row: this rank's facts (p2pfl.round_facts) and the peers' weights as sums over the peers,
+so that no rank ever holds every peer's weights; gathered once to rank 0, where each declared metric
+(p2pfl.metrics) is computed. A round that is not evaluated costs one sum over the ranks and one gather.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from p2pfl.errors import DivergenceError
+from p2pfl.evaluation import PeerScores, client_subset_size, personal_test_sets
+from p2pfl.forward import evaluate
+from p2pfl.metrics import MetricsLog, build_row
+from p2pfl.round_facts import (
+    RankFacts,
+    RoundFacts,
+    gpu_identity,
+    inter_model_variance,
+    peak_gpu_mib,
+    peak_rss_kib,
+    squared_deviations,
+    sum_rows,
+)
+
+
+class RoundMeasure:
+    """Each round's row, from the rank's facts; rank 0 keeps the rows (MetricsLog) and the model it
+    reported at the last evaluation."""
+
+    def __init__(self, ctx, log: MetricsLog):
+        self.ctx, self.log = ctx, log
+        self.graph_run = not ctx.cfg.algorithm.centralized
+        self.test = test_set(ctx)
+        size = client_subset_size(ctx.cfg.client_test_samples, ctx.cfg.peers, len(self.test[1]))
+        self.peer_scores = PeerScores(ctx.stack, self.test, ctx.peers, size, ctx.cfg.seed, personal_sets(ctx))
+        self.last_model: torch.Tensor | None = None  # rank 0
+
+    def record(self, k: int, result, model: torch.Tensor | None, times: tuple[float, float], evaluated: bool):
+        """The row of round k from what it returned (a Round) and the model it reports (rank 0's, where
+        evaluated), appended to the log on rank 0 (None elsewhere). times: (train_s, the previous row's
+        clock), so that the rows' round_s add up to the loop."""
+        ctx, eval_start = self.ctx, time.perf_counter()
+        scored = evaluated and result.scores is None  # TCT's stage 2 scores its own model
+        mean = self.peers_mean(k, self.graph_run or scored)
+        deviations = squared_deviations(ctx.flat, mean) if mean is not None else None
+        scores, variances = self.peer_scores.local_scores(ctx.flat) if scored else ({}, None)
+        summed = ctx.transport.reduce(deviations) if scored else None
+        facts = ctx.transport.gather(self.rank_facts(result, deviations, scores, variances))
+        if facts is None:
+            return None
+        round_facts = self.round_facts(k, facts, times[0], eval_start, times[1])
+        if scored:
+            self.score_model(round_facts, model, summed)
+        elif evaluated:
+            round_facts.aggregated, clients = result.scores
+            round_facts.clients = {m: torch.as_tensor(v, dtype=torch.float64) for m, v in clients.items()}
+        row = build_row(round_facts, result.fields)
+        self.log.append(row)
+        return row
+
+    def peers_mean(self, k: int, wanted: bool) -> torch.Tensor | None:
+        """The peers' mean weights (where wanted), on every rank, from one sum over the ranks that also
+        counts the peers with a non-finite weight: where there are any, every rank stops together."""
+        ctx = self.ctx
+        bad = (~torch.isfinite(ctx.flat).all(1)).sum().double()[None].to(ctx.flat.device)
+        total = ctx.transport.allreduce(torch.cat([bad, sum_rows(ctx.flat)]) if wanted else bad)
+        if total[0] > 0:
+            diverged(ctx, k)
+        return total[1:] / ctx.cfg.peers if wanted else None
+
+    def rank_facts(self, result, deviations, scores: dict, variances: torch.Tensor | None) -> RankFacts:
+        ctx, counter = self.ctx, self.ctx.transport.counter
+        sent, dense, lost = counter.take()
+        links = counter.take_links()  # bytes per edge: a graph's diagnostic, not a star's
+        return RankFacts(
+            bytes_by_phase=sent,
+            bytes_dense=dense,
+            messages_lost=lost,
+            links=links if self.graph_run else {},
+            peak_rss_kib=peak_rss_kib(),
+            peak_gpu_mib=peak_gpu_mib(ctx.device),
+            gpu=gpu_identity(ctx.device),
+            losses=result.losses.double().tolist() if result.losses is not None else None,
+            pooled=result.pooled,
+            spread=float(deviations.sum()) if self.graph_run else None,
+            scores={m: v.tolist() for m, v in scores.items()},
+            score_variances=variances.tolist() if variances is not None else [],
+        )
+
+    def round_facts(self, k: int, facts: list[RankFacts], train_s: float, eval_start: float, round_start: float):
+        ctx = self.ctx
+        return RoundFacts(
+            round_index=k,
+            ranks=facts,
+            peers=ctx.cfg.peers,
+            headline=ctx.stack.task.headline,
+            graph=ctx.schedule.graph(k) if self.graph_run else None,
+            mixing=ctx.cfg.mixing,
+            sample_counts=ctx.sample_counts,
+            faults=ctx.faults,
+            train_s=train_s,
+            eval_start=eval_start,
+            round_start=round_start,
+        )
+
+    def score_model(self, facts: RoundFacts, model: torch.Tensor, deviations: torch.Tensor) -> None:
+        """An evaluated round on rank 0: the reported model on the whole test set, the peers' scores and
+        the precision of their mean, the inter-model variance."""
+        ctx = self.ctx
+        self.last_model = model
+        scores = evaluate(ctx.stack, model.to(ctx.device)[None], *self.test)
+        facts.aggregated = {m: float(v[0]) for m, v in scores.items()}
+        facts.clients = {
+            m: torch.tensor([v for rank in facts.ranks for v in rank.scores[m]], dtype=torch.float64)
+            for m in facts.ranks[0].scores
+        }
+        variances = facts.joined("score_variances")
+        if self.peer_scores.sampled:
+            facts.client_se = float(sum(variances)) ** 0.5 / facts.peers
+        facts.variance = inter_model_variance(deviations)
+
+
+def test_set(ctx) -> tuple[torch.Tensor, torch.Tensor]:
+    """The test samples every evaluation sees: the first --test-samples of the dataset's."""
+    n = ctx.cfg.test_samples or len(ctx.data.test_y)
+    return ctx.data.test_x[:n], ctx.data.test_y[:n]
+
+
+def personal_sets(ctx) -> tuple | None:
+    """DisPFL's personal test sets of this rank's peers, with the samples they index (classification)."""
+    if ctx.stack.task.name != "classification":
+        return None
+    labels = [ctx.samples(p)[1] for p in ctx.peers]
+    sets = personal_test_sets(ctx.data.test_y, ctx.data.n_classes, labels, ctx.peers, ctx.cfg.peers, ctx.cfg.seed)
+    return sets, ctx.data.test_x, ctx.data.test_y
+
+
+def diverged(ctx, k: int) -> None:
+    """Every rank stops together, rank 0 naming the peers whose models hold NaN or inf."""
+    rows = (~torch.isfinite(ctx.flat).all(1)).nonzero()[:, 0].tolist()  # one read of the device, not one a peer
+    parts = ctx.transport.gather([ctx.peers[i] for i in rows])
+    every = sorted(p for part in parts for p in part) if parts is not None else []
+    shown = f"peers {every[:20]}{' ...' if len(every) > 20 else ''}" if every else "some peers"
+    raise DivergenceError(f"round {k + 1}: {shown} have NaN/inf weights; lower --lr")
