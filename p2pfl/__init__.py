@@ -38,6 +38,8 @@ _PUBLIC = {
     "GossipCodec": "p2pfl.gossip",
     "ServerAlgorithm": "p2pfl.algorithms.server",
     "ServerOptions": "p2pfl.algorithms.server",
+    "ClientWork": "p2pfl.algorithms.server",
+    "declare_metric": "p2pfl.metrics",  # a metric of one's own
     "Message": "p2pfl.comm",
     "Payload": "p2pfl.comm",
     "Weights": "p2pfl.comm",

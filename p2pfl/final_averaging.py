@@ -32,21 +32,21 @@ def check_test_halves(test_samples: int | None) -> None:
         )
 
 
-def final_averaging(ctx) -> dict | None:
-    """Collective: every rank calls it; rank 0 returns the curves."""
-    weights = ctx.transport.gather_rows(ctx.flat)
-    if weights is None:
-        return None
-    weights = weights.to(ctx.device)
-    count = ctx.cfg.test_samples or len(ctx.data.test_y)  # --test-samples, as every evaluation
-    x, y = ctx.data.test_x[:count], ctx.data.test_y[:count]
-    order = torch.randperm(len(y), generator=torch_generator(ctx.cfg.seed, "validation-split"))
+def final_averaging(
+    stack, weights: torch.Tensor, test: tuple[torch.Tensor, torch.Tensor], counts: list[int] | None, seed: int
+) -> dict:
+    """The curves from every peer's weights (P, D) in peer order, on the test samples (x, y); counts: each
+    peer's weight in an average (its samples: --aggregate sample-weighted), None: uniform."""
+    x, y = test
+    order = torch.randperm(len(y), generator=torch_generator(seed, "validation-split"))
     half = len(y) // 2
     val, test = order[:half].to(x.device), order[half:].to(x.device)
-    val_acc = evaluate(ctx.stack, weights, x[val], y[val])["acc"]
-    counts = torch.tensor(ctx.sample_counts, dtype=weights.dtype, device=weights.device)
-    if ctx.cfg.aggregate == "uniform":
-        counts = torch.ones_like(counts)
+    val_acc = evaluate(stack, weights, x[val], y[val])["acc"]
+    counts = (
+        torch.ones(len(weights), dtype=weights.dtype, device=weights.device)
+        if counts is None
+        else torch.tensor(counts, dtype=weights.dtype, device=weights.device)
+    )
     ns = grid(len(weights))
     result: dict = {
         "n": ns,
@@ -57,7 +57,7 @@ def final_averaging(ctx) -> dict | None:
     }
     for name in ORDERS:
         if name == "random":
-            perm = torch.randperm(len(weights), generator=torch_generator(ctx.cfg.seed, "final-order"))
+            perm = torch.randperm(len(weights), generator=torch_generator(seed, "final-order"))
         else:
             perm = torch.argsort(val_acc.cpu(), descending=name == "high-to-low", stable=True)
         perm = perm.to(weights.device)
@@ -65,8 +65,8 @@ def final_averaging(ctx) -> dict | None:
         cum_n = torch.cumsum(counts[perm], 0)
         index = torch.tensor([n - 1 for n in ns], device=weights.device)
         averaged = cum_w[index] / cum_n[index, None]
-        v_acc = evaluate(ctx.stack, averaged, x[val], y[val])["acc"]
-        t_acc = evaluate(ctx.stack, averaged, x[test], y[test])["acc"]
+        v_acc = evaluate(stack, averaged, x[val], y[val])["acc"]
+        t_acc = evaluate(stack, averaged, x[test], y[test])["acc"]
         result["orders"][name] = {"val_acc": v_acc.tolist(), "test_acc": t_acc.tolist()}
     best = result["orders"]["high-to-low"]
     pick = max(range(len(ns)), key=lambda i: (best["val_acc"][i], -i))

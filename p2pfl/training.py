@@ -19,7 +19,7 @@ from p2pfl.models.stack import PeerStack
 from p2pfl.seeding import keyed_orders, peer_keys
 
 
-@dataclass
+@dataclass(frozen=True)
 class SGDSettings:
     """Local SGD's settings; the round's learning rate travels beside them (it decays with the round)."""
 

@@ -89,8 +89,7 @@ def test_cyclic_phase_one_is_a_sequential_relay_without_averaging():
     order = numpy_rng(ctx.cfg.seed, "cyclic", 0).choice(6, alg.visits(), replace=False)
     assert alg.visits() == 1  # floor(0.25 * 6)
     expected = start[None].clone()
-    opt = ctx.sgd()
-    opt.steps = 4
+    opt = ctx.sgd(steps=4)
     for client in order.tolist():
         train_epochs(
             ctx.stack,

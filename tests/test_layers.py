@@ -100,3 +100,38 @@ def test_every_module_of_p2pfl_sits_in_a_layer():
     modules = {f"p2pfl.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
     modules |= {f"p2pfl.{p.name}" for p in package.iterdir() if (p / "__init__.py").exists()}
     assert modules - named == set(), f"not in any layer of .importlinter: {sorted(modules - named)}"
+
+
+def modules_below_the_algorithms() -> list[Path]:
+    """The source files of every layer .importlinter puts below p2pfl.algorithms."""
+    root = Path(__file__).resolve().parents[1]
+    text = (root / ".importlinter").read_text().split("layers =", 1)[1].split("\n\n", 1)[0]
+    layers = [line.strip() for line in text.strip().splitlines()]
+    below = [
+        name.strip()
+        for line in layers[layers.index("p2pfl.algorithms") + 1 :]
+        for name in line.replace("|", ":").split(":")
+    ]
+    files = []
+    for name in below:
+        path = root / Path(*name.split("."))
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
+    return files
+
+
+def test_nothing_below_the_algorithm_layer_takes_the_run_context():
+    """The RunContext belongs to the algorithm layer: a lower module that took it (a parameter named ctx,
+    or one annotated RunContext) would reach through it where import-linter cannot see."""
+    import ast
+
+    files = modules_below_the_algorithms()
+    assert len(files) > 40 and any(f.name == "metrics.py" for f in files) and any(f.name == "plan.py" for f in files)
+    found = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+                    annotation = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+                    if arg.arg == "ctx" or "RunContext" in annotation:
+                        found.append(f"{path.name}:{node.lineno} {node.name}({arg.arg})")
+    assert found == [], found

@@ -478,7 +478,7 @@ def test_a_run_folder_in_use_is_refused_to_a_second_run(tmp_path, monkeypatch):
     """Hostile case of issue 40: a sweep into a folder a running run was writing wrote into it too (rounds
     repeated in metrics.jsonl). The run holds a lock on its folder; a second run there (an --overwrite, a
     resume, as a sweep starts them) is refused in one line, and the first goes on undisturbed."""
-    from p2pfl import metrics
+    from p2pfl import measure
 
     run = tmp_path / "run"
     args = [
@@ -496,14 +496,14 @@ def test_a_run_folder_in_use_is_refused_to_a_second_run(tmp_path, monkeypatch):
         "--out",
         str(run),
     ]
-    seen, real = [], metrics.MetricsLog.record
+    seen, real = [], measure.RoundMeasure.record
 
     def record(self, k, *rest):  # rounds 1 and 2 done: a second run into the folder, while the first holds it
         if k in (0, 1):
             seen.append(testing.run_in_process([*args, "--overwrite"]))
         return real(self, k, *rest)
 
-    monkeypatch.setattr(metrics.MetricsLog, "record", record)
+    monkeypatch.setattr(measure.RoundMeasure, "record", record)
     first = testing.run_in_process(args)
     assert first.returncode == 0, first.stderr[-2000:]
     assert all(s.returncode == 2 and "is in use: a run is writing it now" in s.stderr for s in seen), seen[-1].stderr

@@ -107,9 +107,10 @@ class RunContext:
         """lr_k = lr * exp(-decay * k), the NTK-DFL reference code's schedule (decay 0: constant)."""
         return self.cfg.lr * math.exp(-self.cfg.lr_decay * round_index)
 
-    def sgd(self) -> SGDSettings:
+    def sgd(self, **changes) -> SGDSettings:
+        """Local SGD's settings from the run's, with an algorithm's changes (steps=, prox_mu=, clip=)."""
         c = self.cfg
-        return SGDSettings(c.batch_size, c.local_epochs, c.momentum, c.weight_decay)
+        return SGDSettings(c.batch_size, c.local_epochs, c.momentum, c.weight_decay, **changes)
 
     def train(
         self,

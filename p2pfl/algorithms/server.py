@@ -18,6 +18,28 @@ from p2pfl.models import initial_parameters
 
 
 @dataclass(frozen=True)
+class ClientWork:
+    """What one client's local work returns: its upload (and the bytes it would take uncompressed, where
+    it is compressed), its model after the work, which the base writes into the client's row (None: the
+    row keeps what it holds), and its training loss (None: it did not train)."""
+
+    upload: Payload
+    model: torch.Tensor | None = None
+    loss: torch.Tensor | float | None = None
+    dense: int | None = None
+
+
+@dataclass(frozen=True)
+class StarExchange:
+    """What a server -> clients -> server exchange returns: the uploads that reached the server
+    ({client: payload} on its rank, {} elsewhere) and this rank's peers' training losses (NaN: a peer
+    that did not train in it)."""
+
+    uploads: dict[int, Payload]
+    losses: torch.Tensor
+
+
+@dataclass(frozen=True)
 class ServerOptions:
     clients_per_round: int = option(20, "clients the server samples each round (at most --peers; 0: all)", non_negative)
 
@@ -48,39 +70,48 @@ class ServerAlgorithm(Algorithm):
 
     def round(self, round_index: int) -> Round:
         ctx, clients = self.ctx, self.sample(round_index)
-        losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)  # NaN: not sampled this round
-        got = self.star_round(
+        done = self.star_round(
             round_index,
             clients,
-            lambda c: self.download(round_index, c),
-            lambda mine, received: self.client_work(round_index, mine, received, losses),
-            self.Download,
-            self.Upload,
+            download=lambda c: self.download(round_index, c),
+            work=lambda mine, received: self.client_work(round_index, mine, received),
+            kinds=(self.Download, self.Upload),
         )
-        heard = [c for c in clients if c in got]  # every sampled client, unless simulated faults lost some
+        heard = [c for c in clients if c in done.uploads]  # every sampled client, unless faults lost some
         if self.is_server and heard:
-            ctx.global_weights = self.server_update(round_index, heard, got)
-        return Round(losses if self.trains_locally else None)
+            ctx.global_weights = self.server_update(round_index, heard, done.uploads)
+        return Round(done.losses if self.trains_locally else None)
 
     def star_round(
         self,
-        round_index,
-        clients,
+        round_index: int,
+        clients: list[int],
+        *,
         download,
         work,
-        Download,
-        Upload,
-        phases=("download", "upload"),
+        kinds: tuple[type[Payload], type[Payload]] = (Weights, Weights),
+        phases: tuple[str, str] = ("download", "upload"),
         reliable: bool = False,
-    ) -> dict:
-        """Server -> clients -> server: download(client) is what the server sends each client;
-        work(this rank's clients, {client: received}) returns {client: (upload, dense bytes or None)}.
-        Returns {client: upload} on the server, {} elsewhere; under simulated faults only the clients the
-        download reached work, and only the uploads that arrived are returned (reliable: no faults apply,
-        for one-time setup exchanges)."""
-        received = self.broadcast(phases[0], round_index, clients, download, Download, reliable)
-        uploads = work(list(received), received) if received else {}
-        return self.collect(phases[1], round_index, clients, uploads, Upload, reliable, answering=phases[0])
+    ) -> StarExchange:
+        """Server -> clients -> server: download(client) is what the server sends each client (a payload
+        of kinds[0]); work(this rank's clients, {client: received}) returns {client: ClientWork}, whose
+        models and losses are written here and whose uploads (kinds[1]) go back. Under simulated faults
+        only the clients the download reached work, and only the uploads that arrived are returned
+        (reliable: no faults apply, for one-time setup exchanges)."""
+        ctx = self.ctx
+        received = self.broadcast(phases[0], round_index, clients, download, kinds[0], reliable)
+        done = work(list(received), received) if received else {}
+        losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)  # NaN: did not train here
+        for c, result in done.items():
+            if not isinstance(result, ClientWork):
+                raise TypeError(f"{type(self).__name__}'s client work returned {type(result).__name__}, not ClientWork")
+            if result.model is not None:
+                ctx.flat[ctx.row[c]] = result.model
+            if result.loss is not None:
+                losses[ctx.row[c]] = result.loss
+        uploads = {c: (result.upload, result.dense) for c, result in done.items()}
+        got = self.collect(phases[1], round_index, clients, uploads, kinds[1], reliable, answering=phases[0])
+        return StarExchange(got, losses)
 
     def broadcast(self, phase, round_index, clients, payload, kind, reliable: bool = False) -> dict:
         """The server sends payload(client) to each client; returns {client: payload} of this rank's
@@ -111,8 +142,8 @@ class ServerAlgorithm(Algorithm):
     def download(self, round_index: int, client: int) -> Payload:
         return Weights(self.ctx.global_weights)
 
-    def client_work(self, round_index, clients, received, losses) -> dict[int, tuple[Payload, int | None]]:
-        """Local work of this rank's sampled clients: {client: (upload payload, dense bytes or None)}."""
+    def client_work(self, round_index, clients, received) -> dict[int, ClientWork]:
+        """Local work of this rank's sampled clients, each from what it received."""
         raise NotImplementedError
 
     def server_update(self, round_index, clients, uploads) -> torch.Tensor:

@@ -21,10 +21,11 @@ def round_samples(shard: np.ndarray, batches: int, subsample: int, rng: np.rando
     return [torch.from_numpy(parts[b % len(parts)]) for b in range(batches)]
 
 
-def neighbourhood_problem(ctx, codec, inputs, settings, peer, hood, parts, w, samples) -> NTKProblem:
+def neighbourhood_problem(stack, training_rows, codec, inputs, settings, peer, hood, parts, w, samples) -> NTKProblem:
     """parts: (Jacobian, outputs, labels) of each member of hood, in order; samples: their sample indices
-    on the CPU (the inputs cache's keys) and on the device. settings.ntk_selection 'own' selects t on the
-    peer's own samples, else on the neighbourhood's (with settings.ntk_loss)."""
+    on the CPU (the inputs cache's keys) and on the device; training_rows(index, inputs): the training
+    (x, y) at index (x None where inputs is False). settings.ntk_selection 'own' selects t on the peer's
+    own samples, else on the neighbourhood's (with settings.ntk_loss)."""
     data, placed = samples
     blocks = (
         [inputs.block(j, part[0], data[j]) for j, part in zip(hood, parts)]
@@ -38,7 +39,7 @@ def neighbourhood_problem(ctx, codec, inputs, settings, peer, hood, parts, w, sa
     own_only = settings.ntk_selection == "own"
     selection_pixels = None if pixels is None else blocks[hood.index(peer)] if own_only else pixels
     index = torch.cat([placed[j] for j in ([peer] if own_only else hood)])
-    x, y = ctx.rows(index) if selection_pixels is None else (None, ctx.data.train_y[index.to(ctx.device)])
+    x, y = training_rows(index, selection_pixels is None)
     return NTKProblem(
-        jac, w, f0, labels, lambda cands: candidate_losses(ctx.stack, cands, x, y, settings.ntk_loss, selection_pixels)
+        jac, w, f0, labels, lambda cands: candidate_losses(stack, cands, x, y, settings.ntk_loss, selection_pixels)
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-from p2pfl.errors import UserError
 from p2pfl.ntk.codec import JacobianCodec
 from p2pfl.ntk.step import evolves_batched
 
@@ -14,6 +13,10 @@ EVOLVE_CHUNK = 8  # peers whose kernels are held at once on the CPU: their evolu
 JACOBIAN_COPIES = 3  # of a group's dense Jacobians on a rank under MPI: sent, received, stacked
 JACOBIAN_COPIES_ONE_RANK = 2  # in one process a message is the receiver's copy: computed and stacked
 KERNEL_COPIES = 4  # (N, N) float32 arrays a batched evolution holds per neighbourhood (kernel, padded, scaled, slack)
+
+
+class PlanError(ValueError):
+    """A run whose NTK work cannot fit, in one line for its user (the algorithm reports it as a UserError)."""
 
 
 def check_memory(
@@ -25,7 +28,7 @@ def check_memory(
         return
     need = copies * samples_held * n_classes * codec.n_params * 4
     if need > memory_gb * GB:
-        raise UserError(
+        raise PlanError(
             f"dense Jacobians of {codec.n_params:,} parameters for {what} {samples_held:,} samples would "
             f"take about {need / GB:.1f} GB on one rank, above --ntk-memory-gb {memory_gb:g}; "
             "use fewer --samples-per-peer or --peers per rank, a larger cap, or, in NTK-DFL, --ntk-batches "
@@ -39,21 +42,31 @@ class JacobianPlan:
     steps are one padded batch (batched). A run whose largest
     neighbourhood of the first graph cannot fit is refused before it starts."""
 
-    def __init__(self, ctx, codec: JacobianCodec, settings):
-        """ctx: the run's (its shards, data, transport, stack, graph and peers); settings: NTK-DFL's."""
+    def __init__(
+        self,
+        codec: JacobianCodec,
+        settings,
+        n_classes: int,
+        shard_sizes: list[int],
+        first_graph,
+        ranks: int,
+        stack,
+        hosted: int,
+    ):
+        """settings: NTK-DFL's; shard_sizes: every peer's samples; first_graph: round 1's; hosted: this
+        rank's peers; stack: the run's PeerStack (its device and batch budget)."""
         memory_gb, batches, subsample = settings.ntk_memory_gb, settings.ntk_batches, settings.ntk_subsample
-        n_classes, shard_sizes = ctx.data.n_classes, ctx.sample_counts
         self.codec, self.memory_gb, self.n_classes = codec, memory_gb, n_classes
         self.batches, self.subsample, self.sizes = batches, subsample, shard_sizes
-        degree = max(d for _, d in ctx.schedule.graph(0).degree())
+        degree = max(d for _, d in first_graph.degree())
         smallest = min(shard_sizes)
         if batches * subsample > smallest:
-            raise UserError(
+            raise PlanError(
                 f"--ntk-batches {batches} x --ntk-subsample {subsample} exceeds the {smallest} "
                 "samples of the smallest peer: every Jacobian batch needs at least one sample"
             )
         largest_hood = (degree + 1) * math.ceil(max(shard_sizes) // subsample / batches)
-        self.copies = JACOBIAN_COPIES_ONE_RANK if ctx.transport.size == 1 else JACOBIAN_COPIES
+        self.copies = JACOBIAN_COPIES_ONE_RANK if ranks == 1 else JACOBIAN_COPIES
         check_memory(
             codec,
             memory_gb,
@@ -64,12 +77,12 @@ class JacobianPlan:
         )
         # a GPU's steps: a chunk of neighbourhoods as one padded batch where the Jacobians are factored (dense
         # ones go problem by problem, their evolutions still one batch)
-        self.batched = codec.path == "factored" and evolves_batched(ctx.stack.device, settings.step_settings())
+        self.batched = codec.path == "factored" and evolves_batched(stack.device, settings.step_settings())
         stacked = largest_hood * n_classes * codec.n_params * 4 if codec.path == "dense" else 0
         if self.batched:  # a padded neighbourhood's factors and its candidates' work beside its kernels
             stacked = batched_hood_bytes(codec, largest_hood, len(settings.ntk_taus))
         self.chunk = evolve_chunk(
-            settings.step_settings(), KERNEL_COPIES * 4 * largest_hood**2 + stacked, len(ctx.peers), ctx.stack
+            settings.step_settings(), KERNEL_COPIES * 4 * largest_hood**2 + stacked, hosted, stack
         )
 
     def batch_size(self, peer: int) -> int:

@@ -139,8 +139,7 @@ class DisPFL(Algorithm):
         trained_mask = self.mask.clone()
         trained_mask[offline] = self.trained_mask[offline]
         self.trained_mask = trained_mask
-        opt = ctx.sgd()
-        opt.clip = self.settings.dispfl_clip
+        opt = ctx.sgd(clip=self.settings.dispfl_clip)
         losses = ctx.train_online(round_index, personal, opt, StepTerms(mask=self.mask.to(personal.dtype)))
         ctx.flat = personal
         mask = self.next_masks(round_index)

@@ -28,7 +28,7 @@ from p2pfl.metrics import declare_metric
 from p2pfl.round_facts import histogram
 from p2pfl.ntk.inputs_cache import InputsCache, on_device
 from p2pfl.ntk.neighbourhood import neighbourhood_problem, round_samples
-from p2pfl.ntk.plan import JacobianPlan
+from p2pfl.ntk.plan import JacobianPlan, PlanError
 from p2pfl.ntk.hood_batch import HoodBatch, batched_steps
 from p2pfl.ntk.step import NTKProblem, StepBatch, ntk_steps
 from p2pfl.comm import Message, Weights
@@ -64,7 +64,19 @@ class NTKDFL(Algorithm):
         self.step_settings = self.settings.step_settings()
         self.codec = make_codec(ctx, self.settings)
         compile_ahead(ctx, self.settings)
-        self.plan = JacobianPlan(ctx, self.codec, self.settings)
+        try:
+            self.plan = JacobianPlan(
+                self.codec,
+                self.settings,
+                ctx.data.n_classes,
+                ctx.sample_counts,
+                ctx.schedule.graph(0),
+                ctx.transport.size,
+                ctx.stack,
+                len(ctx.peers),
+            )
+        except PlanError as exc:
+            raise UserError(str(exc)) from None
         self.inputs = InputsCache(ctx.data)
         self.taus_chosen: list[int] = []  # every peer step's t, for final.json
 
@@ -183,13 +195,26 @@ class NTKDFL(Algorithm):
         ctx = self.ctx
         parts = [own[peer] if j == peer else inbox[peer][j].read(self.codec) for j in members]
         w = weights[ctx.row[peer]]
-        return neighbourhood_problem(ctx, self.codec, self.inputs, self.settings, peer, members, parts, w, samples)
+        return neighbourhood_problem(
+            ctx.stack, self.training_rows, self.codec, self.inputs, self.settings, peer, members, parts, w, samples
+        )
+
+    def training_rows(self, index: torch.Tensor, inputs: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The training (x, y) at index; x None where not wanted (the pixel codes stand for it)."""
+        ctx = self.ctx
+        return ctx.rows(index) if inputs else (None, ctx.data.train_y[index.to(ctx.device)])
 
     def finish(self, run_dir) -> dict | None:
-        result = final_averaging(self.ctx)
-        chosen = self.ctx.transport.gather(self.taus_chosen)
-        if result is not None:
+        ctx = self.ctx
+        weights = ctx.transport.gather_rows(ctx.flat)  # the paper's selection ranks every peer's model
+        chosen = ctx.transport.gather(self.taus_chosen)
+        if weights is not None:
+            count = ctx.cfg.test_samples or len(ctx.data.test_y)  # --test-samples, as every evaluation
+            test = ctx.data.test_x[:count], ctx.data.test_y[:count]
+            counts = ctx.sample_counts if ctx.cfg.aggregate != "uniform" else None
+            result = final_averaging(ctx.stack, weights.to(ctx.device), test, counts, ctx.cfg.seed)
             result["tau_histogram"] = histogram([t for part in chosen for t in part])
             if run_dir is not None:
                 plot_final_averaging(result, run_dir / "final_averaging.png")
-        return result
+            return result
+        return None

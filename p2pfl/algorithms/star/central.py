@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from p2pfl.algorithms.server import ClientWork
 from p2pfl.algorithms.star.fedavg import FedAvg
 from p2pfl.comm import Payload
 
@@ -25,9 +26,8 @@ class Centralized(FedAvg):
     trains_locally = False
     Upload = Samples
 
-    def client_work(self, round_index, clients, received, losses):
-        ctx = self.ctx
-        return {c: (Samples(*ctx.samples(c)), None) for c in clients}
+    def client_work(self, round_index, clients, received):
+        return {c: ClientWork(Samples(*self.ctx.samples(c))) for c in clients}
 
     def server_update(self, round_index, clients, uploads):
         ctx = self.ctx

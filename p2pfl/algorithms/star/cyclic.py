@@ -21,7 +21,7 @@ from p2pfl.algorithms.star.fedprox import FedProx, FedProxSettings
 from p2pfl.algorithms.star.scaffold import Scaffold
 from p2pfl.algorithms.star.moon import Moon, MoonSettings
 from p2pfl.algorithms.base import Round
-from p2pfl.algorithms.server import ServerAlgorithm
+from p2pfl.algorithms.server import ClientWork, ServerAlgorithm
 from p2pfl.options import fraction, option, positive
 from p2pfl.comm import Weights
 from p2pfl.errors import UserError
@@ -95,29 +95,24 @@ class Cyclic(ServerAlgorithm):
         order = ctx.rng("cyclic", round_index).choice(ctx.cfg.peers, self.visits(), replace=False)
         losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)
         for client in order.tolist():
-            got = self.star_round(
+            done = self.star_round(
                 round_index,
                 [client],
-                lambda c: Weights(ctx.global_weights),
-                lambda mine, received: self.visit(round_index, mine, received, losses),
-                Weights,
-                Weights,
-                ("cyclic-down", "cyclic-up"),
+                download=lambda c: Weights(ctx.global_weights),
+                work=lambda mine, received: self.visit(round_index, mine, received),
+                phases=("cyclic-down", "cyclic-up"),
             )
-            if self.is_server and client in got:  # under simulated faults a visit may fail: the model stays
-                ctx.global_weights = got[client].weights
+            losses = torch.where(done.losses.isnan(), losses, done.losses)  # a client visited twice: its last
+            if self.is_server and client in done.uploads:  # under faults a visit may fail: the model stays
+                ctx.global_weights = done.uploads[client].weights
         return Round(losses, {"phase": "cyclic"})
 
-    def visit(self, round_index, clients, received, losses):
+    def visit(self, round_index, clients, received):
         """One client's steps from the model it received; it keeps a copy as its own model."""
         ctx, (client,) = self.ctx, clients
-        opt = ctx.sgd()
-        n = len(ctx.shards[client])
-        opt.steps = self.settings.cyclic_steps
+        steps = self.settings.cyclic_steps
         if self.settings.cyclic_step_policy == "one-epoch":
-            opt.steps = min(opt.steps, math.ceil(n / opt.batch_size))
+            steps = min(steps, math.ceil(len(ctx.shards[client]) / ctx.cfg.batch_size))
         flat = received[client].weights[None].clone()
-        loss = ctx.train(round_index, flat, [client], opt)
-        ctx.flat[ctx.row[client]] = flat[0]
-        losses[ctx.row[client]] = loss[0]
-        return {client: (Weights(flat[0]), None)}
+        loss = ctx.train(round_index, flat, [client], ctx.sgd(steps=steps))
+        return {client: ClientWork(Weights(flat[0]), flat[0], loss[0])}

@@ -46,7 +46,7 @@ class DataShare(FedAvg):
         reached = self.broadcast("share", 0, range(ctx.cfg.peers), lambda c: payload, Samples)
         self.has_share = torch.tensor([c in reached for c in ctx.peers], dtype=torch.bool, device=ctx.device)
 
-    def local_train(self, round_index, clients, received, losses, terms=None):
+    def local_train(self, round_index, clients, received, terms=None):
         ctx, original = self.ctx, self.ctx.shards
         mixed = list(original)
         for c in clients:
@@ -57,6 +57,6 @@ class DataShare(FedAvg):
             mixed[c] = torch.cat([original[c], extra])
         ctx.shards = mixed
         try:
-            return super().local_train(round_index, clients, received, losses, terms)
+            return super().local_train(round_index, clients, received, terms)
         finally:
             ctx.shards = original

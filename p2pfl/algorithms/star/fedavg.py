@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from p2pfl.algorithms.server import ServerAlgorithm, ServerOptions
+from p2pfl.algorithms.server import ClientWork, ServerAlgorithm, ServerOptions
 from p2pfl.comm import Weights
 from p2pfl.options import non_negative, option
 from p2pfl.training import SGDSettings, StepTerms
@@ -29,23 +29,17 @@ class FedAvg(ServerAlgorithm):
     Settings = FedAvgSettings
     training = {"lr": 0.1, "batch_size": 50, "local_epochs": 5, "momentum": 0.0}
 
-    def local_train(self, round_index, clients, received, losses, terms=None) -> torch.Tensor:
-        ctx = self.ctx
+    def local_train(self, round_index, clients, received, terms=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the clients' weights after local SGD from what they received, their training losses)."""
         trained = torch.stack([received[c].weights for c in clients])
-        out = ctx.train(round_index, trained, clients, self.sgd(), terms)
-        for i, c in enumerate(clients):
-            ctx.flat[ctx.row[c]] = trained[i]
-            losses[ctx.row[c]] = out[i]
-        return trained
+        return trained, self.ctx.train(round_index, trained, clients, self.sgd(), terms)
 
     def sgd(self) -> SGDSettings:
-        opt = self.ctx.sgd()
-        opt.steps = self.settings.local_steps or None
-        return opt
+        return self.ctx.sgd(steps=self.settings.local_steps or None)
 
-    def client_work(self, round_index, clients, received, losses):
-        trained = self.local_train(round_index, clients, received, losses, self.terms(clients, received))
-        return {c: (Weights(trained[i]), None) for i, c in enumerate(clients)}
+    def client_work(self, round_index, clients, received):
+        trained, losses = self.local_train(round_index, clients, received, self.terms(clients, received))
+        return {c: ClientWork(Weights(trained[i]), trained[i], losses[i]) for i, c in enumerate(clients)}
 
     def terms(self, clients, received) -> StepTerms | None:
         return None

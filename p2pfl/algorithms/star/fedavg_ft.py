@@ -162,9 +162,9 @@ class FedAvgFT(FedAvg):
                 views["w"].zero_()
 
     # -- training -------------------------------------------------------------------------------------
-    def local_train(self, round_index, clients, received, losses, terms=None):
+    def local_train(self, round_index, clients, received, terms=None):
         if self.truth is None:
-            return super().local_train(round_index, clients, received, losses, terms)
+            return super().local_train(round_index, clients, received, terms)
         ctx = self.ctx
         start = torch.stack([received[c].weights for c in clients])
         views = ctx.stack.layout.views(start)
@@ -172,10 +172,10 @@ class FedAvgFT(FedAvg):
         g0 = grad(views["B"], views["w"])
         B, w = linear_gd(views["B"], views["w"], grad, ctx.lr(round_index), self.settings.local_steps or 1, g0)
         trained = torch.cat([B.reshape(len(clients), -1), w], 1)
-        for i, c in enumerate(clients):
-            ctx.flat[ctx.row[c]] = trained[i]
-            losses[ctx.row[c]] = self.client_loss(c, views["B"][i], views["w"][i], g0[i])
-        return trained
+        losses = torch.stack(
+            [torch.as_tensor(self.client_loss(c, views["B"][i], views["w"][i], g0[i])) for i, c in enumerate(clients)]
+        )
+        return trained, losses
 
     def residual_gradient(self, clients):
         """g(B, w): the gradient of each client's loss in beta = B w, population or full-batch."""

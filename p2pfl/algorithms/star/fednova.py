@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from p2pfl.algorithms.server import ClientWork
 from p2pfl.algorithms.star.fedavg import FedAvg
 from p2pfl.comm import Payload
 from p2pfl.training import local_steps
@@ -26,14 +27,15 @@ class FedNova(FedAvg):
     summary = "FedNova: normalized averaging of local progress"
     Upload = FedNovaUpload
 
-    def client_work(self, round_index, clients, received, losses):
+    def client_work(self, round_index, clients, received):
         opt = self.sgd()
-        trained = self.local_train(round_index, clients, received, losses)
+        trained, losses = self.local_train(round_index, clients, received)
         out = {}
         for i, c in enumerate(clients):
             tau, rho = local_steps(len(self.ctx.shards[c]), opt), opt.momentum
             norm = tau if not rho else (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
-            out[c] = (FedNovaUpload(trained[i], torch.tensor([float(norm)], device=trained.device)), None)
+            upload = FedNovaUpload(trained[i], torch.tensor([float(norm)], device=trained.device))
+            out[c] = ClientWork(upload, trained[i], losses[i])
         return out
 
     def server_update(self, round_index, clients, uploads):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -24,9 +24,7 @@ class FedProx(FedAvg):
     Settings = FedProxSettings
 
     def sgd(self):
-        opt = super().sgd()
-        opt.prox_mu = self.settings.prox_mu
-        return opt
+        return replace(super().sgd(), prox_mu=self.settings.prox_mu)
 
     def terms(self, clients, received):
         return StepTerms(anchor=torch.stack([received[c].weights for c in clients]))

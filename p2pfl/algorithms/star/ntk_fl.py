@@ -28,13 +28,13 @@ import torch
 
 from p2pfl.algorithms.base import Round
 from p2pfl.algorithms.ntk_options import NTKOptions, compile_ahead, make_codec, project_inputs
-from p2pfl.algorithms.server import ServerAlgorithm, ServerOptions, clients_per_round
+from p2pfl.algorithms.server import ClientWork, ServerAlgorithm, ServerOptions, clients_per_round
 from p2pfl.errors import UserError
 from p2pfl.options import fraction, option, positive
 from p2pfl.comm import Payload
 from p2pfl.metrics import declare_metric
 from p2pfl.round_facts import histogram
-from p2pfl.ntk.plan import check_memory
+from p2pfl.ntk.plan import PlanError, check_memory
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.ntk.step import ntk_step
 from p2pfl.forward import candidate_losses
@@ -90,9 +90,11 @@ class NTKFL(ServerAlgorithm):
         if self.held_out and self.is_server:  # their samples on the server's device, once
             self.validation = ctx.rows(torch.cat([ctx.shards[c] for c in self.held_out]))
         largest = sorted(len(s) for s in ctx.shards)[-self.per_round :]
-        check_memory(
-            self.codec, self.settings.ntk_memory_gb, ctx.data.n_classes, sum(math.ceil(self.beta * n) for n in largest)
-        )
+        held = sum(math.ceil(self.beta * n) for n in largest)
+        try:
+            check_memory(self.codec, self.settings.ntk_memory_gb, ctx.data.n_classes, held)
+        except PlanError as exc:
+            raise UserError(str(exc)) from None
 
     @classmethod
     def prepare_data(cls, data, cfg):
@@ -139,14 +141,14 @@ class NTKFL(ServerAlgorithm):
             shard = np.sort(self.ctx.rng("cp-sample", round_index, client).choice(shard, keep, False))
         return torch.from_numpy(shard)
 
-    def client_work(self, round_index, clients, received, losses):
+    def client_work(self, round_index, clients, received):
         ctx, out = self.ctx, {}
         for c in clients:
             index = self.samples(round_index, c)
             x, y = ctx.rows(index)
             jac, f = self.codec.compute(received[c].weights, x)
-            ctx.flat[ctx.row[c]] = received[c].weights
-            out[c] = (NTKUpload(f.detach(), y, index, self.codec.to_wire(jac)), self.codec.dense_bytes(f, y))
+            upload = NTKUpload(f.detach(), y, index, self.codec.to_wire(jac))
+            out[c] = ClientWork(upload, model=received[c].weights, dense=self.codec.dense_bytes(f, y))
         return out
 
     def server_update(self, round_index, clients, uploads):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from p2pfl.algorithms.server import ClientWork
 from p2pfl.algorithms.star.fedavg import FedAvg
 from p2pfl.comm import Payload
 from p2pfl.training import StepTerms, local_steps
@@ -41,19 +42,22 @@ class Scaffold(FedAvg):
     def download(self, round_index, client):
         return ScaffoldDownload(self.ctx.global_weights, self.c_global)
 
-    def client_work(self, round_index, clients, received, losses):
+    def client_work(self, round_index, clients, received):
         ctx, opt = self.ctx, self.sgd()
         rows = [ctx.row[c] for c in clients]
         c_global = torch.stack([received[c].control for c in clients])
         start = torch.stack([received[c].weights for c in clients])
-        trained = self.local_train(
-            round_index, clients, received, losses, StepTerms(offset=c_global - self.c_local[rows])
+        trained, losses = self.local_train(
+            round_index, clients, received, StepTerms(offset=c_global - self.c_local[rows])
         )
         steps = torch.tensor([local_steps(len(ctx.shards[c]), opt) for c in clients], device=ctx.device)
         new_c = self.c_local[rows] - c_global + (start - trained) / (steps[:, None] * ctx.lr(round_index))
         delta_c = new_c - self.c_local[rows]
         self.c_local[rows] = new_c
-        return {c: (ScaffoldUpload(trained[i] - start[i], delta_c[i]), None) for i, c in enumerate(clients)}
+        return {
+            c: ClientWork(ScaffoldUpload(trained[i] - start[i], delta_c[i]), trained[i], losses[i])
+            for i, c in enumerate(clients)
+        }
 
     def server_update(self, round_index, clients, uploads):
         dw = torch.stack([uploads[c].delta_weights for c in clients]).mean(0)

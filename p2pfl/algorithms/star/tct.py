@@ -10,13 +10,13 @@ h_k, only the model travelling each way, aggregated with weights n_k/n.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 
 from p2pfl.algorithms.base import Round
+from p2pfl.algorithms.server import ClientWork
 from p2pfl.algorithms.server import ServerAlgorithm
 from p2pfl.algorithms.star.fedavg import FedAvg, FedAvgSettings
 from p2pfl.algorithms.star.linear_stage import Moments, Scalar, StandardFeatures, Standardisation, centred_one_hot
@@ -144,13 +144,19 @@ class TCT(ServerAlgorithm):
                 model, layout, flat = self.convexified(received[c].weights)
                 index = subsample_index(layout.trainable, s.tct_features, s.tct_seed)
                 raw[c] = entk_features(model, layout, flat, ctx.samples(c)[0], index, done=bar.update)
-                out[c] = (Moments.of(raw[c]), None)
+                out[c] = ClientWork(Moments.of(raw[c]))
             return out
 
         phases = ("convexify", "normalize")
         got = self.star_round(
-            round_index, clients, lambda c: Weights(network), features_of, Weights, Moments, phases, reliable=True
-        )
+            round_index,
+            clients,
+            download=lambda c: Weights(network),
+            work=features_of,
+            kinds=(Weights, Moments),
+            phases=phases,
+            reliable=True,
+        ).uploads
         stats = None
         if self.is_server:
             stats = (
@@ -202,7 +208,6 @@ class TCT(ServerAlgorithm):
     def stage2_round(self, round_index: int) -> torch.Tensor:
         ctx, s = self.ctx, self.settings
         clients = list(range(ctx.cfg.peers))
-        losses = torch.full((len(ctx.peers),), math.nan, device=ctx.device)  # NaN: no download (faults)
         shape = (self.test_features.raw.shape[1] + 1, self.C) if self.is_server else None
 
         steps, scaffold = s.tct_local_steps, s.tct_stage2 == "scaffold"
@@ -213,16 +218,16 @@ class TCT(ServerAlgorithm):
                 Z, Y = self.features[c], self.targets[c]
                 theta = received[c].weights.view(Z.raw.shape[1] + 1, self.C)
                 residual = Z.matmul(theta) - Y
-                losses[self.ctx.row[c]] = 0.5 * (residual**2).sum(1).mean()
                 h = self.h.get(c, torch.zeros_like(theta))
                 W, self.h[c] = client_round(
                     Z, self.grams.get(c), Y, theta, h, self.previous.get(c), self.lr, steps, scaffold, residual
                 )
                 self.previous[c] = W
-                out[c] = (Weights(W.reshape(-1)), None)
+                out[c] = ClientWork(Weights(W.reshape(-1)), loss=0.5 * (residual**2).sum(1).mean())
             return out
 
-        got = self.star_round(round_index, clients, lambda c: Weights(self.linear.reshape(-1)), local, Weights, Weights)
+        done = self.star_round(round_index, clients, download=lambda c: Weights(self.linear.reshape(-1)), work=local)
+        got, losses = done.uploads, done.losses  # losses NaN where no download arrived (faults)
         heard = [c for c in clients if c in got]
         if self.is_server and heard:
             p = self.weights_of(heard)
