@@ -32,9 +32,11 @@ class RoundMeasure:
     def __init__(self, ctx, log: MetricsLog):
         self.ctx, self.log = ctx, log
         self.graph_run = not ctx.cfg.algorithm.centralized
-        self.test = test_set(ctx)
-        size = client_subset_size(ctx.cfg.client_test_samples, ctx.cfg.peers, len(self.test[1]))
-        self.peer_scores = PeerScores(ctx.stack, self.test, ctx.peers, size, ctx.cfg.seed, personal_sets(ctx))
+        count = ctx.cfg.test_samples or len(ctx.data.test_y)  # --test-samples: every evaluation's
+        self.test = ctx.data.test_x[:count], ctx.data.test_y[:count]
+        size = client_subset_size(ctx.cfg.client_test_samples, ctx.cfg.peers, count)
+        whole = (ctx.data.test_x, ctx.data.test_y)
+        self.peer_scores = PeerScores(ctx.stack, whole, count, ctx.peers, size, ctx.cfg.seed, personal_sets(ctx))
         self.last_model: torch.Tensor | None = None  # rank 0
 
     def record(self, k: int, result, model: torch.Tensor | None, times: tuple[float, float], evaluated: bool):
@@ -61,14 +63,19 @@ class RoundMeasure:
         return row
 
     def peers_mean(self, k: int, wanted: bool) -> torch.Tensor | None:
-        """The peers' mean weights (where wanted), on every rank, from one sum over the ranks that also
-        counts the peers with a non-finite weight: where there are any, every rank stops together."""
+        """The peers' mean weights (where wanted), on every rank, from one sum over the ranks; every rank
+        stops together where a peer's weights hold NaN or inf. The sum tells: a non-finite weight makes
+        its coordinate's float64 sum non-finite, and finite float32 weights cannot overflow it."""
         ctx = self.ctx
-        bad = (~torch.isfinite(ctx.flat).all(1)).sum().double()[None].to(ctx.flat.device)
-        total = ctx.transport.allreduce(torch.cat([bad, sum_rows(ctx.flat)]) if wanted else bad)
-        if total[0] > 0:
+        if wanted:
+            total = ctx.transport.allreduce(sum_rows(ctx.flat))
+            bad = not bool(torch.isfinite(total).all())
+        else:
+            count = (~torch.isfinite(ctx.flat).all(1)).sum().double()[None]
+            bad = bool(ctx.transport.allreduce(count)[0] > 0)
+        if bad:
             diverged(ctx, k)
-        return total[1:] / ctx.cfg.peers if wanted else None
+        return total / ctx.cfg.peers if wanted else None
 
     def rank_facts(self, result, deviations, scores: dict, variances: torch.Tensor | None) -> RankFacts:
         ctx, counter = self.ctx, self.ctx.transport.counter
@@ -122,19 +129,12 @@ class RoundMeasure:
         facts.variance = inter_model_variance(deviations)
 
 
-def test_set(ctx) -> tuple[torch.Tensor, torch.Tensor]:
-    """The test samples every evaluation sees: the first --test-samples of the dataset's."""
-    n = ctx.cfg.test_samples or len(ctx.data.test_y)
-    return ctx.data.test_x[:n], ctx.data.test_y[:n]
-
-
-def personal_sets(ctx) -> tuple | None:
-    """DisPFL's personal test sets of this rank's peers, with the samples they index (classification)."""
+def personal_sets(ctx) -> list[torch.Tensor] | None:
+    """DisPFL's personal test sets of this rank's peers (classification), as indices into the test set."""
     if ctx.stack.task.name != "classification":
         return None
     labels = [ctx.samples(p)[1] for p in ctx.peers]
-    sets = personal_test_sets(ctx.data.test_y, ctx.data.n_classes, labels, ctx.peers, ctx.cfg.peers, ctx.cfg.seed)
-    return sets, ctx.data.test_x, ctx.data.test_y
+    return personal_test_sets(ctx.data.test_y, ctx.data.n_classes, labels, ctx.peers, ctx.cfg.peers, ctx.cfg.seed)
 
 
 def diverged(ctx, k: int) -> None:

@@ -155,10 +155,11 @@ declare_metric(
 )
 declare_metric(
     "client_acc_se",
+    "client_loss_se",
     meaning="standard error of `client_acc_mean` against the same mean over the whole test set: the root "
     "of the sum over peers of each score's stratified sampling variance, over the number of peers (the "
     "peers' draws are independent, so it falls as peers are added); absent where every client sees every "
-    "test sample. Regression: `client_loss_se`",
+    "test sample. Regression tasks: `client_loss_se`, of the mean loss",
     unit="fraction",
     value=lambda f: {f"client_{f.headline}_se": round(f.client_se, 6)} if f.client_se is not None else None,
 )

@@ -123,10 +123,10 @@ ROW_BLOCK = 2**22  # float64 entries (32 MiB) of the peers' weights taken at onc
 
 
 def row_blocks(rows: torch.Tensor):
-    """rows (L, D) in blocks of whole rows of about ROW_BLOCK float64 entries, as float64."""
+    """rows (L, D) in blocks of whole rows of about ROW_BLOCK float64 entries, as float64 copies of their own."""
     step = max(1, ROW_BLOCK // max(1, rows.shape[1]))
     for i in range(0, len(rows), step):
-        yield rows[i : i + step].double()
+        yield rows[i : i + step].to(torch.float64, copy=True)
 
 
 def sum_rows(rows: torch.Tensor, coefficients: torch.Tensor | None = None) -> torch.Tensor:
@@ -147,7 +147,7 @@ def squared_deviations(rows: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
     """(D,) float64: sum_i (w_ij - mean_j)^2 over rows w_i, coordinate by coordinate."""
     total = torch.zeros(rows.shape[1], dtype=torch.float64, device=rows.device)
     for block in row_blocks(rows):
-        total += ((block - mean) ** 2).sum(0)
+        total += block.sub_(mean).square_().sum(0)  # block is a float64 copy of its own
     return total
 
 

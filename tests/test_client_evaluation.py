@@ -23,8 +23,9 @@ def test_each_peers_subset_is_seeded_stratified_its_own_and_whole_where_asked():
     assert (pick == client_test_subset(strata, 200, seed=3, peer=0)).all()
     assert not (pick == client_test_subset(strata, 200, seed=3, peer=1)).all()  # another peer, another draw
     assert not (pick == client_test_subset(strata, 200, seed=4, peer=0)).all()
-    assert client_subset_size(None, 300, 10_000) == 209 and client_subset_size(None, 100, 10_000) == 625
-    assert client_subset_size(None, 4, 10_000) == 10_000 and client_subset_size(0, 300, 10_000) == 10_000
+    assert client_subset_size(None, 300, 10_000) == 205 and client_subset_size(None, 100, 10_000) == 589
+    assert client_subset_size(None, 3, 10_000) == 6_757 and client_subset_size(None, 1, 10_000) == 8_621
+    assert client_subset_size(0, 300, 10_000) == 10_000
     assert client_subset_size(50, 300, 10_000) == 50 and client_subset_size(50_000, 3, 10_000) == 10_000
 
 
@@ -37,7 +38,7 @@ def test_the_stated_error_of_the_peers_mean_is_the_spread_over_repeated_draws():
     values = (rng.uniform(size=skill.shape) < skill).astype(float)
     population = {h: 700 for h in range(10)}
     size = client_subset_size(None, peers, len(strata))
-    assert size == 1250
+    assert size == 1061
     means, stated = [], []
     for seed in range(300):
         picks = np.stack([client_test_subset(strata, size, seed, p) for p in range(peers)])
@@ -69,7 +70,7 @@ def test_the_scores_are_each_peers_model_on_its_own_samples():
     ctx, algorithm = make_context(**{k: v for k, v in TINY.items() if k != "progress"})
     algorithm.round(0)
     test = (ctx.data.test_x, ctx.data.test_y)
-    scores = PeerScores(ctx.stack, test, ctx.peers, 120, seed=7)
+    scores = PeerScores(ctx.stack, test, len(test[1]), ctx.peers, 120, seed=7)
     got, variances = scores.local_scores(ctx.flat)
     for i, p in enumerate(ctx.peers):
         pick = torch.from_numpy(scores.index[i].numpy())
@@ -97,7 +98,7 @@ def test_only_peers_whose_weights_changed_are_scored_again_and_the_scores_equal_
         algo="fedavg", dataset="synthetic", peers=8, topology="star", clients_per_round=2, local_epochs=1
     )
     test = (ctx.data.test_x, ctx.data.test_y)
-    scores = PeerScores(ctx.stack, test, ctx.peers, size or len(test[1]), seed=0)
+    scores = PeerScores(ctx.stack, test, len(test[1]), ctx.peers, size or len(test[1]), seed=0)
     evaluated = []
     for name in ("evaluate", "evaluate_own"):
         real = getattr(evaluation, name)
@@ -110,7 +111,7 @@ def test_only_peers_whose_weights_changed_are_scored_again_and_the_scores_equal_
         algorithm.round(k)
         kept, _ = scores.local_scores(ctx.flat)
     assert evaluated[0] == 8 and all(n <= 2 for n in evaluated[1:]), evaluated  # 2 clients trained a round
-    fresh, _ = PeerScores(ctx.stack, test, ctx.peers, size or len(test[1]), seed=0).local_scores(ctx.flat)
+    fresh, _ = PeerScores(ctx.stack, test, len(test[1]), ctx.peers, size or len(test[1]), seed=0).local_scores(ctx.flat)
     assert all(torch.equal(kept[m], fresh[m]) for m in fresh)
     ctx.flat[3, 0] = torch.nextafter(ctx.flat[3, 0], torch.tensor(float("inf")))  # one bit of one peer
     evaluated.clear()
