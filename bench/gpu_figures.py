@@ -29,7 +29,7 @@ import p2pfl  # noqa: E402,F401  (first: numpy's BLAS on one thread)
 import torch  # noqa: E402
 
 from p2pfl.configure import load_toml, make_config, resolve  # noqa: E402
-from p2pfl.round_facts import synchronize  # noqa: E402
+from p2pfl.loop import synchronize  # noqa: E402
 from p2pfl.assemble import build  # noqa: E402
 from p2pfl.testing import chosen_taus  # noqa: E402
 

@@ -79,20 +79,8 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     # drops any (FedAvg-FT's held-out classes), then mapped to the samples kept
     written = read_partition_file(cfg.partition_file, cfg.peers, len(data.train_y)) if cfg.partition_file else None
     call_hook(cls, "prepare_data", data, cfg)
-    transport = make_transport(cfg.peers, 1 if cls.centralized else 0, cfg.comm_timeout, device)
-    faults = Faults(
-        cfg.seed, cfg.peers, cfg.drop_peers, cfg.drop_links, cfg.slow_peers, cfg.slow_factor, cfg.round_deadline
-    )
-    transport.faults = faults if faults.active else None
-    peers = transport.placement.peers_of(transport.rank)
-    with torch.device("meta"):  # counted before it is allocated
-        n_params = count_parameters(build_model(cfg.model, data.input_shape, data.n_classes, cfg))
-    check_model_memory(
-        cfg, n_params, len(peers) * ranks_sharing_this_machine(), _gpu_share(device, cfg.device, len(peers))
-    )
-    if written is not None:
-        shards = through_origin(written, data.train_origin, cfg.partition_file)
-    else:
+    shards = through_origin(written, data.train_origin, cfg.partition_file) if written is not None else None
+    if shards is None:
         shards = partition(
             data.train_y.numpy(),
             data.train_classes,
@@ -106,6 +94,17 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
             groups=data.groups,
             seed=cfg.seed,
         )
+    transport = make_transport(cfg.peers, 1 if cls.centralized else 0, cfg.comm_timeout, device)
+    faults = Faults(
+        cfg.seed, cfg.peers, cfg.drop_peers, cfg.drop_links, cfg.slow_peers, cfg.slow_factor, cfg.round_deadline
+    )
+    transport.faults = faults if faults.active else None
+    peers = transport.placement.peers_of(transport.rank)
+    with torch.device("meta"):  # counted before it is allocated
+        n_params = count_parameters(build_model(cfg.model, data.input_shape, data.n_classes, cfg))
+    check_model_memory(
+        cfg, n_params, len(peers) * ranks_sharing_this_machine(), _gpu_share(device, cfg.device, len(peers))
+    )
     model = build_model(cfg.model, data.input_shape, data.n_classes, cfg)
     flat = initial_parameters(model, peers, cfg.seed, cfg.init, device)
     data.to(device)
@@ -125,19 +124,6 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
         faults=transport.faults,
     )
     return ctx, call_hook(cls, "__init__", ctx)
-
-
-def device_note(devices: list[str]) -> str:
-    """Which device each rank got, for the run header: 'device cpu', or 'devices cuda:0 (ranks 0, 2), ...'."""
-    ranks: dict[str, list[int]] = {}
-    for r, d in enumerate(devices):
-        ranks.setdefault(d, []).append(r)
-    named = {d: f"{d} ({torch.cuda.get_device_name(torch.device(d))})" if d.startswith("cuda") else d for d in ranks}
-    if len(ranks) == 1:
-        return f"device {named[devices[0]]}" + (f" on all {len(devices)} ranks" if len(devices) > 1 else "")
-    return "devices " + "; ".join(
-        f"{named[d]} on rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}" for d, r in ranks.items()
-    )
 
 
 def out_of_gpu_memory(cfg: RunConfig, size: int, device: str) -> OutOfGPUMemory:

@@ -43,13 +43,6 @@ def graph_gap(graph: nx.Graph, mixing: str, sample_counts: Sequence[int] | None 
     return spectral_gap(mixing_matrix(graph, mixing, sample_counts), graph.is_directed())
 
 
-def mean_gap(rows: list[dict]) -> float | None:
-    """final.json's spectral_gap: the rows' mean (a static graph's gap, or the mean over a time-varying
-    graph's rounds); None where the rows hold none (a star)."""
-    gaps = [row["spectral_gap"] for row in rows if "spectral_gap" in row]
-    return float(f"{sum(gaps) / len(gaps):.8g}") if gaps else None
-
-
 def edge_bytes(graph: nx.Graph, links: dict[tuple[int, int], int]) -> dict[str, float]:
     """Bytes sent over each edge of the round's graph (both directions, every phase): min, mean and max.
     Like bytes_sent, a message lost on the way counts; an edge whose ends were both offline counts 0."""

@@ -10,11 +10,11 @@ import math
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from p2pfl.forward import evaluate, evaluate_own, evaluation_chunks
 from p2pfl.models import PeerStack
 from p2pfl.seeding import numpy_rng
-from p2pfl.training import padded_shards
 
 SE_TARGET = 0.002  # the standard error the default client subsets hold the peers' mean accuracy to (0.2 points)
 
@@ -120,26 +120,31 @@ class PeerScores:
         stack: PeerStack,
         data: tuple[torch.Tensor, torch.Tensor],
         test_count: int,
-        peers: list[int],
-        size: int,
+        peers: tuple[list[int], int],
+        requested: int | None,
         seed: int,
-        personal: list[torch.Tensor] | None = None,
+        personal: tuple[list[torch.Tensor], int] | None = None,
     ):
         """data: the whole test set (x, y), of which the first test_count samples are scored (--test-samples);
-        size: client test samples per peer; personal: each peer's personal test indices into the whole set."""
-        self.stack, (self.x, self.y) = stack, data
-        self.test_x, self.test_y = self.x[:test_count], self.y[:test_count]
+        peers: (this rank's peers, the run's number of peers); requested: --client-test-samples; personal:
+        (each of this rank's peers' training labels, the classes), from which its personal test set is drawn."""
+        (mine, total), (self.x, self.y) = peers, data
+        self.stack, self.test_x, self.test_y = stack, self.x[:test_count], self.y[:test_count]
         strata = class_strata(self.test_y, stack.task.name == "classification")
         self.population = {int(h): int(n) for h, n in zip(*np.unique(strata, return_counts=True))}
+        size = client_subset_size(requested, total, test_count)
         self.sampled = size < test_count  # False: every client on every test sample, exactly
-        picks = np.stack([client_test_subset(strata, size, seed, p) for p in peers]) if self.sampled else None
+        picks = np.stack([client_test_subset(strata, size, seed, p) for p in mine]) if self.sampled else None
         self.index = torch.from_numpy(picks).to(self.x.device) if picks is not None else None
         self.strata = strata[picks] if picks is not None else None
         # each peer's personal test set as a row of indices padded to the longest, and its mask
-        self.personal = personal_rows(personal, self.x.device) if personal is not None else None
+        self.personal = None
+        if personal is not None:
+            sets = personal_test_sets(self.y, personal[1], personal[0], mine, total, seed)
+            self.personal = personal_rows(sets, self.x.device)
         self.scored: torch.Tensor | None = None  # the fingerprints of the weights last scored
         self.scores: dict[str, torch.Tensor] = {}
-        self.variances = torch.zeros(len(peers), dtype=torch.float64)
+        self.variances = torch.zeros(len(mine), dtype=torch.float64)
 
     def local_scores(self, flat: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
         """({metric: (L,) float64}, the sampling variance (L,) of each headline score, None where every
@@ -193,9 +198,9 @@ def personal_mean(right: torch.Tensor | None, mask: torch.Tensor) -> torch.Tenso
 
 
 def personal_rows(indices: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(index (L, W), mask (L, W)) on device: each peer's test indices as a row padded with 0, as training's
-    shards are (padded_shards), and 1.0 where a row holds a sample."""
+    """(index (L, W), mask (L, W)) on device: each peer's test indices as a row padded with 0, and 1.0
+    where a row holds a sample."""
     width = max(map(len, indices), default=0)
     lengths = torch.tensor([len(row) for row in indices], device=device)
     mask = (torch.arange(width, device=device)[None] < lengths[:, None]).float()
-    return padded_shards(indices, width, device), mask
+    return pad_sequence(indices, batch_first=True).to(device), mask

@@ -3,6 +3,7 @@ the checkpoint turn; after the last round the algorithm's closing results and th
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -12,11 +13,10 @@ from tqdm import tqdm
 
 from p2pfl.algorithms.base import call_hook, check_round_result
 from p2pfl.checkpointing import Checkpoints, StopRequest
-from p2pfl.diagnostics import mean_gap
 from p2pfl.errors import Interrupted
 from p2pfl.measure import RoundMeasure
-from p2pfl.round_facts import sum_rows, synchronize
-from p2pfl.run_folder import edges_line, plot_rows, resume_hint, save_final
+from p2pfl.round_facts import sum_rows
+from p2pfl.run_folder import plot_rows, resume_hint, save_final
 from p2pfl.tracking import TensorBoardLog
 
 
@@ -64,6 +64,19 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
             plot_rows(cfg, measure.log.rows, ctx.stack.task, run_dir)
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work: a clock read before it on a GPU measures the launches only."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def mean_gap(rows: list[dict]) -> float | None:
+    """final.json's spectral_gap: the rows' mean (a static graph's gap, or the mean over a time-varying
+    graph's rounds); None where the rows hold none (a star)."""
+    gaps = [row["spectral_gap"] for row in rows if "spectral_gap" in row]
+    return float(f"{sum(gaps) / len(gaps):.8g}") if gaps else None
+
+
 def watching(ctx, run_dir: Path | None, first: int, write: bool) -> list:
     """The loop's observers on this rank: rank 0 writes the edges file and TensorBoard's log where asked
     (into the run folder) and draws the progress bar."""
@@ -87,6 +100,11 @@ class EdgesFile:
 
     def close(self) -> None:
         pass
+
+
+def edges_line(ctx, k: int) -> str:
+    """edges.jsonl's line of round k: its graph's edges."""
+    return json.dumps({"round": k + 1, "edges": sorted(ctx.schedule.graph(k).edges)}) + "\n"
 
 
 class Board(TensorBoardLog):

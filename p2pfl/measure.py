@@ -10,7 +10,7 @@ import time
 import torch
 
 from p2pfl.errors import DivergenceError
-from p2pfl.evaluation import PeerScores, client_subset_size, personal_test_sets
+from p2pfl.evaluation import PeerScores
 from p2pfl.forward import evaluate
 from p2pfl.metrics import MetricsLog, build_row
 from p2pfl.round_facts import (
@@ -34,9 +34,17 @@ class RoundMeasure:
         self.graph_run = not ctx.cfg.algorithm.centralized
         count = ctx.cfg.test_samples or len(ctx.data.test_y)  # --test-samples: every evaluation's
         self.test = ctx.data.test_x[:count], ctx.data.test_y[:count]
-        size = client_subset_size(ctx.cfg.client_test_samples, ctx.cfg.peers, count)
-        whole = (ctx.data.test_x, ctx.data.test_y)
-        self.peer_scores = PeerScores(ctx.stack, whole, count, ctx.peers, size, ctx.cfg.seed, personal_sets(ctx))
+        # DisPFL's personal test sets follow each peer's training labels (classification)
+        labels = [ctx.samples(p)[1] for p in ctx.peers] if ctx.stack.task.name == "classification" else None
+        self.peer_scores = PeerScores(
+            ctx.stack,
+            (ctx.data.test_x, ctx.data.test_y),
+            count,
+            (ctx.peers, ctx.cfg.peers),
+            ctx.cfg.client_test_samples,
+            ctx.cfg.seed,
+            (labels, ctx.data.n_classes) if labels is not None else None,
+        )
         self.last_model: torch.Tensor | None = None  # rank 0
 
     def record(self, k: int, result, model: torch.Tensor | None, times: tuple[float, float], evaluated: bool):
@@ -127,14 +135,6 @@ class RoundMeasure:
         if self.peer_scores.sampled:
             facts.client_se = float(sum(variances)) ** 0.5 / facts.peers
         facts.variance = inter_model_variance(deviations)
-
-
-def personal_sets(ctx) -> list[torch.Tensor] | None:
-    """DisPFL's personal test sets of this rank's peers (classification), as indices into the test set."""
-    if ctx.stack.task.name != "classification":
-        return None
-    labels = [ctx.samples(p)[1] for p in ctx.peers]
-    return personal_test_sets(ctx.data.test_y, ctx.data.n_classes, labels, ctx.peers, ctx.cfg.peers, ctx.cfg.seed)
 
 
 def diverged(ctx, k: int) -> None:

@@ -99,12 +99,6 @@ def busiest_gpu_mib(marks: list[tuple[float | None, str | None]]) -> float | Non
     return max(per_gpu.values()) if per_gpu else None
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work: a clock read before it on a GPU measures the launches only."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def peak_rss_kib() -> int:
     """This process's peak resident memory, KiB. Linux's ru_maxrss keeps the peak of the process that
     started this one (exec carries it over: a run started from pytest or a bench reported their

@@ -93,6 +93,19 @@ def make_run_dir(cfg: RunConfig) -> Path:
     return path
 
 
+def device_note(devices: list[str]) -> str:
+    """Which device each rank got, for the run header: 'device cpu', or 'devices cuda:0 (ranks 0, 2), ...'."""
+    ranks: dict[str, list[int]] = {}
+    for r, d in enumerate(devices):
+        ranks.setdefault(d, []).append(r)
+    named = {d: f"{d} ({torch.cuda.get_device_name(torch.device(d))})" if d.startswith("cuda") else d for d in ranks}
+    if len(ranks) == 1:
+        return f"device {named[devices[0]]}" + (f" on all {len(devices)} ranks" if len(devices) > 1 else "")
+    return "devices " + "; ".join(
+        f"{named[d]} on rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}" for d, r in ranks.items()
+    )
+
+
 def write_run_header(ctx, run_dir: Path, notes: list[str]) -> None:
     cfg = ctx.cfg
     write_toml(
@@ -131,10 +144,6 @@ def naming(path: Path):
         if exc.filename:
             raise
         raise OSError(exc.errno or 5, exc.strerror or str(exc), str(path)) from exc
-
-
-def edges_line(ctx, k: int) -> str:
-    return json.dumps({"round": k + 1, "edges": sorted(ctx.schedule.graph(k).edges)}) + "\n"
 
 
 def save_final(run_dir: Path, final: dict | None, state: dict[str, torch.Tensor] | None) -> None:

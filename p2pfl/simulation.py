@@ -20,7 +20,7 @@ from topologies import GraphError
 from p2pfl import checkpoint
 from p2pfl.algorithms import REGISTRY
 from p2pfl.algorithms.base import Algorithm, call_hook
-from p2pfl.assemble import build, device_note, out_of_gpu_memory, pick_device
+from p2pfl.assemble import build, out_of_gpu_memory, pick_device
 from p2pfl.comm import mpi_world
 from p2pfl.config import RunConfig
 from p2pfl.configure import config_from_values, load_toml, resolve
@@ -28,7 +28,7 @@ from p2pfl.errors import UserError
 from p2pfl.loop import run_rounds
 from p2pfl.measure import RoundMeasure
 from p2pfl.metrics import MetricsLog
-from p2pfl.run_folder import LOCKS, made_or_refused, summary_line, write_run_header
+from p2pfl.run_folder import LOCKS, device_note, made_or_refused, summary_line, write_run_header
 
 
 def simulate(

@@ -70,7 +70,7 @@ def test_the_scores_are_each_peers_model_on_its_own_samples():
     ctx, algorithm = make_context(**{k: v for k, v in TINY.items() if k != "progress"})
     algorithm.round(0)
     test = (ctx.data.test_x, ctx.data.test_y)
-    scores = PeerScores(ctx.stack, test, len(test[1]), ctx.peers, 120, seed=7)
+    scores = PeerScores(ctx.stack, test, len(test[1]), (ctx.peers, 6), 120, seed=7)
     got, variances = scores.local_scores(ctx.flat)
     for i, p in enumerate(ctx.peers):
         pick = torch.from_numpy(scores.index[i].numpy())
@@ -98,7 +98,7 @@ def test_only_peers_whose_weights_changed_are_scored_again_and_the_scores_equal_
         algo="fedavg", dataset="synthetic", peers=8, topology="star", clients_per_round=2, local_epochs=1
     )
     test = (ctx.data.test_x, ctx.data.test_y)
-    scores = PeerScores(ctx.stack, test, len(test[1]), ctx.peers, size or len(test[1]), seed=0)
+    scores = PeerScores(ctx.stack, test, len(test[1]), (ctx.peers, 8), size, seed=0)
     evaluated = []
     for name in ("evaluate", "evaluate_own"):
         real = getattr(evaluation, name)
@@ -111,7 +111,7 @@ def test_only_peers_whose_weights_changed_are_scored_again_and_the_scores_equal_
         algorithm.round(k)
         kept, _ = scores.local_scores(ctx.flat)
     assert evaluated[0] == 8 and all(n <= 2 for n in evaluated[1:]), evaluated  # 2 clients trained a round
-    fresh, _ = PeerScores(ctx.stack, test, len(test[1]), ctx.peers, size or len(test[1]), seed=0).local_scores(ctx.flat)
+    fresh, _ = PeerScores(ctx.stack, test, len(test[1]), (ctx.peers, 8), size, seed=0).local_scores(ctx.flat)
     assert all(torch.equal(kept[m], fresh[m]) for m in fresh)
     ctx.flat[3, 0] = torch.nextafter(ctx.flat[3, 0], torch.tensor(float("inf")))  # one bit of one peer
     evaluated.clear()

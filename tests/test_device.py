@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from p2pfl.bitpack import pack_mask, unpack_mask
-from p2pfl.assemble import device_note
+from p2pfl.run_folder import device_note
 from tests.conftest import run_here
 from tests.helpers import make_context
 
