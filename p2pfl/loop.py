@@ -14,8 +14,7 @@ from tqdm import tqdm
 from p2pfl.algorithms.base import call_hook, check_round_result
 from p2pfl.checkpointing import Checkpoints, StopRequest
 from p2pfl.errors import Interrupted
-from p2pfl.measure import RoundMeasure
-from p2pfl.round_facts import sum_rows
+from p2pfl.measure import RoundMeasure, sum_rows
 from p2pfl.run_folder import plot_rows, resume_hint, save_final
 from p2pfl.tracking import TensorBoardLog
 

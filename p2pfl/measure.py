@@ -13,16 +13,39 @@ from p2pfl.errors import DivergenceError
 from p2pfl.evaluation import PeerScores
 from p2pfl.forward import evaluate
 from p2pfl.metrics import MetricsLog, build_row
-from p2pfl.round_facts import (
-    RankFacts,
-    RoundFacts,
-    gpu_identity,
-    inter_model_variance,
-    peak_gpu_mib,
-    peak_rss_kib,
-    squared_deviations,
-    sum_rows,
-)
+from p2pfl.round_facts import RankFacts, RoundFacts, gpu_identity, inter_model_variance, peak_gpu_mib, peak_rss_kib
+
+
+ROW_BLOCK = 2**22  # float64 entries (32 MiB) of the peers' weights taken at once
+
+
+def row_blocks(rows: torch.Tensor):
+    """rows (L, D) in blocks of whole rows of about ROW_BLOCK float64 entries, as float64 copies of their own."""
+    step = max(1, ROW_BLOCK // max(1, rows.shape[1]))
+    for i in range(0, len(rows), step):
+        yield rows[i : i + step].to(torch.float64, copy=True)
+
+
+def sum_rows(rows: torch.Tensor, coefficients: torch.Tensor | None = None) -> torch.Tensor:
+    """(D,) float64: sum_i a_i * w_i over rows w_i, a_i a row's coefficient (a number, or one per
+    coordinate); None: all 1. In blocks: never an L x D float64 copy."""
+    total = torch.zeros(rows.shape[1], dtype=torch.float64, device=rows.device)
+    step = max(1, ROW_BLOCK // max(1, rows.shape[1]))
+    for i, block in enumerate(row_blocks(rows)):
+        if coefficients is None:
+            total += block.sum(0)
+        else:
+            a = coefficients[i * step : i * step + len(block)].double()
+            total += (a if a.dim() == 2 else a[:, None]).mul(block).sum(0)
+    return total
+
+
+def squared_deviations(rows: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """(D,) float64: sum_i (w_ij - mean_j)^2 over rows w_i, coordinate by coordinate."""
+    total = torch.zeros(rows.shape[1], dtype=torch.float64, device=rows.device)
+    for block in row_blocks(rows):
+        total += block.sub_(mean).square_().sum(0)  # block is a float64 copy of its own
+    return total
 
 
 class RoundMeasure:
@@ -131,7 +154,7 @@ class RoundMeasure:
             m: torch.tensor([v for rank in facts.ranks for v in rank.scores[m]], dtype=torch.float64)
             for m in facts.ranks[0].scores
         }
-        variances = facts.joined("score_variances")
+        variances = [v for rank in facts.ranks for v in rank.score_variances]
         if self.peer_scores.sampled:
             facts.client_se = float(sum(variances)) ** 0.5 / facts.peers
         facts.variance = inter_model_variance(deviations)

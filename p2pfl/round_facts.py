@@ -113,38 +113,6 @@ def peak_rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-ROW_BLOCK = 2**22  # float64 entries (32 MiB) of the peers' weights taken at once
-
-
-def row_blocks(rows: torch.Tensor):
-    """rows (L, D) in blocks of whole rows of about ROW_BLOCK float64 entries, as float64 copies of their own."""
-    step = max(1, ROW_BLOCK // max(1, rows.shape[1]))
-    for i in range(0, len(rows), step):
-        yield rows[i : i + step].to(torch.float64, copy=True)
-
-
-def sum_rows(rows: torch.Tensor, coefficients: torch.Tensor | None = None) -> torch.Tensor:
-    """(D,) float64: sum_i a_i * w_i over rows w_i, a_i a row's coefficient (a number, or one per
-    coordinate); None: all 1. In blocks: never an L x D float64 copy."""
-    total = torch.zeros(rows.shape[1], dtype=torch.float64, device=rows.device)
-    step = max(1, ROW_BLOCK // max(1, rows.shape[1]))
-    for i, block in enumerate(row_blocks(rows)):
-        if coefficients is None:
-            total += block.sum(0)
-        else:
-            a = coefficients[i * step : i * step + len(block)].double()
-            total += (a if a.dim() == 2 else a[:, None]).mul(block).sum(0)
-    return total
-
-
-def squared_deviations(rows: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
-    """(D,) float64: sum_i (w_ij - mean_j)^2 over rows w_i, coordinate by coordinate."""
-    total = torch.zeros(rows.shape[1], dtype=torch.float64, device=rows.device)
-    for block in row_blocks(rows):
-        total += block.sub_(mean).square_().sum(0)  # block is a float64 copy of its own
-    return total
-
-
 def inter_model_variance(deviations: torch.Tensor) -> float:
     """NTK-DFL eq. (6), V = (1/d) sum_j sqrt(sum_i (wbar_j - w_ij)^2), from the summed squared deviations."""
     value = float(deviations.sqrt().mean())

@@ -17,6 +17,7 @@ from topologies.drawing import draw_graph
 
 from p2pfl import checkpoint
 from p2pfl.algorithms import REGISTRY
+from p2pfl.algorithms.base import call_hook
 from p2pfl.algorithms.server import clients_per_round
 from p2pfl.config import RunConfig
 from p2pfl.configure import resolved_dict
@@ -91,6 +92,20 @@ def make_run_dir(cfg: RunConfig) -> Path:
         else:
             product.unlink(missing_ok=True)
     return path
+
+
+def announce(ctx, algorithm, run_dir: Path | None, write: bool) -> None:
+    """The run header: each rank's device and the algorithm's notes, in config.toml (a new run's) and, on
+    stderr, the device where a GPU is used and the notes."""
+    devices = ctx.transport.gather(str(ctx.device))
+    notes = call_hook(algorithm, "notes")
+    if ctx.transport.rank != 0:
+        return
+    placed = device_note(devices)
+    if write and not ctx.cfg.resume:  # a resumed run's header is the one it started with
+        write_run_header(ctx, run_dir, [placed, *notes])
+    for note in ([placed] if any(d != "cpu" for d in devices) else []) + notes:  # CPU runs: config.toml only
+        print(f"p2pfl: {note}", file=sys.stderr)
 
 
 def device_note(devices: list[str]) -> str:

@@ -19,7 +19,7 @@ from topologies import GraphError
 
 from p2pfl import checkpoint
 from p2pfl.algorithms import REGISTRY
-from p2pfl.algorithms.base import Algorithm, call_hook
+from p2pfl.algorithms.base import Algorithm
 from p2pfl.assemble import build, out_of_gpu_memory, pick_device
 from p2pfl.comm import mpi_world
 from p2pfl.config import RunConfig
@@ -28,7 +28,7 @@ from p2pfl.errors import UserError
 from p2pfl.loop import run_rounds
 from p2pfl.measure import RoundMeasure
 from p2pfl.metrics import MetricsLog
-from p2pfl.run_folder import LOCKS, device_note, made_or_refused, summary_line, write_run_header
+from p2pfl.run_folder import LOCKS, announce, made_or_refused, summary_line
 
 
 def simulate(
@@ -143,17 +143,3 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, eve
     if everywhere:
         rows, final, state = ctx.transport.bcast((rows, final, state) if rank == 0 else None)
     return Result(rows, state, final, run_dir, cfg)
-
-
-def announce(ctx, algorithm, run_dir: Path | None, write: bool) -> None:
-    """The run header: each rank's device and the algorithm's notes, in config.toml (a new run's) and, on
-    stderr, the device where a GPU is used and the notes."""
-    devices = ctx.transport.gather(str(ctx.device))
-    notes = call_hook(algorithm, "notes")
-    if ctx.transport.rank != 0:
-        return
-    placed = device_note(devices)
-    if write and not ctx.cfg.resume:  # a resumed run's header is the one it started with
-        write_run_header(ctx, run_dir, [placed, *notes])
-    for note in ([placed] if any(d != "cpu" for d in devices) else []) + notes:  # CPU runs: config.toml only
-        print(f"p2pfl: {note}", file=sys.stderr)

@@ -95,16 +95,16 @@ def test_the_inter_model_variance_from_sums_in_row_blocks_is_the_whole_matrixs(m
     are the numbers of the whole matrix."""
     import torch
 
-    from p2pfl import round_facts
+    from p2pfl import measure, round_facts
 
     w = torch.randn(40, 3001, generator=torch.Generator().manual_seed(1)) * 0.1
     whole = float((torch.var(w.double(), dim=0, correction=0) * len(w)).sqrt().mean())
     distance = float(((w.double() - w.double().mean(0)) ** 2).sum(1).mean())
-    for block in (round_facts.ROW_BLOCK, 3001 * 7):  # the last block of 7 rows shorter
-        monkeypatch.setattr(round_facts, "ROW_BLOCK", block)
-        mean = round_facts.sum_rows(w) / len(w)
-        deviations = round_facts.squared_deviations(w, mean)
+    for block in (measure.ROW_BLOCK, 3001 * 7):  # the last block of 7 rows shorter
+        monkeypatch.setattr(measure, "ROW_BLOCK", block)
+        mean = measure.sum_rows(w) / len(w)
+        deviations = measure.squared_deviations(w, mean)
         assert round_facts.inter_model_variance(deviations) == pytest.approx(whole, rel=1e-9)
         assert round_facts.consensus_distance(float(deviations.sum()), len(w)) == pytest.approx(distance, rel=1e-9)
         a = torch.rand(40, generator=torch.Generator().manual_seed(2))
-        assert torch.allclose(round_facts.sum_rows(w, a), (a[:, None].double() * w.double()).sum(0))
+        assert torch.allclose(measure.sum_rows(w, a), (a[:, None].double() * w.double()).sum(0))
