@@ -6,9 +6,18 @@ import os
 
 import torch
 
-from p2pfl.comm.local import LocalTransport
 from p2pfl.threads import ranks_on_this_machine
-from p2pfl.comm.transport import CommTimeout, Inbox, Message, Payload, Placement, Tensors, Transport, Weights
+from p2pfl.comm.transport import (
+    CommTimeout,
+    Inbox,
+    LocalTransport,
+    Message,
+    Payload,
+    Placement,
+    Tensors,
+    Transport,
+    Weights,
+)
 
 _LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 

@@ -253,3 +253,11 @@ class Transport:
 
     def stop_watching(self) -> None:
         pass
+
+
+class LocalTransport(Transport):
+    """In-process transport: every peer lives in this process, messages are handed over in memory (the
+    base class's single-rank behaviour, on one rank)."""
+
+    def __init__(self, peers: int, extra_on_root: int = 0, timeout: float = 600.0):
+        super().__init__(Placement(peers, 1, extra_on_root), timeout)
