@@ -5,6 +5,11 @@ trees and compare the results (metrics rows without the machine's timings, final
     python bench/same_trees.py run /tmp/before        # on the old tree
     python bench/same_trees.py run /tmp/after         # on the new one
     python bench/same_trees.py compare /tmp/before /tmp/after
+    python bench/same_trees.py spread /tmp/before /tmp/after   # how far the differing numbers moved
+
+`spread` is for a change meant to move numbers by rounding only (a sum taken in another order or
+precision): the largest relative difference of each metric, final.json number and model.pt over every
+run, and any value that differs otherwise (a key in one run only, a changed list or text).
 """
 
 from __future__ import annotations
@@ -107,10 +112,46 @@ def compare(a: Path, b: Path) -> int:
     return 1 if failures else 0
 
 
+def relative(x: float, y: float) -> float:
+    return abs(x - y) / max(abs(x), abs(y), 1e-30)
+
+
+def spread(a: Path, b: Path) -> int:
+    import torch
+
+    worst: dict[str, float] = {}
+    other = []
+    for layout in ("one", "three"):
+        for name in cases():
+            first, second = testing.results(a / layout / name), testing.results(b / layout / name)
+            finals = first["final"] or {}, second["final"] or {}
+            pairs = [(f"final.json {k}", finals[0].get(k), finals[1].get(k)) for k in set(finals[0]) | set(finals[1])]
+            for row_a, row_b in zip(first["metrics"], second["metrics"]):
+                pairs += [(k, row_a.get(k), row_b.get(k)) for k in set(row_a) | set(row_b)]
+            for key, x, y in pairs:
+                if isinstance(x, float) and isinstance(y, float):
+                    worst[key] = max(worst.get(key, 0.0), relative(x, y))
+                elif x != y:
+                    other.append(f"{layout}/{name} {key}: {str(x)[:60]} != {str(y)[:60]}")
+            models = [run / layout / name / "model.pt" for run in (a, b)]
+            if all(m.exists() for m in models):
+                sa, sb = (torch.load(m, weights_only=True) for m in models)
+                scale = max(float(v.abs().max()) for v in sa.values())  # relative to the model's largest weight
+                gap = max(float((sa[k] - sb[k]).abs().max()) for k in sa) / max(scale, 1e-30)
+                worst["model.pt"] = max(worst.get("model.pt", 0.0), gap)
+    moved = {k: v for k, v in sorted(worst.items()) if v > 0}
+    print("largest relative difference by key:", {k: f"{v:.2g}" for k, v in moved.items()} or "none")
+    for line in other[:20]:
+        print("DIFFERENT", line)
+    return 1 if other else 0
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["run"]:
         run(Path(sys.argv[2]))
     elif sys.argv[1:2] == ["compare"]:
         sys.exit(compare(Path(sys.argv[2]), Path(sys.argv[3])))
+    elif sys.argv[1:2] == ["spread"]:
+        sys.exit(spread(Path(sys.argv[2]), Path(sys.argv[3])))
     else:
         sys.exit(__doc__)
