@@ -12,10 +12,10 @@ import torch
 from tqdm import tqdm
 
 from p2pfl.algorithms.base import call_hook, check_round_result
-from p2pfl.checkpointing import Checkpoints, StopRequest
+from p2pfl.checkpoint import Checkpoints, StopRequest, resume_hint
 from p2pfl.errors import Interrupted
 from p2pfl.measure import RoundMeasure, sum_rows
-from p2pfl.run_folder import plot_rows, resume_hint, save_final
+from p2pfl.run_folder import plot_rows, save_final
 from p2pfl.tracking import TensorBoardLog
 
 

@@ -183,14 +183,6 @@ def plot_rows(cfg: RunConfig, rows: list[dict], task, run_dir: Path) -> None:
         print(f"p2pfl: the plot was not drawn ({exc.strerror or exc})", file=sys.stderr)
 
 
-def resume_hint(run_dir: Path | None, saved: int) -> str:
-    if run_dir is None:
-        return "the run wrote no folder (out=None), so there is nothing to resume"
-    if not saved:
-        return f"no checkpoint was written; run folder: {run_dir}"
-    return f"checkpoint after round {saved}; continue with: python -m p2pfl.run --resume {run_dir}"
-
-
 def summary_line(rows: list[dict], task, run_dir: Path | None) -> str:
     head, where = task.headline, f"run folder: {run_dir}" if run_dir else "no run folder"
     evaluated = [r for r in rows if f"test_{head}" in r]
