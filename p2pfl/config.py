@@ -239,15 +239,6 @@ NOT_SETTINGS = ("settings", "given", "algorithm")
 RESULT_NEUTRAL = ("resume", "out", "overwrite", "comm_timeout", "progress", "checkpoint_every", "tensorboard")
 
 
-def result_settings(cfg: RunConfig) -> dict[str, Any]:
-    """What a run's numbers depend on, its algorithm's settings included, but its length (a run may be
-    lengthened): kept in its checkpoints, so that a checkpoint of another run is told apart."""
-    out = {k: v for k, v in cfg.to_dict().items() if k not in RESULT_NEUTRAL and k != "rounds"}
-    if dataclasses.is_dataclass(cfg.settings):
-        out.update({f"{k} (its own)": v for k, v in dataclasses.asdict(cfg.settings).items()})
-    return out
-
-
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig) if f.name not in NOT_SETTINGS}
 
 
