@@ -24,7 +24,8 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
     rank 0. A stop (Interrupted) saves what the run holds; the plot of the rows so far is drawn anyway."""
     cfg, rank = ctx.cfg, ctx.transport.rank
     observers = watching(ctx, run_dir, first, write)
-    stop, saves = StopRequest(rank, ctx.transport), Checkpoints(ctx, algorithm, run_dir, write, first)
+    saves = Checkpoints(ctx, algorithm, run_dir, write, first)
+    stop = StopRequest(rank, ctx.transport)
     shape, dtype, k = tuple(ctx.flat.shape), ctx.flat.dtype, first
     round_start = time.perf_counter()  # each row's round_s runs from the previous row: the rows add up to the loop
     try:
