@@ -162,9 +162,12 @@ class PeerScores:
     def evaluate_rows(self, flat: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """These rows' metrics on their own client test samples and personal test sets, one pass for
         both; their headline scores' sampling variances kept."""
-        own = self.index[rows]
-        index = own if self.personal is None else torch.cat([own, self.personal[0][rows]], 1)
-        by_sample = evaluate_own(self.stack, flat[rows], self.x, self.y, index)
+        every = len(rows) == len(flat)  # every row (a graph's round, a star's first): views, not copies
+        own = self.index if every else self.index[rows]
+        index = (
+            own if self.personal is None else torch.cat([own, self.personal[0] if every else self.personal[0][rows]], 1)
+        )
+        by_sample = evaluate_own(self.stack, flat if every else flat[rows], self.x, self.y, index)
         head = by_sample[self.stack.task.headline][:, : own.shape[1]].double().cpu().numpy()
         strata = self.strata[rows.cpu().numpy()]
         self.variances[rows.cpu()] = torch.from_numpy(subset_variance(head, strata, self.population))
