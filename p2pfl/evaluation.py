@@ -151,35 +151,33 @@ class PeerScores:
         client sees every test sample). Only the rows whose weights changed are evaluated."""
         prints = row_fingerprints(flat)
         stale = torch.ones_like(prints, dtype=torch.bool) if self.scored is None else prints != self.scored
-        rows = stale.nonzero()[:, 0]
-        if len(rows):
+        if bool(stale.any()):
+            # every row (a graph's round, a star's first): a slice, so that weights and indices are views
+            rows = slice(None) if bool(stale.all()) else stale.nonzero()[:, 0]
             fresh = self.evaluate_rows(flat, rows) if self.sampled else self.evaluate_whole(flat, rows)
             for m, v in fresh.items():
-                self.scores.setdefault(m, torch.zeros(len(flat), dtype=torch.float64))[rows.cpu()] = v.double().cpu()
+                self.scores.setdefault(m, torch.zeros(len(flat), dtype=torch.float64))[on_cpu(rows)] = v.double().cpu()
         self.scored = prints
         return {m: v.clone() for m, v in self.scores.items()}, self.variances.clone() if self.sampled else None
 
-    def evaluate_rows(self, flat: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        """These rows' metrics on their own client test samples and personal test sets, one pass for
-        both; their headline scores' sampling variances kept."""
-        every = len(rows) == len(flat)  # every row (a graph's round, a star's first): views, not copies
-        own = self.index if every else self.index[rows]
-        index = (
-            own if self.personal is None else torch.cat([own, self.personal[0] if every else self.personal[0][rows]], 1)
-        )
-        by_sample = evaluate_own(self.stack, flat if every else flat[rows], self.x, self.y, index)
+    def evaluate_rows(self, flat: torch.Tensor, rows) -> dict[str, torch.Tensor]:
+        """These rows' (an index, or a slice of all) metrics on their own client test samples and personal
+        test sets, one pass for both; their headline scores' sampling variances kept."""
+        own = self.index[rows]
+        index = own if self.personal is None else torch.cat([own, self.personal[0][rows]], 1)
+        by_sample = evaluate_own(self.stack, flat[rows], self.x, self.y, index)
         head = by_sample[self.stack.task.headline][:, : own.shape[1]].double().cpu().numpy()
-        strata = self.strata[rows.cpu().numpy()]
-        self.variances[rows.cpu()] = torch.from_numpy(subset_variance(head, strata, self.population))
+        strata = self.strata[on_cpu(rows)]
+        self.variances[on_cpu(rows)] = torch.from_numpy(subset_variance(head, strata, self.population))
         fresh = {m: v[:, : own.shape[1]].mean(1) for m, v in by_sample.items()}
         if self.personal is not None:
             fresh["personal_acc"] = personal_mean(by_sample["acc"][:, own.shape[1] :], self.personal[1][rows])
         return fresh
 
-    def evaluate_whole(self, flat: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        """These rows' metrics on every test sample (a chunk of rows at a time: only a chunk's weights
-        copied out) and on their personal test sets."""
-        if len(rows) == len(flat):  # every row: evaluate takes views of flat
+    def evaluate_whole(self, flat: torch.Tensor, rows) -> dict[str, torch.Tensor]:
+        """These rows' (an index, or a slice of all) metrics on every test sample (a chunk of rows at a
+        time: only a chunk's weights copied out) and on their personal test sets."""
+        if isinstance(rows, slice):  # every row: evaluate takes views of flat
             fresh = evaluate(self.stack, flat, self.test_x, self.test_y)
         else:
             chunk, _ = evaluation_chunks(self.stack, len(rows), len(self.test_y), tuple(self.test_x.shape[1:]))
@@ -190,6 +188,11 @@ class PeerScores:
             right = evaluate_own(self.stack, flat[rows], self.x, self.y, index[rows])["acc"] if index.shape[1] else None
             fresh["personal_acc"] = personal_mean(right, mask[rows])
         return fresh
+
+
+def on_cpu(rows):
+    """A row selection (an index tensor, or a slice of all) for CPU-side arrays and tensors."""
+    return rows if isinstance(rows, slice) else rows.cpu().numpy()
 
 
 def personal_mean(right: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:

@@ -20,22 +20,22 @@ ROW_BLOCK = 2**22  # float64 entries (32 MiB) of the peers' weights taken at onc
 
 
 def row_blocks(rows: torch.Tensor):
-    """rows (L, D) in blocks of whole rows of about ROW_BLOCK float64 entries, as float64 copies of their own."""
+    """(first row, block): rows (L, D) in blocks of whole rows of about ROW_BLOCK float64 entries, as
+    float64 copies of their own."""
     step = max(1, ROW_BLOCK // max(1, rows.shape[1]))
     for i in range(0, len(rows), step):
-        yield rows[i : i + step].to(torch.float64, copy=True)
+        yield i, rows[i : i + step].to(torch.float64, copy=True)
 
 
 def sum_rows(rows: torch.Tensor, coefficients: torch.Tensor | None = None) -> torch.Tensor:
     """(D,) float64: sum_i a_i * w_i over rows w_i, a_i a row's coefficient (a number, or one per
     coordinate); None: all 1. In blocks: never an L x D float64 copy."""
     total = torch.zeros(rows.shape[1], dtype=torch.float64, device=rows.device)
-    step = max(1, ROW_BLOCK // max(1, rows.shape[1]))
-    for i, block in enumerate(row_blocks(rows)):
+    for first, block in row_blocks(rows):
         if coefficients is None:
             total += block.sum(0)
         else:
-            a = coefficients[i * step : i * step + len(block)].double()
+            a = coefficients[first : first + len(block)].double()
             total += (a if a.dim() == 2 else a[:, None]).mul(block).sum(0)
     return total
 
@@ -43,7 +43,7 @@ def sum_rows(rows: torch.Tensor, coefficients: torch.Tensor | None = None) -> to
 def squared_deviations(rows: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
     """(D,) float64: sum_i (w_ij - mean_j)^2 over rows w_i, coordinate by coordinate."""
     total = torch.zeros(rows.shape[1], dtype=torch.float64, device=rows.device)
-    for block in row_blocks(rows):
+    for _, block in row_blocks(rows):
         total += block.sub_(mean).square_().sum(0)  # block is a float64 copy of its own
     return total
 
@@ -148,15 +148,14 @@ class RoundMeasure:
         the precision of their mean, the inter-model variance."""
         ctx = self.ctx
         self.last_model = model
-        scores = evaluate(ctx.stack, model.to(ctx.device)[None], *self.test)
+        scores = evaluate(ctx.stack, model[None], *self.test)  # on the run's device, as the weights it sums
         facts.aggregated = {m: float(v[0]) for m, v in scores.items()}
         facts.clients = {
             m: torch.tensor([v for rank in facts.ranks for v in rank.scores[m]], dtype=torch.float64)
             for m in facts.ranks[0].scores
         }
-        variances = [v for rank in facts.ranks for v in rank.score_variances]
         if self.peer_scores.sampled:
-            facts.client_se = float(sum(variances)) ** 0.5 / facts.peers
+            facts.client_se = float(sum(facts.joined("score_variances"))) ** 0.5 / facts.peers
         facts.variance = inter_model_variance(deviations)
 
 

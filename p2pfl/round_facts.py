@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass, field
 
 import networkx as nx
-import numpy as np
 import torch
 
 
@@ -47,7 +46,7 @@ class RoundFacts:
     sample_counts: list[int] = field(default_factory=list)
     faults: object | None = None  # the run's simulated faults (p2pfl.faults.Faults), where any are asked for
     aggregated: dict[str, float] = field(default_factory=dict)  # the reported model's test metrics
-    clients: dict[str, np.ndarray] | None = None  # each peer's client metrics in peer order
+    clients: dict[str, torch.Tensor] | None = None  # each peer's client metrics in peer order (float64)
     client_se: float | None = None  # standard error of the peers' mean headline score
     variance: float | None = None  # NTK-DFL eq. (6)
     train_s: float = 0.0

@@ -92,7 +92,7 @@ def test_a_metric_is_one_declaration_in_the_row_the_docs_table_and_the_machine_f
     assert "peers_per_rank" not in metrics.machine_facts()
 
 
-def test_every_key_the_runs_write_is_declared_and_the_docs_table_is_current():
+def test_the_docs_metrics_table_is_the_declarations():
     from pathlib import Path
 
     from p2pfl.docs import METRICS_BEGIN, METRICS_END

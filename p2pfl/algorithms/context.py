@@ -62,6 +62,10 @@ class RunContext:
         index = index.to(self.device)
         return self.data.train_x[index], self.data.train_y[index]
 
+    def labels(self, index: torch.Tensor) -> torch.Tensor:
+        """The training targets at index alone (where the inputs are not wanted)."""
+        return self.data.train_y[index.to(self.device)]
+
     def online_rows(self, round_index: int) -> list[int]:
         """Rows of this rank's peers that take part in the round (all of them without faults)."""
         if self.faults is None:

@@ -304,7 +304,7 @@ class MpiTransport(Transport):
         sends one array, whatever the number of ranks; the order of the sums is fixed by the rank count."""
         total = total.copy()
         parts: dict[int, np.ndarray] = {}
-        children = [c for c in (2 * self.rank + 1, 2 * self.rank + 2) if c < self.size]
+        children = self._tree_children()
         self._poll(
             children,
             self.collective_tag,
@@ -324,6 +324,10 @@ class MpiTransport(Transport):
         )
         return None
 
+    def _tree_children(self) -> list[int]:
+        """This rank's children in the binary tree of the ranks the sums travel: 2r+1 and 2r+2."""
+        return [c for c in (2 * self.rank + 1, 2 * self.rank + 2) if c < self.size]
+
     def _tree_cast(self, total: np.ndarray | None, what: str) -> np.ndarray:
         """Rank 0's array down the same tree to every rank."""
         if self.rank != 0:
@@ -335,7 +339,7 @@ class MpiTransport(Transport):
                 what,
             )
             total = got[0]
-        children = [c for c in (2 * self.rank + 1, 2 * self.rank + 2) if c < self.size]
+        children = self._tree_children()
         sends = [self.comm.isend(total, dest=c, tag=self.collective_tag) for c in children]
         self._complete(sends, children, what, time.monotonic() + self.timeout)
         return total

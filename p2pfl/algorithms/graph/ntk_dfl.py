@@ -202,7 +202,7 @@ class NTKDFL(Algorithm):
     def training_rows(self, index: torch.Tensor, inputs: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The training (x, y) at index; x None where not wanted (the pixel codes stand for it)."""
         ctx = self.ctx
-        return ctx.rows(index) if inputs else (None, ctx.data.train_y[index.to(ctx.device)])
+        return ctx.rows(index) if inputs else (None, ctx.labels(index))
 
     def finish(self, run_dir) -> dict | None:
         ctx = self.ctx
@@ -212,7 +212,7 @@ class NTKDFL(Algorithm):
             count = ctx.cfg.test_samples or len(ctx.data.test_y)  # --test-samples, as every evaluation
             test = ctx.data.test_x[:count], ctx.data.test_y[:count]
             counts = ctx.sample_counts if ctx.cfg.aggregate != "uniform" else None
-            result = final_averaging(ctx.stack, weights.to(ctx.device), test, counts, ctx.cfg.seed)
+            result = final_averaging(ctx.stack, weights, test, counts, ctx.cfg.seed)  # rows on flat's device
             result["tau_histogram"] = histogram([t for part in chosen for t in part])
             if run_dir is not None:
                 plot_final_averaging(result, run_dir / "final_averaging.png")
