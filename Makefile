@@ -86,10 +86,10 @@ gpu-check:
 
 # The NTK-DFL paper's figures: runs, then PNGs with captions in runs/<experiment>/figures/.
 figures: install
-	$(PY) -m launch.figures launch/experiments/ntk-dfl-figures-paper.toml --jobs 2
+	$(PY) -m launch.figures ntk-dfl-figures-paper --jobs 2
 
 figures-quick: install
-	$(PY) -m launch.figures launch/experiments/ntk-dfl-figures-quick.toml --jobs 2
+	$(PY) -m launch.figures ntk-dfl-figures-quick --jobs 2
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -2,7 +2,7 @@
 
     python -m analysis topology RUN_DIR_OR_CONFIG [--rounds R] [--peer P] [--out DIR]
 
-Takes a run folder (its config.toml) or a run config (TOML, e.g. launch/presets/*.toml) and draws, for
+Takes a run folder (its config.toml) or a run config (TOML, e.g. p2pfl/presets/*.toml) and draws, for
 the graphs of its rounds (a pure function of seed and round, so nothing needs to have run): the
 adjacency matrix of round 1 ordered by peer, the first rounds as small multiples, the degree and
 spectral-gap histograms over the rounds, and one peer's neighbourhood across rounds.

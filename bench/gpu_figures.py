@@ -5,7 +5,7 @@ printed as one JSON line for bench/gpu_check.sh to set beside the same figure on
 Figures (the targets of the GPU work):
 - dfedavg: DFedAvg, 300 peers, the paper preset's settings (MLP, 20 local epochs, batch 25);
 - dfedavg-cnn: the same with cnn-fmnist (dropout; unequal shards);
-- ntk-dfl: NTK-DFL, 300 peers, launch/presets/ntk-dfl-fmnist300.toml (accurate ODE, t in 100..800), with
+- ntk-dfl: NTK-DFL, 300 peers, p2pfl/presets/ntk-dfl-fmnist300.toml (accurate ODE, t in 100..800), with
   the t each peer chose in round 1, as the round reports it (the CPU and the GPU should mostly choose the
   same: a t is discrete, and rounding can tip a near tie);
 - tct-stage1: TCT's stage 1 at paper scale (bench/bench_cnn.py --tct-stage1: 10 clients of 6,000 images,
@@ -43,15 +43,15 @@ PAPER_300 = {
     "progress": False,
 }
 FIGURES = {
-    "dfedavg": {**load_toml(str(ROOT / "launch/presets/dfedavg-fmnist300.toml")), "progress": False},
+    "dfedavg": {**load_toml(str(ROOT / "p2pfl/presets/dfedavg-fmnist300.toml")), "progress": False},
     # lr 0.01: the preset's 0.1 is the MLP's, and cnn-fmnist diverges with it in some peers (speed is the same)
     "dfedavg-cnn": {
-        **load_toml(str(ROOT / "launch/presets/dfedavg-fmnist300.toml")),
+        **load_toml(str(ROOT / "p2pfl/presets/dfedavg-fmnist300.toml")),
         "model": "cnn-fmnist",
         "lr": 0.01,
         "progress": False,
     },
-    "ntk-dfl": {**load_toml(str(ROOT / "launch/presets/ntk-dfl-fmnist300.toml")), "progress": False},
+    "ntk-dfl": {**load_toml(str(ROOT / "p2pfl/presets/ntk-dfl-fmnist300.toml")), "progress": False},
     "tct-stage1": {
         "algo": "fedavg",
         "model": "simple-cnn",

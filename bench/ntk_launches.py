@@ -13,7 +13,7 @@ per peer outside it, and the item() reads.
 
     python bench/ntk_launches.py [--peers 300] [--samples 200] [--rounds 2] [--gpu-gib 139] [--where] [--json FILE]
 
-The default is the paper preset (launch/presets/ntk-dfl-fmnist300.toml); round 2 is a trained round.
+The default is the paper preset (p2pfl/presets/ntk-dfl-fmnist300.toml); round 2 is a trained round.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from p2pfl.models.stack import PeerStack  # noqa: E402
 from p2pfl.ntk import batched_evolution  # noqa: E402
 from p2pfl.testing import gpu_path_on_the_cpu  # noqa: E402
 
-PRESET = ROOT / "launch/presets/ntk-dfl-fmnist300.toml"
+PRESET = ROOT / "p2pfl/presets/ntk-dfl-fmnist300.toml"
 NO_LAUNCH = {"aten._unsafe_view.default", "aten.detach.default", "aten.lift_fresh.default", "aten.alias.default"}
 SYNC = "aten._local_scalar_dense.default"
 

@@ -31,15 +31,19 @@ from launch.table import flags  # noqa: E402
 
 # name: (preset or experiment file, the experiment's method (None: a run preset), extra flags)
 CASES = {
-    "ntk-dfl": ("launch/presets/ntk-dfl-fmnist300.toml", None, []),
-    "dfedavg": ("launch/presets/dfedavg-fmnist300.toml", None, []),
-    "dfedavgm": ("launch/presets/dfedavgm-fmnist300.toml", None, []),
-    "cp-ntk-fl": ("launch/presets/cp-ntk-fl-fmnist300.toml", None, []),
-    "ntk-fl": ("launch/presets/cp-ntk-fl-fmnist300.toml", None, ["--algo", "ntk-fl"]),
-    "dispfl": ("launch/experiments/dispfl-fmnist-paper.toml", "dispfl", []),
-    "tct stage 1": ("launch/experiments/tct-fmnist-paper.toml", "fedavg", ["--lr", "0.01", "--rounds", "100"]),
-    "cyclicfl (fl phase)": ("launch/experiments/cyclic-fmnist-paper.toml", "fedavg", []),
-    "fedavg-ft (training)": ("launch/experiments/fedavg-ft-fmnist-paper.toml", "fedavg", ["--algo", "fedavg-ft"]),
+    "ntk-dfl": ("p2pfl/presets/ntk-dfl-fmnist300.toml", None, []),
+    "dfedavg": ("p2pfl/presets/dfedavg-fmnist300.toml", None, []),
+    "dfedavgm": ("p2pfl/presets/dfedavgm-fmnist300.toml", None, []),
+    "cp-ntk-fl": ("p2pfl/presets/cp-ntk-fl-fmnist300.toml", None, []),
+    "ntk-fl": ("p2pfl/presets/cp-ntk-fl-fmnist300.toml", None, ["--algo", "ntk-fl"]),
+    "dispfl": ("p2pfl/presets/experiments/dispfl-fmnist-paper.toml", "dispfl", []),
+    "tct stage 1": ("p2pfl/presets/experiments/tct-fmnist-paper.toml", "fedavg", ["--lr", "0.01", "--rounds", "100"]),
+    "cyclicfl (fl phase)": ("p2pfl/presets/experiments/cyclic-fmnist-paper.toml", "fedavg", []),
+    "fedavg-ft (training)": (
+        "p2pfl/presets/experiments/fedavg-ft-fmnist-paper.toml",
+        "fedavg",
+        ["--algo", "fedavg-ft"],
+    ),
 }
 
 

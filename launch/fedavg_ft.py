@@ -1,7 +1,7 @@
 """FedAvg with fine-tuning against its D-GD / D-SGD baseline, side by side (Collins et al. 2022).
 
-    python -m launch.fedavg_ft launch/experiments/fedavg-ft-linear.toml [--out DIR] [--jobs 2]
-    python -m launch.fedavg_ft launch/experiments/fedavg-ft-fmnist-reduced.toml
+    python -m launch.fedavg_ft fedavg-ft-linear [--out DIR] [--jobs 2]
+    python -m launch.fedavg_ft fedavg-ft-fmnist-reduced
 
 The preset (TOML) has [common] settings and one table per method ([fedavg] and [baseline]). Both runs
 go to OUT/<method>/; OUT gets the paper's figures with both curves (linear-rep: rep_dist.png = fig. 1,
@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from p2pfl.report import plot_fine_tuning, plot_linear_run, plot_similarity  # noqa: E402
+from p2pfl import presets  # noqa: E402
 from launch.table import execute, flags, run_command  # noqa: E402
 from p2pfl.metrics import read_metrics  # noqa: E402
 
@@ -71,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="output folder (default runs/<preset name>)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     args = p.parse_args(argv)
-    preset = tomllib.loads(Path(args.preset).read_text())
-    out = Path(args.out or Path("runs") / Path(args.preset).stem)
+    path = presets.find(args.preset, "experiment")
+    preset = tomllib.loads(path.read_text())
+    out = Path(args.out or Path("runs") / path.stem)
     methods = ("fedavg", "baseline")
     runs = runs_of(preset, out)
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:

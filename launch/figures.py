@@ -1,6 +1,6 @@
 """Run what the NTK-DFL paper's figures need, then draw them.
 
-    python -m launch.figures launch/experiments/ntk-dfl-figures-quick.toml [--jobs 2] [--ranks N] [--out DIR]
+    python -m launch.figures ntk-dfl-figures-quick [--jobs 2] [--ranks N] [--out DIR]
 
 The experiment file's [common] table sets the scale (peers, samples, rounds, ...), and its optional
 [compression] table changes it for the compression runs; analysis.figures names the runs and what
@@ -20,6 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from p2pfl import presets  # noqa: E402
+from p2pfl.errors import UserError  # noqa: E402
 from analysis.figures import FAMILY, Figures, figure_runs  # noqa: E402
 from launch.sweep import check_plan, run_all  # noqa: E402
 from launch.table import flags, run_command  # noqa: E402
@@ -53,9 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1 or args.ranks < 1:
         p.error("--jobs and --ranks must be at least 1")
     try:
+        args.experiment = presets.find(args.experiment, "experiment")
         experiment = tomllib.loads(args.experiment.read_text())
         experiment["common"]
-    except (OSError, tomllib.TOMLDecodeError, KeyError) as e:
+    except (OSError, tomllib.TOMLDecodeError, KeyError, UserError) as e:
         p.error(f"{args.experiment}: not an experiment file with a [common] table ({e})")
     out = args.out or ROOT / "runs" / args.experiment.stem
     runs = plan(experiment, out, args.ranks)

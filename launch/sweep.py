@@ -2,7 +2,7 @@
 
     python -m launch.sweep PRESET --seeds 0,1,2 [--set key=v1,v2 ...] [--ranks N] [--jobs J] [--out DIR]
 
-PRESET is a run config (TOML, e.g. launch/presets/ntk-dfl-fmnist300.toml, or its name). Every
+PRESET is a run config (TOML, or the name of a preset: python -m p2pfl.presets lists them). Every
 combination of the --set values (keys are p2pfl flags without the dashes; values comma-separated) runs
 once per seed, each in OUT/<key=value_...>/seed<s> (default OUT: runs/sweep-<preset name>). A run whose
 metrics already reach its last round is skipped, and one stopped with a checkpoint is resumed, so an
@@ -21,26 +21,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from p2pfl import presets  # noqa: E402
 from analysis.compare import compare  # noqa: E402
 from analysis.toolkit import Parser, guarded, output_folder, read_toml, writable  # noqa: E402
 from launch.table import execute, run_command, run_state  # noqa: E402
 from p2pfl.errors import UserError  # noqa: E402
 
-PRESETS = ROOT / "launch" / "presets"
-
 
 def preset_path(name: str) -> Path:
-    """A TOML path, or the name of a file in launch/presets/."""
-    path = Path(name)
+    """A TOML path, or the name of a run preset."""
+    path = presets.find(name)
     if not path.is_file():
-        path = PRESETS / f"{name.removesuffix('.toml')}.toml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.toml")))
-        raise UserError(f"no preset {name!r} (a TOML file, or one of: {known})")
+        raise UserError(f"no preset {name!r} (a TOML file, or a name {presets.LIST_COMMAND} lists)")
     if "columns" in read_toml(path, "preset"):
         raise UserError(
             f"{name} is an experiment (it has [columns]): launch.table runs it; launch.sweep takes a run "
-            "preset (one run's settings, e.g. launch/presets/*.toml)"
+            "preset (one run's settings; python -m p2pfl.presets lists them)"
         )
     return path
 
@@ -124,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     p = Parser(prog="python -m launch.sweep", description=__doc__)
-    p.add_argument("preset", help="run config (TOML) or the name of one in launch/presets/")
+    p.add_argument("preset", help="run config (TOML) or a run preset's name")
     p.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2", help="a setting's values (repeatable)")
     p.add_argument("--ranks", type=int, default=1, help="MPI ranks per run (default 1: no mpirun)")

@@ -1,6 +1,6 @@
 """A paper's result table from one experiment preset: every method on every column (data split).
 
-    python -m launch.table launch/experiments/tct-fmnist-reduced.toml [--jobs 2] [--columns C1] [--out DIR]
+    python -m launch.table tct-fmnist-reduced [--jobs 2] [--columns C1] [--out DIR]
 
 The preset (TOML) has a [common] table of p2pfl settings for every run, one table per method (its
 settings; `lrs = [...]` makes a grid whose best final test accuracy is reported, as papers that tune
@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from p2pfl import presets  # noqa: E402
 from analysis.plots import plot_comparison  # noqa: E402
 from analysis.toolkit import Parser, guarded, output_folder, read_toml, writable  # noqa: E402
 from p2pfl.errors import UserError  # noqa: E402
@@ -181,11 +182,12 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
     p.add_argument("--out", help="output folder (default runs/<preset name>)")
     args = p.parse_args(argv)
-    preset = read_toml(Path(args.preset), "experiment")
+    args.preset = presets.find(args.preset, "experiment")
+    preset = read_toml(args.preset, "experiment")
     if not isinstance(preset.get("columns"), dict) or not preset["columns"]:
         raise UserError(
-            f"{args.preset} is not an experiment (no [columns] table): launch.table takes one from "
-            "launch/experiments/; a run preset goes to python -m p2pfl.run --config or launch.sweep"
+            f"{args.preset} is not an experiment (no [columns] table): launch.table takes an "
+            "experiment (python -m p2pfl.presets lists them); a run preset goes to python -m p2pfl.run --config or launch.sweep"
         )
     if args.jobs < 1:
         p.error("--jobs must be at least 1")

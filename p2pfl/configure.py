@@ -24,6 +24,7 @@ from p2pfl.errors import UserError
 from p2pfl.fit_checks import check_data_dir, check_out
 from p2pfl.models import MODELS, model_spec
 from p2pfl.options import add_flags, build, check, coerce
+from p2pfl import presets, provenance
 from p2pfl.paths import check_resumable, read_regular
 from p2pfl.plugins import is_reference
 from p2pfl.tracking import check_available
@@ -42,7 +43,10 @@ __all__ = [
 ]
 
 
-CONFIG_HELP = "TOML file of settings (keys are the flags' names); flags given here override it"
+CONFIG_HELP = (
+    "TOML file of settings (keys are the flags' names), or a preset's name (python -m p2pfl.presets lists "
+    "them); flags given here override it"
+)
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -102,6 +106,7 @@ def load_toml(path: str) -> dict[str, Any]:
         raise UserError(f"config file {path} is not valid TOML: {exc}")
     except OSError as exc:
         raise UserError(f"config file {path} cannot be read ({exc.strerror or exc})")
+    raw.pop(provenance.TABLE, None)  # a run's config.toml: which p2pfl wrote it, not a setting
     return {key.replace("-", "_"): value for key, value in raw.items()}
 
 
@@ -126,7 +131,7 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     pre.add_argument("--algo")
     pre.add_argument("--resume")
     known, _ = pre.parse_known_args(argv)
-    values = load_toml(known.config) if getattr(known, "config", None) else {}
+    values = load_toml(str(presets.find(known.config))) if getattr(known, "config", None) else {}
     resume = _run_folder(known.resume if hasattr(known, "resume") else values.get("resume"))
     stored = _stored_config(resume) if resume is not None else {}
     algo = getattr(known, "algo", values.get("algo", stored.get("algo", "dfedavg")))

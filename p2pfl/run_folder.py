@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from topologies.drawing import draw_graph
 
-from p2pfl import checkpoint
+from p2pfl import checkpoint, provenance
 from p2pfl.algorithms import REGISTRY
 from p2pfl.algorithms.base import call_hook
 from p2pfl.algorithms.server import clients_per_round
@@ -97,15 +97,20 @@ def make_run_dir(cfg: RunConfig) -> Path:
 def announce(ctx, algorithm, run_dir: Path | None, write: bool) -> None:
     """The run header: each rank's device and the algorithm's notes, in config.toml (a new run's) and, on
     stderr, the device where a GPU is used and the notes."""
-    devices = ctx.transport.gather(str(ctx.device))
+    named = ctx.transport.gather((str(ctx.device), gpu_name(ctx.device)))
     notes = call_hook(algorithm, "notes")
     if ctx.transport.rank != 0:
         return
+    devices = [device for device, _ in named]
     placed = device_note(devices)
     if write and not ctx.cfg.resume:  # a resumed run's header is the one it started with
-        write_run_header(ctx, run_dir, [placed, *notes])
+        write_run_header(ctx, run_dir, [placed, *notes], [name for _, name in named if name])
     for note in ([placed] if any(d != "cpu" for d in devices) else []) + notes:  # CPU runs: config.toml only
         print(f"p2pfl: {note}", file=sys.stderr)
+
+
+def gpu_name(device: torch.device) -> str | None:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
 def device_note(devices: list[str]) -> str:
@@ -121,10 +126,10 @@ def device_note(devices: list[str]) -> str:
     )
 
 
-def write_run_header(ctx, run_dir: Path, notes: list[str]) -> None:
+def write_run_header(ctx, run_dir: Path, notes: list[str], gpus: list[str]) -> None:
     cfg = ctx.cfg
     write_toml(
-        resolved_dict(cfg),
+        {**resolved_dict(cfg), provenance.TABLE: provenance.record(gpus)},
         run_dir / "config.toml",
         (
             f"model {cfg.model}: {count_parameters(ctx.stack.model):,} parameters, "

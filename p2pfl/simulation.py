@@ -23,6 +23,7 @@ from p2pfl.algorithms.base import Algorithm
 from p2pfl.assemble import build, out_of_gpu_memory, pick_device
 from p2pfl.comm import mpi_world
 from p2pfl.config import RunConfig
+from p2pfl import presets
 from p2pfl.configure import config_from_values, load_toml, resolve
 from p2pfl.errors import UserError
 from p2pfl.loop import run_rounds
@@ -47,7 +48,7 @@ def simulate(
     for name, path in (("config", config), ("out", out)):
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise UserError(f"{name} takes a path (a str or a Path), not {path!r}")
-    values = load_toml(str(config)) if config is not None else {}
+    values = load_toml(str(presets.find(config))) if config is not None else {}
     values.update({key.replace("-", "_"): value for key, value in settings.items()})
     if algo is not None:
         values["algo"] = algorithm_name(algo)

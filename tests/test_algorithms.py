@@ -143,14 +143,14 @@ def test_every_preset_is_a_valid_config():
 
     from p2pfl.configure import load_toml, make_config
 
-    presets = sorted(Path(__file__).resolve().parents[1].glob("launch/presets/*.toml"))
+    presets = sorted(Path(__file__).resolve().parents[1].glob("p2pfl/presets/*.toml"))
     assert presets
     for path in presets:
         make_config(load_toml(str(path)))
 
 
 def test_every_run_of_every_experiment_parses(tmp_path):
-    """launch/experiments/*.toml feed launch.table, launch.fedavg_ft or launch.figures: every run they would start must
+    """p2pfl/presets/experiments/*.toml feed launch.table, launch.fedavg_ft or launch.figures: every run they would start must
     be a valid command line (data files are not needed to parse) of the algorithm its method names."""
     import tomllib
     from pathlib import Path
@@ -158,7 +158,7 @@ def test_every_run_of_every_experiment_parses(tmp_path):
     from launch import fedavg_ft, figures, table
     from p2pfl.configure import parse_config
 
-    experiments = sorted(Path(__file__).resolve().parents[1].glob("launch/experiments/*.toml"))
+    experiments = sorted(Path(__file__).resolve().parents[1].glob("p2pfl/presets/experiments/*.toml"))
     assert len(experiments) >= 13
     for path in experiments:
         preset = tomllib.loads(path.read_text())
@@ -313,7 +313,7 @@ def test_the_gpu_preset_is_the_papers_run_on_cuda():
 
     from p2pfl.configure import load_toml
 
-    presets = Path(__file__).resolve().parents[1] / "launch/presets"
+    presets = Path(__file__).resolve().parents[1] / "p2pfl/presets"
     cpu, gpu = (load_toml(str(presets / name)) for name in ("ntk-dfl-fmnist300.toml", "ntk-dfl-fmnist300-gpu.toml"))
     assert gpu.pop("device") == "cuda" and gpu.pop("rounds") == 40
     cpu.pop("rounds")

@@ -176,7 +176,7 @@ def test_topology_views_from_a_preset(tmp_path):
             "-m",
             "analysis",
             "topology",
-            "launch/presets/ntk-dfl-fmnist300.toml",
+            "p2pfl/presets/ntk-dfl-fmnist300.toml",
             "--rounds",
             "8",
             "--peer",
@@ -192,7 +192,7 @@ def test_topology_views_from_a_preset(tmp_path):
     for name in ("adjacency", "rounds", "statistics", "neighbourhood"):
         assert mpimg.imread(tmp_path / f"{name}.png").shape[0] > 200
     bad = subprocess.run(
-        [sys.executable, "-m", "analysis", "topology", "launch/presets/ntk-dfl-fmnist300.toml", "--peer", "300"],
+        [sys.executable, "-m", "analysis", "topology", "p2pfl/presets/ntk-dfl-fmnist300.toml", "--peer", "300"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -244,5 +244,7 @@ def test_the_tools_usage_examples_name_what_exists():
     import launch.table
 
     preset, column = re.search(r"launch\.table (\S+) .*--columns (\S+)\]", launch.table.__doc__).groups()
-    assert column in tomllib.loads((ROOT / preset).read_text())["columns"]
+    from p2pfl import presets
+
+    assert column in tomllib.loads(presets.find(preset, "experiment").read_text())["columns"]
     assert "--config" not in analysis_main.__doc__

@@ -1,0 +1,3 @@
+from p2pfl.presets import listing
+
+print(listing())
