@@ -22,6 +22,7 @@ import numpy as np
 
 from analysis.plots import AGGREGATED, MEAN_CLIENT, plt, save, target_line, whole_numbers
 from analysis.toolkit import Parser, guarded, output_file, read_run
+from p2pfl import provenance
 from p2pfl.errors import UserError
 
 # Settings that do not change a run's numbers: never a reason to split groups.
@@ -47,6 +48,14 @@ class Run:
     folder: Path
     config: dict
     rows: list[dict]
+    source: dict = field(default_factory=dict)  # config.toml's [p2pfl]: version, commit, machine
+
+    @property
+    def made_by(self) -> str:
+        """'0.2.0 (fad828e6a62)': the p2pfl that wrote the run ('unrecorded' before versions were)."""
+        if not self.source:
+            return "unrecorded"
+        return f"{self.source.get('version', '?')} ({self.source.get('commit', '?')[:11]})"
 
     def curve(self, key: str) -> dict[int, float]:
         return {r["round"]: r[key] for r in self.rows if key in r and r[key] is not None}
@@ -117,7 +126,7 @@ def load_run(folder: Path) -> Run:
             f"{folder} has no evaluated round yet ({len(rows)} rounds done"
             f"{f', --eval-every {every}' if isinstance(every, int) and every > 1 else ''})"
         )
-    return Run(Path(folder), config, rows)
+    return Run(Path(folder), config, rows, config.pop(provenance.TABLE, {}))
 
 
 def group_runs(runs: list[Run], by: list[str] | None) -> list[Group]:
@@ -161,6 +170,9 @@ def caveats(groups: list[Group]) -> list[str]:
             + "; ".join(f"{k} ({', '.join(f'{g.label}: {g.value(k)}' for g in groups)})" for k in groups[0].also)
         )
     lines += [f"the runs of {g.label} differ among themselves in {', '.join(g.mixed)}" for g in groups if g.mixed]
+    versions = {run.source.get("version", "unrecorded") for g in groups for run in g.runs}
+    if len(versions) > 1:  # numbers may change between versions (CHANGELOG.md)
+        lines.append(f"the runs come from p2pfl versions {', '.join(sorted(versions))}")
     return lines
 
 
@@ -244,6 +256,7 @@ def table(groups: list[Group], metric: str, targets: list[float]) -> list[dict]:
             "s_counts": "training" if any(run.training_time_only for run in group.runs) else "whole round",
             "spectral_gap": group.gap(),
             **{f"setting_{k}": group.value(k) for k in group.also},  # what differs beside the label
+            "p2pfl": ", ".join(sorted({run.made_by for run in group.runs})),
         }
         for target in targets:
             reached = [(run, first_reaching(run, key, target, higher)) for run in group.runs]
@@ -371,7 +384,11 @@ def compare(
     out: Path = Path("comparison.png"),
     title: str = "",
 ) -> list[dict]:
-    """Draws out (PNG) and writes out.md and out.csv; returns the table rows."""
+    """Compare run folders: group them (by the settings in `by`, else by every setting in which they
+    differ, seeds apart), draw each group's test accuracy (or loss) against rounds, bytes and time into
+    out (PNG, band "minmax" or "std" over a group's seeds), and write out.md and out.csv: per group the
+    final and best values, and the rounds and bytes to reach each of `targets` (default 0.8 for
+    accuracy). Every setting the groups differ in is named beside them. Returns the table's rows."""
     runs = [load_run(f) for f in folders]
     metric = headline(runs)
     kinds = {headline([run]): run for run in runs}

@@ -252,23 +252,30 @@ class Figures:
         runs = self.need("fig6_per_round_averaging", ["alpha0.1/ntk-dfl", "no-avg/ntk-dfl"])
         if runs is None:
             return
-        fig, ax = plt.subplots(figsize=(8, 4.8))
-        for name, color, label in (
-            ("alpha0.1/ntk-dfl", "tab:red", "with per-round averaging"),
-            ("no-avg/ntk-dfl", "tab:blue", "without (--ntk-no-avg)"),
+        # one panel a setting: two min-max bands on one axis blend into one colour
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
+        for ax, (name, color, label) in zip(
+            axes,
+            (
+                ("alpha0.1/ntk-dfl", "tab:red", "with per-round averaging"),
+                ("no-avg/ntk-dfl", "tab:blue", "without (--ntk-no-avg)"),
+            ),
         ):
             run = runs[name]
             rounds = sorted(run.curve("client_acc_mean"))
             get = lambda key: [100 * run.curve(key)[k] for k in rounds]  # noqa: E731
+            band = "min-max of the clients"
             if run.curve("client_acc_min"):  # runs that scored every client on every test sample
-                ax.fill_between(rounds, get("client_acc_min"), get("client_acc_max"), color=color, alpha=0.15)
-            ax.plot(
-                rounds, get("client_acc_mean"), MEAN_CLIENT, color=color, label=f"{label}: mean client, min-max band"
-            )
-            ax.plot(rounds, get("test_acc"), AGGREGATED, color=color, lw=1, label=f"{label}: aggregated model")
-        ax.set(xlabel="round", ylabel="test accuracy (%)", title="per-round averaging ablation (alpha = 0.1)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+                ax.fill_between(rounds, get("client_acc_min"), get("client_acc_max"), color=color, alpha=0.2)
+            else:
+                band = "no band: clients scored on subsets (--client-test-samples 0 for min-max)"
+            ax.plot(rounds, get("client_acc_mean"), MEAN_CLIENT, color=color, label=f"mean client ({band})")
+            ax.plot(rounds, get("test_acc"), AGGREGATED, color=color, lw=1, label="aggregated model")
+            ax.set(xlabel="round", title=label)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8, loc="lower right")
+        axes[0].set_ylabel("test accuracy (%)")
+        fig.suptitle("per-round averaging ablation (alpha = 0.1)")
         self.save(
             fig,
             "fig6_per_round_averaging",

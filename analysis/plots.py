@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+from p2pfl.metrics import METRICS
 from p2pfl.report import AGGREGATED, MEAN_CLIENT, finish, plot_final_averaging, plt, save, target_line, whole_numbers
 
 __all__ = [
@@ -22,11 +24,38 @@ __all__ = [
 def plot_comparison(
     runs: dict[str, list[dict]], path: Path, key: str = "test_acc", target: float | None = None, title: str = ""
 ) -> None:
-    """One curve per run (label -> metrics rows): the aggregated model, solid."""
+    """One curve per run (label -> metrics rows) of the metric key, solid."""
+    scale = 100 if is_fraction(key) else 1
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, rows in runs.items():
-        rows = [r for r in rows if key in r]
-        ax.plot([r["round"] for r in rows], [100 * r[key] for r in rows], AGGREGATED, label=label)
+        rows = [r for r in rows if r.get(key) is not None]
+        ax.plot([r["round"] for r in rows], [scale * r[key] for r in rows], AGGREGATED, label=label)
     if target is not None:
-        target_line(ax, 100 * target, f"target {100 * target:g}%")
-    finish(fig, ax, path, "round", f"{key} (%)", title)
+        target_line(ax, scale * target, f"target {scale * target:g}{'%' if scale == 100 else ''}")
+    finish(fig, ax, path, "round", metric_label(key), title)
+
+
+def _metric(key: str):
+    import p2pfl.algorithms  # noqa: F401 - the algorithms declare their own metrics
+
+    return next((m for m in METRICS.values() if key in m.keys), None)
+
+
+def is_fraction(key: str) -> bool:
+    metric = _metric(key)
+    return metric is not None and metric.unit.startswith("fraction") and "loss" not in key
+
+
+def metric_label(key: str) -> str:
+    """An axis label from the metric's declaration: what it measures, in words, and its unit
+    ('accuracy (%): the aggregated model on the whole test set')."""
+    metric = _metric(key)
+    if metric is None:
+        return key
+    quantity = "accuracy" if "acc" in key else "loss" if "loss" in key else key.replace("_", " ")
+    head, _, rest = metric.meaning.partition(": ")
+    meaning = rest if rest and len(head) < 30 else metric.meaning  # past a short scope ("classification: ")
+    what = re.split(r"[:;]|, | \(", meaning)[0].strip()
+    units = [u.split(" (")[0].strip() for u in metric.unit.split(";")]
+    unit = "%" if is_fraction(key) else (units[-1] if "loss" in key else units[0])
+    return f"{quantity} ({unit}): {what}"

@@ -237,7 +237,7 @@ def _main(argv: list[str] | None) -> int:
         best = {
             m: read_metrics(Path(e["folder"]) / "metrics.jsonl") for m, e in results[column].items() if "folder" in e
         }
-        plot_comparison(best, out / column / "comparison.png", title=f"{title}: {column}")
+        plot_comparison(best, out / column / "comparison.png", key=keys[0], title=f"{title}: {column}")
     print(f"{title}\n\n{table}\n\n{out / 'table.md'}")
     return 0 if all(c == 0 for c in codes) else 1
 

@@ -39,14 +39,17 @@ def default_of(f: dataclasses.Field) -> Any:
 
 
 def positive(v) -> str | None:
+    """A check for option(): the value is above 0 (None when it passes, else what is wrong)."""
     return None if v > 0 else f"must be positive, got {v}"
 
 
 def non_negative(v) -> str | None:
+    """A check for option(): the value is 0 or above."""
     return None if v >= 0 else f"must be non-negative, got {v}"
 
 
 def fraction(v) -> str | None:
+    """A check for option(): the value is in (0, 1]."""
     return None if 0 < v <= 1 else f"must be in (0, 1], got {v}"
 
 
@@ -63,6 +66,8 @@ def flag(name: str) -> str:
 
 
 def at_least(low: float) -> Check:
+    """A check for option(): the value is low or above."""
+
     def test(v) -> str | None:
         return None if v >= low else f"must be at least {low:g}, got {v}"
 
@@ -70,6 +75,7 @@ def at_least(low: float) -> Check:
 
 
 def probability(v) -> str | None:
+    """A check for option(): the value is in [0, 1)."""
     return None if 0 <= v < 1 else f"is a probability in [0, 1), got {v}"
 
 

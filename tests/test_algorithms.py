@@ -150,24 +150,19 @@ def test_every_preset_is_a_valid_config():
 
 
 def test_every_run_of_every_experiment_parses(tmp_path):
-    """p2pfl/presets/experiments/*.toml feed launch.table, launch.fedavg_ft or launch.figures: every run they would start must
+    """The experiments feed launch.table, launch.fedavg_ft or launch.figures: every run they would start must
     be a valid command line (data files are not needed to parse) of the algorithm its method names."""
     import tomllib
-    from pathlib import Path
 
-    from launch import fedavg_ft, figures, table
+    from launch.experiment import experiment_runs
+    from p2pfl import presets
     from p2pfl.configure import parse_config
 
-    experiments = sorted(Path(__file__).resolve().parents[1].glob("p2pfl/presets/experiments/*.toml"))
+    experiments = sorted(presets.EXPERIMENTS.glob("*.toml"))
     assert len(experiments) >= 13
     for path in experiments:
         preset = tomllib.loads(path.read_text())
-        if "baseline" in preset:
-            runs = fedavg_ft.runs_of(preset, tmp_path)
-        elif "columns" in preset:
-            runs = table.runs_of(preset, list(preset["columns"]), tmp_path)
-        else:  # the NTK-DFL figures (launch.figures)
-            runs = figures.plan(preset, tmp_path)
+        runs = experiment_runs(path, tmp_path)
         assert len(runs) >= 2, path
         for run in runs:
             cfg = parse_config(run["argv"][3:])

@@ -74,6 +74,19 @@ def test_compare_names_every_setting_the_groups_differ_in_and_mixed_groups(tmp_p
     assert "the runs of algo=dfedavg differ among themselves in lr" in capsys.readouterr().err
 
 
+def test_compare_shows_which_p2pfl_wrote_each_group_and_flags_other_versions(tmp_path, capsys):
+    runs = [fake_run(tmp_path / f"a{s}", "dfedavg", s, [0.5, 0.6]) for s in range(2)]
+    runs.append(fake_run(tmp_path / "b", "ntk-dfl", 0, [0.5, 0.7]))
+    for folder, version in zip(runs, ("0.2.0", "0.2.0", "0.1.0")):
+        with (folder / "config.toml").open("a") as fh:
+            fh.write(f'\n[p2pfl]\nversion = "{version}"\ncommit = "abcdef0123456789"\nmachine = "2-core x, no GPU"\n')
+    rows = compare(runs, out=tmp_path / "cmp.png")
+    assert [r["p2pfl"] for r in rows] == ["0.2.0 (abcdef01234)", "0.1.0 (abcdef01234)"]
+    assert "the runs come from p2pfl versions 0.1.0, 0.2.0" in capsys.readouterr().err
+    rows = compare(runs[:2], out=tmp_path / "same.png")  # one version: a column, no caveat
+    assert rows[0]["p2pfl"] == "0.2.0 (abcdef01234)" and "versions" not in capsys.readouterr().err
+
+
 @pytest.mark.subprocess
 def test_compare_cli_by_setting_and_bad_input(tmp_path):
     for s in range(2):
@@ -248,3 +261,20 @@ def test_the_tools_usage_examples_name_what_exists():
 
     assert column in tomllib.loads(presets.find(preset, "experiment").read_text())["columns"]
     assert "--config" not in analysis_main.__doc__
+
+
+def test_a_tables_plot_draws_the_metric_it_ranks_by_with_a_label_in_words(tmp_path, monkeypatch):
+    import analysis.plots as plots
+
+    drawn = {}
+
+    def finish(fig, ax, path, xlabel, ylabel, title):
+        drawn.update(ylabel=ylabel, ys=[list(line.get_ydata()) for line in ax.get_lines()])
+        plots.plt.close(fig)
+
+    monkeypatch.setattr(plots, "finish", finish)
+    rows = [{"round": 1, "test_acc": 0.5, "client_personal_acc_mean": 0.9}]
+    plots.plot_comparison({"dispfl": rows}, tmp_path / "c.png", key="client_personal_acc_mean")
+    assert drawn["ys"] == [[90.0]]
+    assert drawn["ylabel"] == "accuracy (%): each peer's own model on its personal test set"
+    assert plots.metric_label("test_loss") == "loss (cross-entropy in nats): the aggregated model on the whole test set"

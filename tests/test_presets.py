@@ -40,17 +40,10 @@ TINY = {
 
 def runs_of(preset: presets.Preset, out: Path) -> list[dict]:
     """One run of each method (or, for the figures, each algorithm) the experiment would start."""
-    from launch import fedavg_ft, figures, table
+    from launch.experiment import experiment_runs
 
-    values = tomllib.loads(preset.path.read_text())
-    if "baseline" in values:
-        runs = fedavg_ft.runs_of(values, out)
-    elif "columns" in values:
-        runs = table.runs_of(values, list(values["columns"]), out)
-    else:
-        runs = figures.plan(values, out)
     chosen = {}
-    for run in runs:
+    for run in experiment_runs(preset.path, out):
         argv = run["argv"]
         chosen.setdefault(run.get("method") or argv[argv.index("--algo") + 1], argv[argv.index("p2pfl.run") + 1 :])
     return list(chosen.items())
@@ -140,3 +133,22 @@ def test_a_preset_by_name_runs_from_another_folder(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     config = tomllib.loads((tmp_path / "run" / "config.toml").read_text())
     assert config["lr"] == 0.1 and config["local_epochs"] == 1  # the preset's lr, the flag's epochs
+
+
+def test_the_api_reference_covers_every_public_name_and_is_current():
+    """docs/api.md is generated from the docstrings: every name of p2pfl.__all__ has its own entry and its
+    own docstring (not a dataclass's generated signature), and the page is what the generator writes."""
+    import inspect
+
+    import p2pfl
+    from analysis.compare import compare
+    from p2pfl.api_reference import own_doc, reference
+    from p2pfl.docs import API_BEGIN, API_END
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    block = page.split(API_BEGIN, 1)[1].split(API_END, 1)[0].strip()
+    assert block == reference(), "docs/api.md is stale: python -m p2pfl.docs docs/api.md"
+    for name in p2pfl.__all__:
+        assert f"### `{name}`" in block, name
+        assert own_doc(getattr(p2pfl, name)), f"p2pfl.{name} has no docstring of its own"
+    assert f"`compare{inspect.signature(compare)}`" in page  # the hand-written analysis.compare entry

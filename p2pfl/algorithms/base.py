@@ -99,6 +99,7 @@ class Algorithm:
         return []
 
     def round(self, round_index: int) -> Round:
+        """Round round_index (from 0): change the weights in place and return what the round reports."""
         raise NotImplementedError
 
     def aggregate_coefficients(self, flat: torch.Tensor) -> torch.Tensor | None:

@@ -23,15 +23,21 @@ from topologies import TopologySchedule, in_neighbours
 
 @dataclass
 class RunContext:
-    cfg: RunConfig
-    transport: Transport
+    """What an algorithm gets from the run (its `ctx`): the settings, the data and its partition, the
+    graph, the model and this rank's peers' weights, and the verbs algorithms repeat: local training
+    (train, train_online, sgd), keyed random numbers that do not depend on how peers sit on ranks (rng,
+    generator, minibatch), exchanges with neighbours or between server and clients (neighbour_exchange,
+    ...), and the peer-to-row map (row). The loop builds it once per run; algorithms never build one."""
+
+    cfg: RunConfig  # every setting of the run, resolved (the algorithm's own in cfg.settings)
+    transport: Transport  # messages and collectives between ranks; counts the bytes
     data: Dataset  # tensors on the run's device
     shards: list[torch.Tensor]  # every peer's training indices (all ranks know the partition)
-    schedule: TopologySchedule
-    stack: PeerStack
+    schedule: TopologySchedule  # the graph of each round (schedule.graph(k))
+    stack: PeerStack  # the model, run as one batched function of every peer's weights
     peers: list[int]  # the peers this rank hosts
     flat: torch.Tensor  # (len(peers), D) their parameters
-    device: torch.device
+    device: torch.device  # where the weights and data live, decided once per run
     global_weights: torch.Tensor | None = None  # a star's server model (rank 0); None: average all peers
     faults: Faults | None = None  # simulated faults, where any are asked for
     _on_device: tuple = field(default=(None, {}), repr=False)  # (the shards list, {peer: its indices there})

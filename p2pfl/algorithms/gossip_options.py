@@ -12,6 +12,9 @@ from p2pfl.options import bits, fraction, option
 
 @dataclass(frozen=True)
 class GossipSettings:
+    """Compressed gossip's settings (top-k, random-k, quantization): subclass them in an algorithm's
+    Settings to give it the --gossip-* flags, and gossip_codec(settings) builds the codec they choose."""
+
     gossip_topk: float = option(
         1.0,
         "send only the largest-magnitude fraction P of the weights (int32 indices and values); neighbours average "

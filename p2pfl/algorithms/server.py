@@ -41,6 +41,8 @@ class StarExchange:
 
 @dataclass(frozen=True)
 class ServerOptions:
+    """A star algorithm's settings: subclass it for your own (how many clients a round samples)."""
+
     clients_per_round: int = option(20, "clients the server samples each round (at most --peers; 0: all)", non_negative)
 
 
@@ -51,6 +53,10 @@ def clients_per_round(settings, peers: int) -> int:
 
 
 class ServerAlgorithm(Algorithm):
+    """A star: the server (node --peers) samples clients each round, each trains from the server's model,
+    and the server aggregates what they upload. Write client_work (a client's upload) and aggregate
+    (the server's step); star_round runs the exchange and reports the bytes and losses."""
+
     centralized = True
     trains_locally = True  # clients run SGD, so a round reports their training losses
     Download: type[Payload] = Weights  # what the server sends a sampled client
@@ -69,6 +75,8 @@ class ServerAlgorithm(Algorithm):
         return sorted(rng.choice(self.ctx.cfg.peers, self.per_round, replace=False).tolist())
 
     def round(self, round_index: int) -> Round:
+        """Sample the round's clients, download the server's model, run client_work on each, and
+        aggregate the uploads into the server's model."""
         ctx, clients = self.ctx, self.sample(round_index)
         done = self.star_round(
             round_index,

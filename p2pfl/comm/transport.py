@@ -62,9 +62,12 @@ Inbox = dict[int, dict[int, Payload]]  # inbox[dst][src] = payload
 
 @dataclass
 class Message:
-    src: int
-    dst: int
-    payload: Payload
+    """One payload from peer src to peer dst; the transport counts its bytes (and dense_nbytes, what it
+    would weigh uncompressed, for the compression ratios)."""
+
+    src: int  # the sending peer
+    dst: int  # the receiving peer
+    payload: Payload  # what it carries
     dense_nbytes: int | None = None  # what the payload would weigh uncompressed
 
     @property

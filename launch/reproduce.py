@@ -1,0 +1,238 @@
+"""The papers' headline results beside p2pfl's, from run folders: docs/reproduce.md.
+
+    python -m launch.reproduce run [--claims ntk-dfl,tct] [--jobs 2] [--max-minutes 20]  # the runs left
+    python -m launch.reproduce page [--out docs/reproduce.md]                            # the page
+
+launch/reproduce.toml lists the rows: a claim of a source paper, one method of it, the preset and seeds
+that reproduce it and the metric that answers it. `run` starts every seed's run not finished yet
+(runs/reproduce/<claim>/<method>/seed<S>), skipping rows whose stated minutes a run exceed
+--max-minutes; `page` reads the run folders (metrics.jsonl, config.toml's [p2pfl] version, commit and
+machine) and writes the page: mean and spread over the seeds that ran, the exact command, the time a
+run took, and what a row not yet run takes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from analysis.toolkit import Parser, guarded  # noqa: E402
+from launch.experiment import experiment_runs  # noqa: E402
+from launch.table import execute, run_command, run_state  # noqa: E402
+from p2pfl import presets, provenance  # noqa: E402
+from p2pfl.errors import UserError  # noqa: E402
+from p2pfl.metrics import read_metrics  # noqa: E402
+
+CLAIMS = ROOT / "launch" / "reproduce.toml"
+RUNS = ROOT / "runs" / "reproduce"
+PAGE = ROOT / "docs" / "reproduce.md"
+
+
+@dataclass
+class Row:
+    claim: str
+    paper: str
+    headline: str
+    method: str
+    paper_value: str
+    preset: str
+    metric: str
+    take: str
+    page: str
+    scale: str
+    seeds: list[int]
+    select: dict = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)
+    minutes: float | None = None  # a run's time where it is known before running it
+
+    def folder(self, seed: int, root: Path) -> Path:
+        return root / self.claim / re.sub(r"[^a-z0-9]+", "-", self.method.lower()).strip("-") / f"seed{seed}"
+
+    def args(self) -> list[str]:
+        """The p2pfl.run arguments of seed 0's run, without --out."""
+        path = next((p.path for p in presets.presets() if p.name == self.preset), None)
+        if path is None:
+            raise UserError(f"launch/reproduce.toml: no preset {self.preset} ({presets.LIST_COMMAND} lists them)")
+        if path.parent != presets.EXPERIMENTS:
+            return ["--config", self.preset, *self.flags]
+        for run in experiment_runs(path, Path("out")):
+            where = str(run["folder"].relative_to("out"))
+            if all(run.get(k) == v for k, v in self.select.items() if k != "folder") and where.endswith(
+                self.select.get("folder", "")
+            ):
+                argv = run["argv"]
+                body = [*argv[argv.index("p2pfl.run") + 1 : argv.index("--out")], *argv[argv.index("--out") + 2 :]]
+                if "--seed" in body:  # each row's seeds replace the experiment's
+                    del body[body.index("--seed") : body.index("--seed") + 2]
+                return [a for a in body if a != "--no-progress"] + self.flags
+        raise UserError(f"launch/reproduce.toml: no run of {self.preset} matches {self.select}")
+
+    def command(self, seed: int, root: Path) -> list[str]:
+        return run_command([*self.args(), "--seed", str(seed)], self.folder(seed, root))
+
+
+def load_rows(path: Path = CLAIMS) -> list[Row]:
+    """The rows, each claim's paper and headline carried down from its first row."""
+    rows, first = [], {}
+    for entry in tomllib.loads(path.read_text())["row"]:
+        head = first.setdefault(entry["claim"], entry)
+        rows.append(Row(**{"paper": head["paper"], "headline": head["headline"], **entry}))
+    return rows
+
+
+def value_of(row: Row, records: list[dict]) -> float | None:
+    """The row's number from one run's metrics: the last or best value, or the first round at a target."""
+    values = [(r["round"], r[row.metric]) for r in records if r.get(row.metric) is not None]
+    if not values:
+        return None
+    if row.take == "last":
+        return values[-1][1]
+    if row.take == "best":
+        return max(v for _, v in values)
+    target = float(row.take.removeprefix("rounds_to:"))
+    return next((rnd for rnd, v in values if v >= target), None)
+
+
+@dataclass
+class Outcome:
+    seed: int
+    value: float | None  # None: the target was not reached (or the metric is missing)
+    minutes: float
+    source: dict  # config.toml's [p2pfl]
+
+
+def outcomes(row: Row, root: Path) -> list[Outcome]:
+    """The seeds whose run finished."""
+    found = []
+    for seed in row.seeds:
+        folder = row.folder(seed, root)
+        if run_state({"folder": folder, "argv": row.command(seed, root)}) != "done":
+            continue
+        records = read_metrics(folder / "metrics.jsonl")
+        config = tomllib.loads((folder / "config.toml").read_text())
+        minutes = sum(r.get("round_s", 0.0) for r in records) / 60
+        found.append(Outcome(seed, value_of(row, records), minutes, config.get(provenance.TABLE, {})))
+    return found
+
+
+def shown(row: Row, value: float) -> str:
+    if row.take.startswith("rounds_to"):
+        return f"{value:.0f}"
+    if "acc" in row.metric:
+        return f"{100 * value:.1f}%"
+    return f"{value:.2g}"
+
+
+def summary(row: Row, found: list[Outcome]) -> str:
+    """mean ± sd over the seeds (and each seed's value), or why there is none."""
+    if not found:
+        return "not run yet"
+    values = [o.value for o in found if o.value is not None]
+    missed = len(found) - len(values)
+    if not values:
+        return f"target not reached in {len(found)} of {len(found)} runs"
+    mean = statistics.fmean(values)
+    spread = f" ± {shown(row, statistics.stdev(values)).rstrip('%')}" if len(values) > 1 else ""
+    each = ", ".join(shown(row, v) if v is not None else "-" for v in (o.value for o in found))
+    note = f"; not reached in {missed}" if missed else ""
+    return f"**{shown(row, mean)}{spread}** ({each}{note})"
+
+
+def page(rows: list[Row], root: Path) -> str:
+    lines = [
+        "# What p2pfl reproduces",
+        "",
+        "Each source paper's headline result beside p2pfl's, one row per method. p2pfl's number is the mean",
+        "± the standard deviation over the seeds that ran (each seed's value in brackets). A reduced row runs",
+        "the experiment at a scale this 2-core CPU finishes in minutes; the paper row of the same claim says",
+        "what the paper's scale takes. Generated from the run folders by",
+        "",
+        "    python -m launch.reproduce run    # the runs not done yet (--claims, --max-minutes, --jobs)",
+        "    python -m launch.reproduce page   # this page",
+        "",
+        "The details of each experiment, and the gaps' causes, are on the page each row links.",
+        "",
+    ]
+    by_claim: dict[str, list[Row]] = {}
+    for row in rows:
+        by_claim.setdefault(row.claim, []).append(row)
+    details = []
+    for claim, members in by_claim.items():
+        head = members[0]
+        lines += [f"## {head.paper}: {claim}", "", f"{head.headline[0].upper()}{head.headline[1:]}.", ""]
+        lines += ["| method | the paper | p2pfl | seeds | scale | a run took | version | details |"]
+        lines += ["|---|---|---|---|---|---|---|---|"]
+        for row in members:
+            found = outcomes(row, root)
+            took = (
+                f"{statistics.fmean(o.minutes for o in found):.1f} min"
+                if found
+                else (f"about {row.minutes:g} min (not run)" if row.minutes else "-")
+            )
+            versions = sorted({o.source.get("version", "?") for o in found}) or ["-"]
+            seeds = ", ".join(str(o.seed) for o in found) or f"({', '.join(map(str, row.seeds))} planned)"
+            lines.append(
+                f"| {row.method} | {row.paper_value or '-'} | {summary(row, found)} | {seeds} | {row.scale} | "
+                f"{took} | {', '.join(versions)} | [{row.page}]({row.page}) |"
+            )
+            machines = sorted({o.source.get("machine", "?") for o in found})
+            commits = sorted({o.source.get("commit", "?")[:12] for o in found})
+            details.append(
+                f"- **{claim}, {row.method}** ({row.metric}, {row.take}): "
+                f"`python -m p2pfl.run {' '.join(row.args())} --seed S`"
+                + (f"; ran on {'; '.join(machines)}, commit {', '.join(commits)}" if found else "")
+            )
+        lines.append("")
+    lines += ["## The commands and machines", "", *details, ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return guarded("launch.reproduce", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    p = Parser(prog="python -m launch.reproduce", description=__doc__.split("\n\n")[0])
+    p.add_argument("action", choices=("run", "page"))
+    p.add_argument("--claims", help="comma-separated claims (default all)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+    p.add_argument("--max-minutes", type=float, help="skip rows whose run is stated to take longer")
+    p.add_argument("--runs", type=Path, default=RUNS, help=f"folder of the runs (default {RUNS})")
+    p.add_argument("--out", type=Path, default=PAGE, help=f"the page (default {PAGE})")
+    args = p.parse_args(argv)
+    rows = load_rows()
+    if args.claims:
+        wanted = set(args.claims.split(","))
+        unknown = wanted - {r.claim for r in rows}
+        if unknown:
+            raise UserError(f"--claims: no claim {', '.join(sorted(unknown))} in {CLAIMS.name}")
+        rows = [r for r in rows if r.claim in wanted]
+    if args.action == "page":
+        args.out.write_text(page(load_rows(), args.runs))
+        print(f"launch.reproduce: wrote {args.out}")
+        return 0
+    todo = [
+        {"folder": row.folder(seed, args.runs), "argv": row.command(seed, args.runs)}
+        for row in rows
+        if args.max_minutes is None or (row.minutes or 0) <= args.max_minutes
+        for seed in row.seeds
+    ]
+    todo = [run for run in todo if run_state(run) != "done"]
+    print(f"launch.reproduce: {len(todo)} runs to do", flush=True)
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        failed = sum(bool(code) for code in pool.map(execute, todo))
+    print(json.dumps({"runs": len(todo), "failed": failed}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
