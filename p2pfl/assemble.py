@@ -11,7 +11,6 @@ from p2pfl.comm import make_transport, ranks_sharing_this_machine
 from p2pfl.fit_checks import check_data_fit, check_model_memory
 from p2pfl.config import RunConfig
 from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file
-from p2pfl.data.partition_file import through_origin
 from p2pfl.errors import OutOfGPUMemory, UserError
 from p2pfl.faults import Faults
 from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
@@ -74,13 +73,14 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     data = load_dataset(cfg.dataset, DataRequest(cfg.data_dir, cfg.labels, cfg.peers, cfg.samples_per_peer, cfg.seed))
     if cfg.train_samples:
         data.keep_training_samples(cfg.train_samples, cfg.seed)
-    check_data_fit(cfg, len(data.train_y), len(data.test_y), data.train_x[0].numel())
-    # a partition file's indices name samples of the training set as loaded: read before the algorithm
-    # drops any (FedAvg-FT's held-out classes), then mapped to the samples kept
-    written = read_partition_file(cfg.partition_file, cfg.peers, len(data.train_y)) if cfg.partition_file else None
+    # a partition file's indices name samples of the training set as loaded, before the algorithm drops
+    # any (FedAvg-FT's held-out classes): checked against that count, then mapped to the samples kept
+    loaded = len(data.train_y)
     call_hook(cls, "prepare_data", data, cfg)
-    shards = through_origin(written, data.train_origin, cfg.partition_file) if written is not None else None
-    if shards is None:
+    check_data_fit(cfg, len(data.train_y), len(data.test_y), data.train_x[0].numel())  # the data it trains on
+    if cfg.partition_file:
+        shards = read_partition_file(cfg.partition_file, cfg.peers, loaded, data.train_origin)
+    else:
         shards = partition(
             data.train_y.numpy(),
             data.train_classes,

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from p2pfl import stopping
-from p2pfl.config import CHECKPOINT_SECONDS, RESULT_NEUTRAL, RunConfig
+from p2pfl.config import CHECKPOINT_SECONDS, FIELDS, RESULT_NEUTRAL, RunConfig
 from p2pfl.errors import Interrupted, UserError
 from p2pfl.paths import read_regular
 
@@ -44,7 +44,7 @@ LATEST = "latest.json"
 def result_settings(cfg: RunConfig) -> dict[str, Any]:
     """What a run's numbers depend on, its algorithm's settings included, but its length (a run may be
     lengthened): kept in its checkpoints, so that a checkpoint of another run is told apart."""
-    out = {k: v for k, v in cfg.to_dict().items() if k not in RESULT_NEUTRAL and k != "rounds"}
+    out = {k: getattr(cfg, k) for k in FIELDS if k not in RESULT_NEUTRAL and k != "rounds"}
     if dataclasses.is_dataclass(cfg.settings):
         out.update({f"{k} (its own)": v for k, v in dataclasses.asdict(cfg.settings).items()})
     return out

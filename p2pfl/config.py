@@ -230,9 +230,6 @@ class RunConfig:
     given: frozenset = frozenset()  # the settings the user gave (flags or TOML), not defaults
     algorithm: Any = None  # the algorithm's class, resolved from algo once (p2pfl.configure)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in NOT_SETTINGS}
-
 
 NOT_SETTINGS = ("settings", "given", "algorithm")
 # Settings that change no number of a run: a resume may give them anew.

@@ -3,11 +3,12 @@ FedAvg-FT's representation figures. analysis/ reads run folders and reuses these
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from topologies.drawing import whole_numbers
+from topologies.drawing import draw_graph, whole_numbers
 
 # One line vocabulary for every figure the project draws: a style means the same thing everywhere.
 AGGREGATED = "-"  # the aggregated model (a star's server model, a graph's average of all peers)
@@ -124,6 +125,27 @@ def mark_switches(ax, rows: list[dict], key: str = "stage") -> None:
             x = (before["round"] + after["round"]) / 2
             ax.axvline(x, color="grey", ls=REFERENCE, lw=1)
             ax.annotate(f" {key} {after[key]}", (x, 0.02), xycoords=("data", "axes fraction"), color="grey")
+
+
+def plot_run_header(parts: list[dict], class_names, graph, title: str, folder: Path) -> None:
+    """A run folder's partition.png (where the data has classes: parts, data.summary's) and
+    topology.png (the first round's graph, titled)."""
+    if "classes" in parts[0]:
+        with naming(folder / "partition.png"):
+            plot_partition(parts, folder / "partition.png", class_names)
+    with naming(folder / "topology.png"):
+        draw_graph(graph, folder / "topology.png", title)
+
+
+@contextmanager
+def naming(path: Path):
+    """An OSError while writing path names it (a plotting library's may not)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename:
+            raise
+        raise OSError(exc.errno or 5, exc.strerror or str(exc), str(path)) from exc
 
 
 def plot_partition(summary: list[dict], path: Path, class_names: tuple[str, ...] | None = None) -> None:

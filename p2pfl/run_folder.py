@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import torch
-from topologies.drawing import draw_graph
 
 from p2pfl import checkpoint, provenance
 from p2pfl.algorithms import REGISTRY
@@ -25,7 +23,7 @@ from p2pfl.data import summary
 from p2pfl.errors import UserError
 from p2pfl.models import count_parameters
 from p2pfl.paths import FolderLock, refuse_link
-from p2pfl.report import PLOT_FILES, plot_metric, plot_partition
+from p2pfl.report import PLOT_FILES, plot_metric, plot_run_header
 from p2pfl.topology import describe
 
 LOCKS: list[FolderLock] = []  # the run folders this process writes, locked until execute() ends
@@ -139,9 +137,6 @@ def write_run_header(ctx, run_dir: Path, notes: list[str], gpus: list[str]) -> N
     )
     parts = summary([s.numpy() for s in ctx.shards], ctx.data.train_y.cpu().numpy(), ctx.data.n_classes)
     (run_dir / "partition.json").write_text(json.dumps(parts))
-    if "classes" in parts[0]:
-        with naming(run_dir / "partition.png"):
-            plot_partition(parts, run_dir / "partition.png", ctx.data.class_names)
     if cfg.algorithm.centralized:
         title = (
             f"star: the server (node {cfg.peers}) and {cfg.peers} clients, "
@@ -151,19 +146,7 @@ def write_run_header(ctx, run_dir: Path, notes: list[str], gpus: list[str]) -> N
         title = (
             f"{describe(cfg)} ({'static' if cfg.static else 'round 1 of a new graph each round'}), {cfg.peers} peers"
         )
-    with naming(run_dir / "topology.png"):
-        draw_graph(ctx.schedule.graph(0), run_dir / "topology.png", title)
-
-
-@contextmanager
-def naming(path: Path):
-    """An OSError while writing path names it (a plotting library's may not)."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.filename:
-            raise
-        raise OSError(exc.errno or 5, exc.strerror or str(exc), str(path)) from exc
+    plot_run_header(parts, ctx.data.class_names, ctx.schedule.graph(0), title, run_dir)
 
 
 def save_final(run_dir: Path, final: dict | None, state: dict[str, torch.Tensor] | None) -> None:

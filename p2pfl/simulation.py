@@ -134,9 +134,9 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, eve
         first, rows = snapshot.round, snapshot.rows
         if rank == 0 and snapshot.note:
             print(f"p2pfl: {snapshot.note}", file=sys.stderr)
-    announce(ctx, algorithm, run_dir, write)
     log = MetricsLog(run_dir / "metrics.jsonl" if rank == 0 and run_dir is not None else None)
     log.restore(rows if rank == 0 else [])  # metrics.jsonl holds exactly the rounds done (none for a new run)
+    announce(ctx, algorithm, run_dir, write)
     final, state = run_rounds(ctx, algorithm, RoundMeasure(ctx, log), first, run_dir, write)
     if rank == 0:
         print(summary_line(log.rows, ctx.stack.task, run_dir), file=sys.stderr)

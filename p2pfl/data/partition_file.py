@@ -60,8 +60,10 @@ def through_origin(shards: list[np.ndarray], origin: np.ndarray | None, path: st
     return out
 
 
-def read_partition_file(path: str, peers: int, n_train: int) -> list[np.ndarray]:
-    """Peers 0..peers-1's sorted index arrays from the file, each checked against the training set."""
+def read_partition_file(path: str, peers: int, n_train: int, origin: np.ndarray | None = None) -> list[np.ndarray]:
+    """Peers 0..peers-1's sorted index arrays from the file, each checked against the training set as
+    loaded (n_train samples) and mapped to the samples kept (origin: Dataset.train_origin, see
+    through_origin)."""
     file = Path(path)
     try:
         shards = _read(file)
@@ -86,4 +88,4 @@ def read_partition_file(path: str, peers: int, n_train: int) -> list[np.ndarray]
                 f"--partition-file {path}: peer {p} has index {int(outside[0])}, outside the {n_train} training samples"
             )
         out.append(np.sort(index.astype(np.int64)))
-    return out
+    return through_origin(out, origin, path)
