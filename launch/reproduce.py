@@ -4,7 +4,7 @@
     python -m launch.reproduce page [--out docs/reproduce.md]                            # the page
 
 launch/reproduce.toml lists the rows: a claim of a source paper, one method of it, the preset and seeds
-that reproduce it and the metric that answers it. `run` starts every seed's run not finished yet
+that reproduce it and the metric that answers it (a metrics.jsonl field, or a final.json value). `run` starts every seed's run not finished yet
 (runs/reproduce/<claim>/<method>/seed<S>), skipping rows whose stated minutes a run exceed
 --max-minutes; `page` reads the run folders (metrics.jsonl, config.toml's [p2pfl] version, commit and
 machine) and writes the page: mean and spread over the seeds that ran, the exact command, the time a
@@ -89,8 +89,14 @@ def load_rows(path: Path = CLAIMS) -> list[Row]:
     return rows
 
 
-def value_of(row: Row, records: list[dict]) -> float | None:
-    """The row's number from one run's metrics: the last or best value, or the first round at a target."""
+def value_of(row: Row, records: list[dict], final: dict) -> float | None:
+    """The row's number from one run: its metrics' last or best value, the first round at a target, or
+    a value of final.json (metric "final:fine_tuning.10.mean")."""
+    if row.metric.startswith("final:"):
+        value = final
+        for key in row.metric.removeprefix("final:").split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
     values = [(r["round"], r[row.metric]) for r in records if r.get(row.metric) is not None]
     if not values:
         return None
@@ -119,15 +125,16 @@ def outcomes(row: Row, root: Path) -> list[Outcome]:
             continue
         records = read_metrics(folder / "metrics.jsonl")
         config = tomllib.loads((folder / "config.toml").read_text())
+        final = json.loads((folder / "final.json").read_text()) if (folder / "final.json").exists() else {}
         minutes = sum(r.get("round_s", 0.0) for r in records) / 60
-        found.append(Outcome(seed, value_of(row, records), minutes, config.get(provenance.TABLE, {})))
+        found.append(Outcome(seed, value_of(row, records, final), minutes, config.get(provenance.TABLE, {})))
     return found
 
 
 def shown(row: Row, value: float) -> str:
     if row.take.startswith("rounds_to"):
         return f"{value:.0f}"
-    if "acc" in row.metric:
+    if "acc" in row.metric or row.metric.startswith("final:fine_tuning"):
         return f"{100 * value:.1f}%"
     return f"{value:.2g}"
 
@@ -165,10 +172,14 @@ def page(rows: list[Row], root: Path) -> str:
     by_claim: dict[str, list[Row]] = {}
     for row in rows:
         by_claim.setdefault(row.claim, []).append(row)
-    details = []
-    for claim, members in by_claim.items():
+    papers = list(dict.fromkeys(row.paper for row in rows))  # each paper's claims together, reduced first
+    details, headed = [], set()
+    for claim, members in sorted(by_claim.items(), key=lambda item: papers.index(item[1][0].paper)):
         head = members[0]
-        lines += [f"## {head.paper}: {claim}", "", f"{head.headline[0].upper()}{head.headline[1:]}.", ""]
+        if head.paper not in headed:
+            headed.add(head.paper)
+            lines += [f"## {head.paper}", ""]
+        lines += [f"**{head.headline[0].upper()}{head.headline[1:]}** (`{claim}`)", ""]
         lines += ["| method | the paper | p2pfl | seeds | scale | a run took | version | details |"]
         lines += ["|---|---|---|---|---|---|---|---|"]
         for row in members:
@@ -204,12 +215,13 @@ def _main(argv: list[str] | None) -> int:
     p = Parser(prog="python -m launch.reproduce", description=__doc__.split("\n\n")[0])
     p.add_argument("action", choices=("run", "page"))
     p.add_argument("--claims", help="comma-separated claims (default all)")
+    p.add_argument("--rows", type=Path, default=CLAIMS, help=f"the rows' file (default {CLAIMS.name})")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
     p.add_argument("--max-minutes", type=float, help="skip rows whose run is stated to take longer")
     p.add_argument("--runs", type=Path, default=RUNS, help=f"folder of the runs (default {RUNS})")
     p.add_argument("--out", type=Path, default=PAGE, help=f"the page (default {PAGE})")
     args = p.parse_args(argv)
-    rows = load_rows()
+    rows = load_rows(args.rows)
     if args.claims:
         wanted = set(args.claims.split(","))
         unknown = wanted - {r.claim for r in rows}
@@ -217,7 +229,7 @@ def _main(argv: list[str] | None) -> int:
             raise UserError(f"--claims: no claim {', '.join(sorted(unknown))} in {CLAIMS.name}")
         rows = [r for r in rows if r.claim in wanted]
     if args.action == "page":
-        args.out.write_text(page(load_rows(), args.runs))
+        args.out.write_text(page(load_rows(args.rows), args.runs))
         print(f"launch.reproduce: wrote {args.out}")
         return 0
     todo = [

@@ -39,3 +39,4 @@ def test_the_version_is_one_number_everywhere():
     changelog = re.search(r"^## (\S+) \(", (ROOT / "CHANGELOG.md").read_text(), re.M).group(1)
     assert cff == changelog == p2pfl.__version__
     assert "version = attr: p2pfl.__version__" in (ROOT / "setup.cfg").read_text()
+    assert f"This is p2pfl {p2pfl.__version__} " in (ROOT / "README.md").read_text()

@@ -1,0 +1,70 @@
+"""launch.reproduce: the claims' rows resolve to runs, run over their seeds, and the page reads the run
+folders (mean and spread, seeds, time, version)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launch import reproduce
+
+
+def test_every_row_of_the_claims_names_a_run():
+    rows = reproduce.load_rows()
+    assert {r.claim for r in rows} >= {"ntk-dfl", "cp-ntk-fl", "tct", "cyclic", "moon", "fedavg-ft-linear", "dispfl"}
+    for row in rows:
+        args = row.args()
+        assert "--seed" not in args and "--out" not in args, row.method
+        assert len(row.seeds) >= 3 and row.paper and row.headline, row.method
+
+
+ROWS = """
+[[row]]
+claim = "toy"
+paper = "A toy paper"
+headline = "DFedAvg learns the synthetic task"
+method = "DFedAvg"
+paper_value = "90%"
+preset = "dfedavg-fmnist300"
+flags = ["--dataset", "synthetic", "--peers", "8", "--rounds", "2", "--local-epochs", "1"]
+scale = "tiny"
+metric = "test_acc"
+take = "last"
+page = "cli.md"
+seeds = [0, 1]
+
+[[row]]
+claim = "toy"
+method = "DFedAvg to 99%"
+paper_value = "3 rounds"
+preset = "dfedavg-fmnist300"
+flags = ["--dataset", "synthetic", "--peers", "8", "--rounds", "2", "--local-epochs", "1"]
+scale = "tiny"
+metric = "test_acc"
+take = "rounds_to:0.99"
+page = "cli.md"
+seeds = [0, 1, 2]
+minutes = 1
+"""
+
+
+@pytest.mark.subprocess
+def test_run_then_page_from_the_run_folders(tmp_path):
+    rows = tmp_path / "rows.toml"
+    rows.write_text(ROWS)
+    common = ["--rows", str(rows), "--runs", str(tmp_path / "runs")]
+    assert reproduce.main(["run", *common, "--max-minutes", "0.5"]) == 0  # the second row is skipped
+    assert sorted(p.name for p in (tmp_path / "runs" / "toy").iterdir()) == ["dfedavg"]
+    page = tmp_path / "reproduce.md"
+    assert reproduce.main(["page", *common, "--out", str(page)]) == 0
+    text = page.read_text()
+    found = reproduce.outcomes(reproduce.load_rows(rows)[0], tmp_path / "runs")
+    values = [o.value for o in found]
+    assert [o.seed for o in found] == [0, 1] and all(0 < v <= 1 for v in values)
+    assert f"({100 * values[0]:.1f}%, {100 * values[1]:.1f}%)" in text
+    assert "| DFedAvg | 90% | **" in text and "| 0, 1 | tiny |" in text
+    assert "| DFedAvg to 99% | 3 rounds | not run yet | (0, 1, 2 planned) | tiny | about 1 min (not run) |" in text
+    import p2pfl
+
+    assert f"| {p2pfl.__version__} |" in text
+    assert "`python -m p2pfl.run --config dfedavg-fmnist300 --dataset synthetic" in text
+    assert reproduce.main(["run", *common, "--max-minutes", "0.5"]) == 0  # done: nothing runs again
