@@ -20,6 +20,7 @@ from analysis.toolkit import Parser, guarded
 from p2pfl.errors import UserError
 
 BASELINES = ("dfedavg", "dfedavgm", "dpsgd", "dispfl")
+SPREAD = ("ntk-dfl", "dfedavg")  # the runs whose clients' spread figs. 3 and 6 draw
 SPLITS = {
     "alpha0.1": {"partition": "dirichlet", "alpha": 0.1},
     "alpha0.5": {"partition": "dirichlet", "alpha": 0.5},
@@ -55,15 +56,16 @@ def figure_runs() -> dict[str, dict]:
     """Every run the figures need: its name (folder under RUNS_DIR) and its settings on top of the scale's
     (the base: Fashion-MNIST, Dirichlet alpha 0.1, a 5-regular graph drawn anew each round)."""
     runs: dict[str, dict] = {}
+    every_client = {"client-test-samples": 0}  # the min-max bands of figs. 3 and 6: every client on every image
     for split, settings in SPLITS.items():
         for algo in ("ntk-dfl", *BASELINES):
-            runs[f"{split}/{algo}"] = {"algo": algo, **settings}
+            runs[f"{split}/{algo}"] = {"algo": algo, **settings, **(every_client if algo in SPREAD else {})}
     for algo in ("ntk-dfl", "dfedavg"):
         for kappa in KAPPAS:
             runs[f"kappa{kappa}/{algo}"] = {"algo": algo, "kappa": kappa}
         for name, settings in TOPOLOGIES.items():
             runs[f"{name}/{algo}"] = {"algo": algo, **settings}
-    runs["no-avg/ntk-dfl"] = {"algo": "ntk-dfl", "ntk-no-avg": True}
+    runs["no-avg/ntk-dfl"] = {"algo": "ntk-dfl", "ntk-no-avg": True, **every_client}
     for m in BATCHES:
         runs[f"batches{m}/ntk-dfl"] = {"algo": "ntk-dfl", "ntk-batches": m}
     for m in SUBSAMPLES:
@@ -264,12 +266,16 @@ class Figures:
             run = runs[name]
             rounds = sorted(run.curve("client_acc_mean"))
             get = lambda key: [100 * run.curve(key)[k] for k in rounds]  # noqa: E731
-            band = "min-max of the clients"
-            if run.curve("client_acc_min"):  # runs that scored every client on every test sample
+            band = bool(run.curve("client_acc_min"))  # runs that scored every client on every test sample
+            if band:
                 ax.fill_between(rounds, get("client_acc_min"), get("client_acc_max"), color=color, alpha=0.2)
-            else:
-                band = "no band: clients scored on subsets (--client-test-samples 0 for min-max)"
-            ax.plot(rounds, get("client_acc_mean"), MEAN_CLIENT, color=color, label=f"mean client ({band})")
+            ax.plot(
+                rounds,
+                get("client_acc_mean"),
+                MEAN_CLIENT,
+                color=color,
+                label="mean client, min-max band" if band else "mean client",
+            )
             ax.plot(rounds, get("test_acc"), AGGREGATED, color=color, lw=1, label="aggregated model")
             ax.set(xlabel="round", title=label)
             ax.grid(alpha=0.3)

@@ -166,7 +166,7 @@ def test_figures_pipeline_draws_every_figure(tmp_path, monkeypatch, capsys):
         "fig3_aggregated_vs_clients": 3,
         "fig4_topology_sparsity": 3,
         "fig5_final_averaging": 1,
-        "fig6_per_round_averaging": 1,
+        "fig6_per_round_averaging": 2,
         "fig7_variance": 1,
         "fig13_batching_subsampling": 1,
         "fig15_compression_bytes": 2,
