@@ -83,9 +83,20 @@ class Row:
 def load_rows(path: Path = CLAIMS) -> list[Row]:
     """The rows, each claim's paper and headline carried down from its first row."""
     rows, first = [], {}
-    for entry in tomllib.loads(path.read_text())["row"]:
-        head = first.setdefault(entry["claim"], entry)
-        rows.append(Row(**{"paper": head["paper"], "headline": head["headline"], **entry}))
+    for i, entry in enumerate(tomllib.loads(path.read_text()).get("row", []), 1):
+        where = f"{path.name}, row {i} ({entry.get('claim', 'no claim')}, {entry.get('method', 'no method')})"
+        head = first.setdefault(entry.get("claim"), entry)
+        try:
+            row = Row(**{"paper": head.get("paper"), "headline": head.get("headline"), **entry})
+        except TypeError as exc:  # a field missing or unknown
+            raise UserError(f"{where}: {exc}") from None
+        if not (row.take in ("last", "best") or re.fullmatch(r"rounds_to:0?\.\d+", row.take)):
+            raise UserError(f"{where}: take is last, best or rounds_to:<fraction>, not {row.take!r}")
+        if row.paper is None or row.headline is None:
+            raise UserError(f"{where}: a claim's first row names its paper and headline")
+        rows.append(row)
+    if not rows:
+        raise UserError(f"{path.name}: no [[row]]")
     return rows
 
 
@@ -154,7 +165,7 @@ def summary(row: Row, found: list[Outcome]) -> str:
     return f"**{shown(row, mean)}{spread}** ({each}{note})"
 
 
-def page(rows: list[Row], root: Path) -> str:
+def page(rows: list[Row], root: Path, note: str = "") -> str:
     lines = [
         "# What p2pfl reproduces",
         "",
@@ -168,6 +179,7 @@ def page(rows: list[Row], root: Path) -> str:
         "",
         "The details of each experiment, and the gaps' causes, are on the page each row links.",
         "",
+        *([note, ""] if note else []),
     ]
     by_claim: dict[str, list[Row]] = {}
     for row in rows:
@@ -220,6 +232,7 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--max-minutes", type=float, help="skip rows whose run is stated to take longer")
     p.add_argument("--runs", type=Path, default=RUNS, help=f"folder of the runs (default {RUNS})")
     p.add_argument("--out", type=Path, default=PAGE, help=f"the page (default {PAGE})")
+    p.add_argument("--note", default="", help="a paragraph under the page's introduction (how the runs were made)")
     args = p.parse_args(argv)
     rows = load_rows(args.rows)
     if args.claims:
@@ -229,7 +242,7 @@ def _main(argv: list[str] | None) -> int:
             raise UserError(f"--claims: no claim {', '.join(sorted(unknown))} in {CLAIMS.name}")
         rows = [r for r in rows if r.claim in wanted]
     if args.action == "page":
-        args.out.write_text(page(load_rows(args.rows), args.runs))
+        args.out.write_text(page(load_rows(args.rows), args.runs, args.note))
         print(f"launch.reproduce: wrote {args.out}")
         return 0
     todo = [

@@ -3,6 +3,8 @@ folders (mean and spread, seeds, time, version)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from launch import reproduce
@@ -68,3 +70,21 @@ def test_run_then_page_from_the_run_folders(tmp_path):
     assert f"| {p2pfl.__version__} |" in text
     assert "`python -m p2pfl.run --config dfedavg-fmnist300 --dataset synthetic" in text
     assert reproduce.main(["run", *common, "--max-minutes", "0.5"]) == 0  # done: nothing runs again
+
+
+@pytest.mark.parametrize(
+    "text,says",
+    [
+        ('[[row]]\nclaim = "x"\n', "missing"),
+        (ROWS.replace('take = "last"', 'take = "final"', 1), "take is last, best or rounds_to"),
+        (ROWS.replace('paper = "A toy paper"\n', "", 1), "names its paper and headline"),
+        ("", "no [[row]]"),
+    ],
+)
+def test_a_bad_rows_file_is_one_line_naming_the_row(tmp_path, text, says):
+    from p2pfl.errors import UserError
+
+    rows = tmp_path / "rows.toml"
+    rows.write_text(text)
+    with pytest.raises(UserError, match=re.escape(says)):
+        reproduce.load_rows(rows)
