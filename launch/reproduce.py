@@ -147,7 +147,7 @@ def shown(row: Row, value: float) -> str:
         return f"{value:.0f}"
     if "acc" in row.metric or row.metric.startswith("final:fine_tuning"):
         return f"{100 * value:.1f}%"
-    return f"{value:.2g}"
+    return f"{value:.4g}"
 
 
 def summary(row: Row, found: list[Outcome]) -> str:
