@@ -230,6 +230,7 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--rows", type=Path, default=CLAIMS, help=f"the rows' file (default {CLAIMS.name})")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
     p.add_argument("--max-minutes", type=float, help="skip rows whose run is stated to take longer")
+    p.add_argument("--seeds", help="comma-separated: run only these of each row's seeds (default all)")
     p.add_argument("--runs", type=Path, default=RUNS, help=f"folder of the runs (default {RUNS})")
     p.add_argument("--out", type=Path, default=PAGE, help=f"the page (default {PAGE})")
     p.add_argument("--note", default="", help="a paragraph under the page's introduction (how the runs were made)")
@@ -245,11 +246,13 @@ def _main(argv: list[str] | None) -> int:
         args.out.write_text(page(load_rows(args.rows), args.runs, args.note))
         print(f"launch.reproduce: wrote {args.out}")
         return 0
+    only = {int(s) for s in args.seeds.split(",")} if args.seeds else None
     todo = [
         {"folder": row.folder(seed, args.runs), "argv": row.command(seed, args.runs)}
         for row in rows
         if args.max_minutes is None or (row.minutes or 0) <= args.max_minutes
         for seed in row.seeds
+        if only is None or seed in only
     ]
     todo = [run for run in todo if run_state(run) != "done"]
     print(f"launch.reproduce: {len(todo)} runs to do", flush=True)
