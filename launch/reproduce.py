@@ -202,7 +202,11 @@ def page(rows: list[Row], root: Path, note: str = "") -> str:
                 else (f"about {row.minutes:g} min (not run)" if row.minutes else "-")
             )
             versions = sorted({o.source.get("version", "?") for o in found}) or ["-"]
-            seeds = ", ".join(str(o.seed) for o in found) or f"({', '.join(map(str, row.seeds))} planned)"
+            ran = {o.seed for o in found}
+            left = [str(s) for s in row.seeds if s not in ran]
+            seeds = ", ".join(str(o.seed) for o in found)
+            if left:
+                seeds = f"{seeds} ({', '.join(left)} not run)" if seeds else f"{', '.join(left)} not run"
             lines.append(
                 f"| {row.method} | {row.paper_value or '-'} | {summary(row, found)} | {seeds} | {row.scale} | "
                 f"{took} | {', '.join(versions)} | [{row.page}]({row.page}) |"

@@ -64,7 +64,7 @@ def test_run_then_page_from_the_run_folders(tmp_path):
     assert [o.seed for o in found] == [0, 1] and all(0 < v <= 1 for v in values)
     assert f"({100 * values[0]:.1f}%, {100 * values[1]:.1f}%)" in text
     assert "| DFedAvg | 90% | **" in text and "| 0, 1 | tiny |" in text
-    assert "| DFedAvg to 99% | 3 rounds | not run yet | (0, 1, 2 planned) | tiny | about 1 min (not run) |" in text
+    assert "| DFedAvg to 99% | 3 rounds | not run yet | 0, 1, 2 not run | tiny | about 1 min (not run) |" in text
     import p2pfl
 
     assert f"| {p2pfl.__version__} |" in text
