@@ -108,6 +108,7 @@ def announce(ctx, algorithm, run_dir: Path | None, write: bool) -> None:
 
 
 def gpu_name(device: torch.device) -> str | None:
+    """The GPU's model name, for config.toml's machine line (None on the CPU)."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
