@@ -50,6 +50,7 @@ def runs_of(preset: presets.Preset, out: Path) -> list[dict]:
 
 
 def tiny(argv: list[str], data: Path) -> list[str]:
+    """argv at tiny scale, on small files in the dataset's layout under data."""
     argv = list(argv)
     for i, token in enumerate(argv[:-1]):
         flag = token.removeprefix("--")
@@ -59,7 +60,7 @@ def tiny(argv: list[str], data: Path) -> list[str]:
             argv[i + 1] = str(min(16, int(argv[i + 1])))
     if "--cyclic-rounds" in argv:  # phase 1, then one round of phase 2
         argv += ["--rounds", "2"]
-    if argv[argv.index("--algo") + 1 if "--algo" in argv else 0] == "tct":
+    if "--algo" in argv and argv[argv.index("--algo") + 1] == "tct":
         argv += ["--tct-lr", "auto"]
     dataset = argv[argv.index("--dataset") + 1] if "--dataset" in argv else "fashion-mnist"
     if dataset.startswith("cifar"):
