@@ -1,6 +1,5 @@
-"""Every run an experiment preset would start, whichever launch tool reads its shape: a [baseline]
-is a FedAvg-FT study (launch.fedavg_ft), [columns] a table (launch.table), neither the NTK-DFL figures
-(launch.figures)."""
+"""Every run an experiment preset would start, by the launch tool that reads its shape
+(p2pfl.presets.launch_tool)."""
 
 from __future__ import annotations
 
@@ -8,14 +7,16 @@ import tomllib
 from pathlib import Path
 
 from launch import fedavg_ft, figures, table
+from p2pfl import presets
 
 
 def experiment_runs(path: Path, out: Path) -> list[dict]:
     """Each run's folder under out, command line ("argv") and, where the tool names them, its "method",
     "column" and "lr"."""
     values = tomllib.loads(path.read_text())
-    if "baseline" in values:
+    tool = presets.launch_tool(values)
+    if tool == "fedavg_ft":
         return fedavg_ft.runs_of(values, out)
-    if "columns" in values:
+    if tool == "table":
         return table.runs_of(values, list(values["columns"]), out)
     return figures.plan(values, out)

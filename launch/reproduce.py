@@ -13,6 +13,7 @@ run took, and what a row not yet run takes.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import statistics
@@ -57,9 +58,11 @@ class Row:
     def folder(self, seed: int, root: Path) -> Path:
         return root / self.claim / re.sub(r"[^a-z0-9]+", "-", self.method.lower()).strip("-") / f"seed{seed}"
 
+    @functools.cached_property
     def args(self) -> list[str]:
-        """The p2pfl.run arguments of seed 0's run, without --out."""
-        path = next((p.path for p in presets.presets() if p.name == self.preset), None)
+        """The p2pfl.run arguments of the row's run without its seed and --out (expanded once: an
+        experiment's runs are read from its file)."""
+        path = presets.path_of(self.preset)
         if path is None:
             raise UserError(f"launch/reproduce.toml: no preset {self.preset} ({presets.LIST_COMMAND} lists them)")
         if path.parent != presets.EXPERIMENTS:
@@ -77,7 +80,7 @@ class Row:
         raise UserError(f"launch/reproduce.toml: no run of {self.preset} matches {self.select}")
 
     def command(self, seed: int, root: Path) -> list[str]:
-        return run_command([*self.args(), "--seed", str(seed)], self.folder(seed, root))
+        return run_command([*self.args, "--seed", str(seed)], self.folder(seed, root))
 
 
 def load_rows(path: Path = CLAIMS) -> list[Row]:
@@ -215,7 +218,7 @@ def page(rows: list[Row], root: Path, note: str = "") -> str:
             commits = sorted({o.source.get("commit", "?")[:12] for o in found})
             details.append(
                 f"- **{claim}, {row.method}** ({row.metric}, {row.take}): "
-                f"`python -m p2pfl.run {' '.join(row.args())} --seed S`"
+                f"`python -m p2pfl.run {' '.join(row.args)} --seed S`"
                 + (f"; ran on {'; '.join(machines)}, commit {', '.join(commits)}" if found else "")
             )
         lines.append("")

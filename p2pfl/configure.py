@@ -341,9 +341,7 @@ def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
 def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
     """Every setting as resolved, the algorithm's own included; not `out` (nor `overwrite`, `resume`), so
     that --config on a run's config.toml never writes into that run's folder."""
-    out = {
-        k: getattr(cfg, k) for k in FIELDS if getattr(cfg, k) is not None and k not in ("out", "overwrite", "resume")
-    }
+    out = {k: v for k in FIELDS if (v := getattr(cfg, k)) is not None and k not in ("out", "overwrite", "resume")}
     out.update(dataclasses.asdict(cfg.settings))
     if cfg.partition_file is not None:  # the file is the partition: these settings take no part in the run
         for name in REPLACED_BY_PARTITION_FILE:

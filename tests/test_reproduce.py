@@ -14,7 +14,7 @@ def test_every_row_of_the_claims_names_a_run():
     rows = reproduce.load_rows()
     assert {r.claim for r in rows} >= {"ntk-dfl", "cp-ntk-fl", "tct", "cyclic", "moon", "fedavg-ft-linear", "dispfl"}
     for row in rows:
-        args = row.args()
+        args = row.args
         assert "--seed" not in args and "--out" not in args, row.method
         assert len(row.seeds) >= 3 and row.paper and row.headline, row.method
 

@@ -26,14 +26,17 @@ class Preset:
     purpose: str  # its first comment sentence
 
 
+def launch_tool(experiment: dict) -> str:
+    """The launch tool that reads an experiment, by its shape: one with a [baseline] is a FedAvg-FT study
+    (fedavg_ft), one with [columns] a table (table), one with neither the NTK-DFL figures (figures)."""
+    return "fedavg_ft" if "baseline" in experiment else "table" if "columns" in experiment else "figures"
+
+
 def runner_of(path: Path) -> str:
-    """What runs a preset, read from its shape: an experiment with a [baseline] is a FedAvg-FT study,
-    one with [columns] a table, one with neither the NTK-DFL figures; anything else is one run."""
+    """The command that takes a preset: launch's tool for an experiment, p2pfl.run for one run's."""
     if path.parent != EXPERIMENTS:
         return "python -m p2pfl.run --config"
-    values = tomllib.loads(path.read_text())
-    tool = "fedavg_ft" if "baseline" in values else "table" if "columns" in values else "figures"
-    return f"python -m launch.{tool}"
+    return f"python -m launch.{launch_tool(tomllib.loads(path.read_text()))}"
 
 
 def purpose_of(path: Path) -> str:
@@ -54,6 +57,11 @@ def presets() -> list[Preset]:
     return [Preset(p.stem, p, runner_of(p), purpose_of(p)) for p in files]
 
 
+def path_of(name: str) -> Path | None:
+    """The shipped preset of that name (a run preset first, then an experiment), or None."""
+    return next((p for p in (RUNS / f"{name}.toml", EXPERIMENTS / f"{name}.toml") if p.is_file()), None)
+
+
 def find(given: str | Path, kind: str = "run") -> Path:
     """A TOML file as given where one is there; else, for a bare name, the shipped preset of that name
     ('.toml' optional).
@@ -64,15 +72,14 @@ def find(given: str | Path, kind: str = "run") -> Path:
         return path
     name = path.name.removesuffix(".toml")
     if str(path) in (name, f"{name}.toml"):  # a bare name, not a path to a missing file
-        for preset in presets():
-            if preset.name != name:
-                continue
-            if (preset.path.parent == EXPERIMENTS) == (kind == "experiment"):
-                return preset.path
+        shipped = path_of(name)
+        if shipped is None:
+            raise UserError(f"{given}: no such file, and no preset of that name ({LIST_COMMAND} lists them)")
+        if (shipped.parent == EXPERIMENTS) != (kind == "experiment"):
             raise UserError(
-                f"{given} is {'an experiment' if kind == 'run' else 'a run preset'}: {preset.runner} {name}"
+                f"{given} is {'an experiment' if kind == 'run' else 'a run preset'}: {runner_of(shipped)} {name}"
             )
-        raise UserError(f"{given}: no such file, and no preset of that name ({LIST_COMMAND} lists them)")
+        return shipped
     return path  # the caller's reading says what is wrong with it
 
 
