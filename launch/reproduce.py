@@ -145,9 +145,10 @@ def outcomes(row: Row, root: Path) -> list[Outcome]:
     return found
 
 
-def shown(row: Row, value: float) -> str:
+def shown(row: Row, value: float, averaged: bool = False) -> str:
+    """A value as the page prints it; a mean or spread of rounds keeps one decimal."""
     if row.take.startswith("rounds_to"):
-        return f"{value:.0f}"
+        return f"{value:.1f}" if averaged else f"{value:.0f}"
     if "acc" in row.metric or row.metric.startswith("final:fine_tuning"):
         return f"{100 * value:.1f}%"
     return f"{value:.4g}"
@@ -161,11 +162,11 @@ def summary(row: Row, found: list[Outcome]) -> str:
     missed = len(found) - len(values)
     if not values:
         return f"target not reached in {len(found)} of {len(found)} runs"
-    mean = statistics.fmean(values)
-    spread = f" ± {shown(row, statistics.stdev(values)).rstrip('%')}" if len(values) > 1 else ""
+    mean, several = statistics.fmean(values), len(values) > 1
+    spread = f" ± {shown(row, statistics.stdev(values), averaged=True).rstrip('%')}" if several else ""
     each = ", ".join(shown(row, v) if v is not None else "-" for v in (o.value for o in found))
     note = f"; not reached in {missed}" if missed else ""
-    return f"**{shown(row, mean)}{spread}** ({each}{note})"
+    return f"**{shown(row, mean, averaged=several)}{spread}** ({each}{note})"
 
 
 def page(rows: list[Row], root: Path, note: str = "") -> str:

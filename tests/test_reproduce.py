@@ -3,6 +3,7 @@ folders (mean and spread, seeds, time, version)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -88,3 +89,10 @@ def test_a_bad_rows_file_is_one_line_naming_the_row(tmp_path, text, says):
     rows.write_text(text)
     with pytest.raises(UserError, match=re.escape(says)):
         reproduce.load_rows(rows)
+
+
+def test_a_mean_of_rounds_keeps_a_decimal_and_each_seed_is_whole():
+    row = dataclasses.replace(reproduce.load_rows()[0], take="rounds_to:0.85")
+    found = [reproduce.Outcome(seed, value, 1.0, {}) for seed, value in [(0, 23), (1, 22), (2, 20), (3, None)]]
+    assert reproduce.summary(row, found) == "**21.7 ± 1.5** (23, 22, 20, -; not reached in 1)"
+    assert reproduce.summary(row, found[:1]) == "**23** (23)"
