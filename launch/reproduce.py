@@ -128,6 +128,7 @@ class Outcome:
     value: float | None  # None: the target was not reached (or the metric is missing)
     minutes: float
     source: dict  # config.toml's [p2pfl]
+    best: float | None = None  # the metric's best value, shown where a target was not reached
 
 
 def outcomes(row: Row, root: Path) -> list[Outcome]:
@@ -141,17 +142,23 @@ def outcomes(row: Row, root: Path) -> list[Outcome]:
         config = tomllib.loads((folder / "config.toml").read_text())
         final = json.loads((folder / "final.json").read_text()) if (folder / "final.json").exists() else {}
         minutes = sum(r.get("round_s", 0.0) for r in records) / 60
-        found.append(Outcome(seed, value_of(row, records, final), minutes, config.get(provenance.TABLE, {})))
+        best = max((r[row.metric] for r in records if r.get(row.metric) is not None), default=None)
+        found.append(Outcome(seed, value_of(row, records, final), minutes, config.get(provenance.TABLE, {}), best))
     return found
+
+
+def level(row: Row, value: float) -> str:
+    """A value of the row's metric: accuracies in %."""
+    if "acc" in row.metric or row.metric.startswith("final:fine_tuning"):
+        return f"{100 * value:.1f}%"
+    return f"{value:.4g}"
 
 
 def shown(row: Row, value: float, averaged: bool = False) -> str:
     """A value as the page prints it; a mean or spread of rounds keeps one decimal."""
     if row.take.startswith("rounds_to"):
         return f"{value:.1f}" if averaged else f"{value:.0f}"
-    if "acc" in row.metric or row.metric.startswith("final:fine_tuning"):
-        return f"{100 * value:.1f}%"
-    return f"{value:.4g}"
+    return level(row, value)
 
 
 def summary(row: Row, found: list[Outcome]) -> str:
@@ -161,7 +168,10 @@ def summary(row: Row, found: list[Outcome]) -> str:
     values = [o.value for o in found if o.value is not None]
     missed = len(found) - len(values)
     if not values:
-        return f"target not reached in {len(found)} of {len(found)} runs"
+        bests = ", ".join(level(row, o.best) for o in found if o.best is not None)
+        return f"target not reached in {len(found)} of {len(found)} runs" + (
+            f" ({row.metric} at most {bests})" if bests else ""
+        )
     mean, several = statistics.fmean(values), len(values) > 1
     spread = f" ± {shown(row, statistics.stdev(values), averaged=True).rstrip('%')}" if several else ""
     each = ", ".join(shown(row, v) if v is not None else "-" for v in (o.value for o in found))

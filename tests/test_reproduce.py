@@ -91,8 +91,10 @@ def test_a_bad_rows_file_is_one_line_naming_the_row(tmp_path, text, says):
         reproduce.load_rows(rows)
 
 
-def test_a_mean_of_rounds_keeps_a_decimal_and_each_seed_is_whole():
+def test_rounds_to_a_target_mean_with_a_decimal_seeds_whole_misses_with_their_best():
     row = dataclasses.replace(reproduce.load_rows()[0], take="rounds_to:0.85")
     found = [reproduce.Outcome(seed, value, 1.0, {}) for seed, value in [(0, 23), (1, 22), (2, 20), (3, None)]]
     assert reproduce.summary(row, found) == "**21.7 ± 1.5** (23, 22, 20, -; not reached in 1)"
     assert reproduce.summary(row, found[:1]) == "**23** (23)"
+    missed = [reproduce.Outcome(seed, None, 1.0, {}, best) for seed, best in [(0, 0.794), (1, 0.798)]]
+    assert reproduce.summary(row, missed) == "target not reached in 2 of 2 runs (test_acc at most 79.4%, 79.8%)"
