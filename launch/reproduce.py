@@ -179,6 +179,12 @@ def summary(row: Row, found: list[Outcome]) -> str:
     return f"**{shown(row, mean, averaged=several)}{spread}** ({each}{note})"
 
 
+WHAT_A_COMMIT_SAYS = (
+    "Each row names the commits its runs recorded; `+changes` marks a run whose checkout had tracked files "
+    "edited since that commit (config.toml's `[p2pfl]` table)."
+)
+
+
 def page(rows: list[Row], root: Path, note: str = "") -> str:
     lines = [
         "# What p2pfl reproduces",
@@ -226,14 +232,14 @@ def page(rows: list[Row], root: Path, note: str = "") -> str:
                 f"{took} | {', '.join(versions)} | [{row.page}]({row.page}) |"
             )
             machines = sorted({o.source.get("machine", "?") for o in found})
-            commits = sorted({o.source.get("commit", "?")[:12] for o in found})
+            commits = sorted({re.sub(r"^([0-9a-f]{12})[0-9a-f]*", r"\1", o.source.get("commit", "?")) for o in found})
             details.append(
                 f"- **{claim}, {row.method}** ({row.metric}, {row.take}): "
                 f"`python -m p2pfl.run {' '.join(row.args)} --seed S`"
                 + (f"; ran on {'; '.join(machines)}, commit {', '.join(commits)}" if found else "")
             )
         lines.append("")
-    lines += ["## The commands and machines", "", *details, ""]
+    lines += ["## The commands and machines", "", WHAT_A_COMMIT_SAYS, "", *details, ""]
     return "\n".join(lines)
 
 
