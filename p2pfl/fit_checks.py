@@ -7,6 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from p2pfl.comm import rank0_decides
 from p2pfl.config import RunConfig, machine_memory
 from p2pfl.errors import UserError
 from p2pfl.paths import FolderLock, checked_path
@@ -34,7 +35,7 @@ def check_out(cfg: RunConfig) -> None:
     if path.exists() and not path.is_dir():
         raise UserError(f"--out {cfg.out} is a file, not a folder")
     held = [p for p in path.iterdir() if p.name != FolderLock.NAME] if path.is_dir() else []  # a lock is no run
-    if held and not (cfg.overwrite or cfg.resume):
+    if rank0_decides(bool(held)) and not (cfg.overwrite or cfg.resume):  # as rank 0 saw it, before writing
         raise UserError(
             f"--out {cfg.out} already holds files (a finished run?); choose a new folder or add --overwrite"
         )

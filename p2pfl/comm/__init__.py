@@ -45,6 +45,17 @@ def mpi_world() -> tuple[int, int, int]:
     return comm.Get_rank(), comm.Get_size(), local
 
 
+def rank0_decides(value):
+    """Rank 0's value on every rank (a broadcast on COMM_WORLD under MPI, which every rank must reach):
+    for a decision read from a shared file system, which a rank ahead of the others may already have
+    changed (a rank that saw rank 0's new run folder would refuse it alone and hang the others)."""
+    if not launched_by_mpi():
+        return value
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.bcast(value, root=0)
+
+
 def ranks_sharing_this_machine() -> int:
     """How many ranks run on this machine (and share its GPUs): MPI's own count where mpi_world ran, whatever
     the launcher (srun sets no Open MPI or MPICH variable), else the launcher's variables, else 1."""
@@ -77,5 +88,6 @@ __all__ = [
     "make_transport",
     "launched_by_mpi",
     "mpi_world",
+    "rank0_decides",
     "ranks_sharing_this_machine",
 ]
