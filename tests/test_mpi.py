@@ -26,6 +26,25 @@ def test_mpi_bad_input_exits_2_with_one_line():
 
 
 @pytest.mark.mpi
+def test_the_out_check_is_rank_0s_on_every_rank(tmp_path):
+    """A rank behind the others may find rank 0's new run folder already written; alone it refused the
+    folder and the others waited until --comm-timeout. Here ranks 1 and 2 see files, rank 0 does not."""
+    for rank in (1, 2):
+        (tmp_path / f"r{rank}").mkdir()
+        (tmp_path / f"r{rank}" / "config.toml").write_text("")
+    result = subprocess.run(
+        testing.mpirun_command(3, sys.executable, "tests/mpi_out_check_script.py", str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-1500:]
+    assert sorted(result.stdout.split("\n"))[-3:] == ["rank 0 ok", "rank 1 ok", "rank 2 ok"]
+
+
+@pytest.mark.mpi
 def test_mpi_timeout_names_missing_peer():
     result = subprocess.run(
         testing.mpirun_command(2, sys.executable, "tests/mpi_timeout_script.py"),
