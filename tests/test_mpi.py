@@ -38,7 +38,6 @@ def test_the_out_check_is_rank_0s_on_every_rank(tmp_path):
         text=True,
         timeout=120,
         cwd=ROOT,
-        env={**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
     )
     assert result.returncode == 0, result.stderr[-1500:]
     assert sorted(result.stdout.split("\n"))[-3:] == ["rank 0 ok", "rank 1 ok", "rank 2 ok"]
