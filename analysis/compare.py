@@ -22,7 +22,7 @@ import numpy as np
 
 from analysis.plots import AGGREGATED, MEAN_CLIENT, plt, save, target_line, whole_numbers
 from analysis.toolkit import Parser, guarded, output_file, read_run
-from p2pfl import provenance
+from p2pfl.runner import provenance
 from p2pfl.errors import UserError
 
 # Settings that do not change a run's numbers: never a reason to split groups.
@@ -179,8 +179,8 @@ def caveats(groups: list[Group]) -> list[str]:
 def setting_defaults(algo: str | None) -> dict:
     """Every setting's default for a run of algo, as config.toml writes it (none for an unknown algo)."""
     from p2pfl.algorithms import REGISTRY
-    from p2pfl.config import RunConfig
-    from p2pfl.options import declared, default_of, defaults_of
+    from p2pfl.settings.run_config import RunConfig
+    from p2pfl.settings.fields import declared, default_of, defaults_of
 
     cls = REGISTRY.get(algo)
     if cls is None:
@@ -300,7 +300,7 @@ def markdown(rows: list[dict], metric: str, notes: list[str] = ()) -> str:
 
 def draw(groups: list[Group], metric: str, band: str, path: Path, title: str, targets: list[float] = ()) -> None:
     """Three panels: the metric against rounds, against MiB sent, against wall time; per group the mean
-    over its runs (aggregated solid, mean client dotted: p2pfl.report's vocabulary) and a band over runs
+    over its runs (aggregated solid, mean client dotted: p2pfl.measure.figures's vocabulary) and a band over runs
     where a group has several; a grey line at each target."""
     key, scale = f"test_{metric}", 100 if metric == "acc" else 1
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), sharey=True)

@@ -1,12 +1,21 @@
-"""Figures that compare runs; a run's own figures are drawn by the core (p2pfl.report)."""
+"""Figures that compare runs; a run's own figures are drawn by the core (p2pfl.measure.figures)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from p2pfl.metrics import METRICS
-from p2pfl.report import AGGREGATED, MEAN_CLIENT, finish, plot_final_averaging, plt, save, target_line, whole_numbers
+from p2pfl.measure.metrics import METRICS
+from p2pfl.measure.figures import (
+    AGGREGATED,
+    MEAN_CLIENT,
+    finish,
+    plot_final_averaging,
+    plt,
+    save,
+    target_line,
+    whole_numbers,
+)
 
 __all__ = [
     "AGGREGATED",

@@ -42,8 +42,8 @@ CONDITIONS = {
 
 def victim_context(settings: dict, path: str, seed: int):
     """A one-peer NTK-DFL run context with the condition's settings (data projected where asked)."""
-    from p2pfl.configure import make_config, resolve
-    from p2pfl.assemble import build
+    from p2pfl.runner.configure import make_config, resolve
+    from p2pfl.runner.assemble import build
 
     values = {
         "algo": "ntk-dfl",

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from p2pfl.errors import UserError
-from p2pfl.paths import checked_path
+from p2pfl.runner.paths import checked_path
 
 
 class Parser(argparse.ArgumentParser):

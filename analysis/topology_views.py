@@ -14,10 +14,10 @@ import json
 from pathlib import Path
 
 from analysis.toolkit import Parser, guarded, output_folder
-from p2pfl.configure import parse_config, resolve
-from p2pfl.diagnostics import graph_gap
+from p2pfl.runner.configure import parse_config, resolve
+from p2pfl.measure.graph_diagnostics import graph_gap
 from p2pfl.errors import UserError
-from p2pfl.topology import describe, schedule_of
+from p2pfl.runner.graph import describe, schedule_of
 from topologies.drawing import draw_views
 
 

@@ -18,9 +18,9 @@ import argparse
 import torch
 
 from common import devices, gpu_peak_gb, reset_gpu_peak, timed
-from p2pfl.configure import make_config, resolve
+from p2pfl.runner.configure import make_config, resolve
 from p2pfl.models import count_parameters
-from p2pfl.assemble import build
+from p2pfl.runner.assemble import build
 
 
 def seconds_per_round(batched: bool, args, device: str) -> tuple[float, torch.Tensor, int]:

@@ -11,9 +11,9 @@ import argparse
 import torch
 
 from common import devices, gpu_peak_gb, reset_gpu_peak, run_rounds, timed
-from p2pfl.configure import make_config, resolve
-from p2pfl.round_facts import peak_rss_kib
-from p2pfl.assemble import build
+from p2pfl.runner.configure import make_config, resolve
+from p2pfl.measure.facts import peak_rss_kib
+from p2pfl.runner.assemble import build
 from p2pfl.testing import mpirun
 
 

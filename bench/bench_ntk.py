@@ -29,7 +29,7 @@ import p2pfl  # noqa: F401  (first: it keeps numpy's BLAS on one thread, which t
 import torch
 
 from common import devices, gpu_peak_gb, reset_gpu_peak, run_rounds, timed
-from p2pfl.configure import make_config, resolve
+from p2pfl.runner.configure import make_config, resolve
 from p2pfl.ntk import DenseJacobian, FactoredJacobian
 from p2pfl.models import MLPShape
 from p2pfl.ntk import evolution
@@ -37,8 +37,8 @@ from p2pfl.ntk.batched_evolution import evolve_ce_batched
 from p2pfl.ntk.evolution import evolve_ce, tight_ce_sums
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.ntk.step import ntk_step
-from p2pfl.assemble import build
-from p2pfl.forward import candidate_losses
+from p2pfl.runner.assemble import build
+from p2pfl.local.forward import candidate_losses
 
 
 def ntk_config(args):

@@ -1,4 +1,4 @@
-"""One speed figure of the device check on one device: seconds per round of a real round (p2pfl.simulation's
+"""One speed figure of the device check on one device: seconds per round of a real round (p2pfl.runner.simulation's
 build and the algorithm's round, the GPU synchronized before each clock read), and the peak GPU memory;
 printed as one JSON line for bench/gpu_check.sh to set beside the same figure on the CPU.
 
@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT))
 import p2pfl  # noqa: E402,F401  (first: numpy's BLAS on one thread)
 import torch  # noqa: E402
 
-from p2pfl.configure import load_toml, make_config, resolve  # noqa: E402
-from p2pfl.loop import synchronize  # noqa: E402
-from p2pfl.assemble import build  # noqa: E402
+from p2pfl.runner.configure import load_toml, make_config, resolve  # noqa: E402
+from p2pfl.runner.loop import synchronize  # noqa: E402
+from p2pfl.runner.assemble import build  # noqa: E402
 from p2pfl.testing import chosen_taus  # noqa: E402
 
 PAPER_300 = {

@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 import p2pfl  # noqa: E402,F401  (first: numpy's BLAS on one thread)
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from p2pfl.assemble import build  # noqa: E402
-from p2pfl.configure import load_toml, make_config, resolve  # noqa: E402
+from p2pfl.runner.assemble import build  # noqa: E402
+from p2pfl.runner.configure import load_toml, make_config, resolve  # noqa: E402
 from p2pfl.models.stack import PeerStack  # noqa: E402
 from p2pfl.ntk import batched_evolution  # noqa: E402
 from p2pfl.testing import gpu_path_on_the_cpu  # noqa: E402

@@ -24,10 +24,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from p2pfl.report import plot_fine_tuning, plot_linear_run, plot_similarity  # noqa: E402
+from p2pfl.measure.figures import plot_fine_tuning, plot_linear_run, plot_similarity  # noqa: E402
 from p2pfl import presets  # noqa: E402
 from launch.table import execute, flags, run_command  # noqa: E402
-from p2pfl.metrics import read_metrics  # noqa: E402
+from p2pfl.measure.metrics import read_metrics  # noqa: E402
 
 
 def cell(entry: dict, scale: float = 1, fmt: str = ".4g") -> str:

@@ -29,9 +29,10 @@ sys.path.insert(0, str(ROOT))
 from analysis.toolkit import Parser, guarded  # noqa: E402
 from launch.experiment import experiment_runs  # noqa: E402
 from launch.table import execute, run_command, run_state  # noqa: E402
-from p2pfl import presets, provenance  # noqa: E402
+from p2pfl import presets  # noqa: E402
+from p2pfl.runner import provenance  # noqa: E402
 from p2pfl.errors import UserError  # noqa: E402
-from p2pfl.metrics import read_metrics  # noqa: E402
+from p2pfl.measure.metrics import read_metrics  # noqa: E402
 
 CLAIMS = ROOT / "launch" / "reproduce.toml"
 RUNS = ROOT / "runs" / "reproduce"

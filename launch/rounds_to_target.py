@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from analysis.plots import plot_comparison  # noqa: E402
 from launch.table import mpi_prefix  # noqa: E402
-from p2pfl.metrics import read_metrics, rounds_to_target  # noqa: E402
+from p2pfl.measure.metrics import read_metrics, rounds_to_target  # noqa: E402
 
 
 def run(algo: str, args, out: Path) -> list[dict]:

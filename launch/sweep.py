@@ -88,7 +88,7 @@ def plan(
 def check_plan(runs: list[dict]) -> str | None:
     """The first run whose command line p2pfl would refuse, as its one-line error; None if all parse.
     Checked before anything runs, so a typo in --set is not found forty runs in."""
-    from p2pfl.configure import parse_config
+    from p2pfl.runner.configure import parse_config
     from p2pfl.errors import UserError
 
     for run in runs:

@@ -28,7 +28,7 @@ from p2pfl import presets  # noqa: E402
 from analysis.plots import plot_comparison  # noqa: E402
 from analysis.toolkit import Parser, guarded, output_folder, read_toml, writable  # noqa: E402
 from p2pfl.errors import UserError  # noqa: E402
-from p2pfl.metrics import read_metrics  # noqa: E402
+from p2pfl.measure.metrics import read_metrics  # noqa: E402
 
 
 def flags(settings: dict) -> list[str]:
@@ -82,7 +82,7 @@ def runs_of(preset: dict, columns: list[str], out: Path) -> list[dict]:
 
 def _settings(argv: list[str], ranks: int) -> dict:
     """The resolved settings of a planned run's command line (without its folder and output flags)."""
-    from p2pfl.configure import parse_config, resolve, resolved_dict
+    from p2pfl.runner.configure import parse_config, resolve, resolved_dict
 
     args = list(argv[argv.index("p2pfl.run") + 1 :])
     i = args.index("--out")
@@ -91,7 +91,7 @@ def _settings(argv: list[str], ranks: int) -> dict:
 
 
 def _stored(folder: Path, ranks: int) -> dict:
-    from p2pfl.configure import load_toml, make_config, resolve, resolved_dict
+    from p2pfl.runner.configure import load_toml, make_config, resolve, resolved_dict
 
     return resolved_dict(resolve(make_config(load_toml(str(folder / "config.toml"))), ranks))
 
@@ -104,8 +104,8 @@ def run_state(run: dict) -> str:
     or 'new' (run from the start, replacing an unfinished run's files). A folder holding a run of
     other settings (another preset swept into the same folder) is refused: its results would be
     reported under this plan's name."""
-    from p2pfl.checkpoint import has_checkpoint
-    from p2pfl.configure import first_difference
+    from p2pfl.runner.checkpoint.files import has_checkpoint
+    from p2pfl.runner.configure import first_difference
 
     folder, argv = Path(run["folder"]), run["argv"]
     if not (folder / "config.toml").is_file():

@@ -24,8 +24,8 @@ if "numpy" in sys.modules:  # numpy (or torch, which imports it) came first: its
 __version__ = "0.2.0"
 
 _PUBLIC = {
-    "simulate": "p2pfl.simulation",
-    "Result": "p2pfl.simulation",  # running
+    "simulate": "p2pfl.runner.simulation",
+    "Result": "p2pfl.runner.simulation",  # running
     "ConfigError": "p2pfl.errors",
     "DivergenceError": "p2pfl.errors",
     "Interrupted": "p2pfl.errors",
@@ -33,22 +33,22 @@ _PUBLIC = {
     "Round": "p2pfl.algorithms.base",  # writing an algorithm
     "RunContext": "p2pfl.algorithms.context",
     "neighbour_average": "p2pfl.algorithms.base",
-    "GossipSettings": "p2pfl.algorithms.gossip_options",
-    "gossip_codec": "p2pfl.algorithms.gossip_options",
-    "GossipCodec": "p2pfl.gossip",
+    "GossipSettings": "p2pfl.gossip.settings",
+    "gossip_codec": "p2pfl.gossip.settings",
+    "GossipCodec": "p2pfl.gossip.codecs",
     "ServerAlgorithm": "p2pfl.algorithms.server",
     "ServerOptions": "p2pfl.algorithms.server",
     "ClientWork": "p2pfl.algorithms.server",
-    "declare_metric": "p2pfl.metrics",  # a metric of one's own
+    "declare_metric": "p2pfl.measure.metrics",  # a metric of one's own
     "Message": "p2pfl.comm",
     "Payload": "p2pfl.comm",
     "Weights": "p2pfl.comm",
-    "option": "p2pfl.options",
-    "positive": "p2pfl.options",
-    "non_negative": "p2pfl.options",
-    "fraction": "p2pfl.options",
-    "at_least": "p2pfl.options",
-    "probability": "p2pfl.options",
+    "option": "p2pfl.settings.fields",
+    "positive": "p2pfl.settings.fields",
+    "non_negative": "p2pfl.settings.fields",
+    "fraction": "p2pfl.settings.fields",
+    "at_least": "p2pfl.settings.fields",
+    "probability": "p2pfl.settings.fields",
 }
 __all__ = sorted(_PUBLIC)
 

@@ -1,4 +1,4 @@
-"""The command line over p2pfl.simulation: parse the flags, run, turn what stops a run into one line and an
+"""The command line over p2pfl.runner.simulation: parse the flags, run, turn what stops a run into one line and an
 exit status.
 
     python -m p2pfl.run --algo dfedavg --peers 30
@@ -24,9 +24,9 @@ import traceback  # noqa: E402
 from p2pfl import stopping  # noqa: E402
 from p2pfl.comm import launched_by_mpi, mpi_world  # noqa: E402
 from p2pfl.comm.transport import CommTimeout  # noqa: E402
-from p2pfl.configure import parse_config, resolve  # noqa: E402
+from p2pfl.runner.configure import parse_config, resolve  # noqa: E402
 from p2pfl.errors import DivergenceError, Interrupted, OutOfGPUMemory, UserError  # noqa: E402
-from p2pfl.simulation import execute  # noqa: E402
+from p2pfl.runner.simulation import execute  # noqa: E402
 from p2pfl.stopping import record_status  # noqa: E402
 
 

@@ -7,13 +7,19 @@ by a thread that watches the signal wakeup file descriptor, and the long loops r
 integrator (an array it can read) and local training's steps. They end early, the main thread gets back
 to Python, and the handler there saves the last completed round and exits. What they leave half done
 belongs to a round that is thrown away.
+
+Everything that stops a run is here: the flag the long loops read, the watcher that sets it, the CLI's
+handlers before the run starts, and the run's own (StopRequest: finish the round, or stop at once).
+What a stop saves is p2pfl.runner.checkpoint.policy's.
 """
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import socket
+import sys
 import threading
 from pathlib import Path
 
@@ -107,3 +113,69 @@ def _stopped_early(signum, frame) -> None:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
     os._exit(code)
+
+
+class StopRequest:
+    """Ctrl-C asks the run to finish its round, write a checkpoint and stop (exit 130); a second Ctrl-C,
+    or SIGTERM (a scheduler's stop or preemption; what mpirun sends the other ranks when one dies), stops
+    at once and saves the last completed round from memory (exit 143 for SIGTERM)."""
+
+    def __init__(self, rank: int, transport=None):
+        LOOP_STARTED[0] = True
+        self.requested, self.rank, self.by, self.now, self.remote = False, rank, "Ctrl-C", False, None
+        self.code = 130  # the exit status of the stop: 128 + the signal's number (Ctrl-C: 130, SIGTERM: 143)
+        self.transport = transport
+        in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
+        self.previous = (
+            {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, *AT_ONCE)} if in_main_thread else {}
+        )
+        self.watcher = SignalWatcher() if in_main_thread else None  # the long loops learn at once
+        if in_main_thread and transport is not None:
+            transport.watch_for_stops(self.on_remote_stop)
+
+    def on_remote_stop(self, why: str) -> None:
+        """Another rank stopped at once (its node preempted): this one does too, as if signalled, so that
+        the ranks save the last round they all hold instead of waiting for the stopped one's messages."""
+        if not self.now:
+            self.remote = why
+            NOW[0] = 1
+            _thread.interrupt_main(signal.SIGUSR1)
+
+    def on_signal(self, signum, frame) -> None:
+        if self.now:  # already stopping at once: let it save what it holds
+            return
+        self.code = 143 if signum == signal.SIGUSR1 else 128 + signum  # SIGUSR1: a stop forwarded, as SIGTERM
+        if signum == signal.SIGTERM:
+            self.by = "SIGTERM (a scheduler's stop; under mpirun also when a rank died)"
+        elif signum == signal.SIGHUP:
+            self.by = "SIGHUP (its terminal closed)"
+        elif signum == signal.SIGQUIT:
+            self.by = "SIGQUIT"
+        elif signum == signal.SIGUSR1 and self.remote:
+            self.by = self.remote
+        elif signum == signal.SIGUSR1:  # mpirun forwards it to every rank, where SIGTERM ends the job at once
+            self.by = "SIGUSR1 (a stop forwarded by mpirun)"
+        if self.requested or signum != signal.SIGINT:
+            self.now = True
+            NOW[0] = 1
+            if self.transport is not None and not self.remote:
+                self.transport.announce_stop(f"a stop of rank {self.rank}: {self.by}")
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.rank == 0:
+            print(
+                "\np2pfl: interrupted: finishing this round, then a checkpoint (Ctrl-C again stops at once)",
+                file=sys.stderr,
+            )
+
+    def uninstall(self) -> None:
+        """The handlers as they were; on the command line, after a stop, further signals are ignored
+        instead: the process is about to print its one line and exit, and a second signal (an impatient
+        Ctrl-C, a scheduler's repeated SIGTERM) must not end it without that line."""
+        if self.transport is not None:
+            self.transport.stop_watching()
+        stopping_now = self.now or self.requested
+        for s, handler in self.previous.items():
+            signal.signal(s, signal.SIG_IGN if stopping_now and CLI[0] else handler)
+        if self.watcher is not None:
+            self.watcher.close()

@@ -21,9 +21,11 @@ import sys
 from pathlib import Path
 from unittest import mock
 
-from p2pfl.metrics import machine_facts
+from p2pfl.measure.metrics import machine_facts
 
-MACHINE_FACTS = machine_facts()  # how the run went on this machine, not its results (p2pfl.metrics declares them)
+MACHINE_FACTS = (
+    machine_facts()
+)  # how the run went on this machine, not its results (p2pfl.measure.metrics declares them)
 
 
 def run_in_process(args: list[str], stop_after_first_round: bool = False) -> subprocess.CompletedProcess:
@@ -50,7 +52,7 @@ def run_in_process(args: list[str], stop_after_first_round: bool = False) -> sub
 def stopping_after_first_round():
     """Runs started inside it (the CLI's or simulate's) are asked to stop as a Ctrl-C asks: they finish
     round 1, write a checkpoint and stop (exit 130; simulate raises Interrupted)."""
-    from p2pfl import loop
+    from p2pfl.runner import loop
 
     class StopAtOnce(loop.StopRequest):
         def __init__(self, *args):

@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-from p2pfl.configure import make_config, resolve
-from p2pfl.assemble import build
+from p2pfl.runner.configure import make_config, resolve
+from p2pfl.runner.assemble import build
 
 
 def make_context(**settings):

@@ -6,7 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from p2pfl.comm import mpi_world
-from p2pfl.fit_checks import check_out
+from p2pfl.runner.fit_checks import check_out
 
 rank = mpi_world()[0]
 check_out(SimpleNamespace(out=str(Path(sys.argv[1]) / f"r{rank}"), overwrite=False, resume=False))

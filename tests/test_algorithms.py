@@ -3,8 +3,8 @@ import torch
 
 from p2pfl.algorithms.base import neighbour_average
 from p2pfl.run import main
-from p2pfl.gradients import gradients
-from p2pfl.training import sample_batch
+from p2pfl.local.gradients import gradients
+from p2pfl.local.training import sample_batch
 from tests.helpers import make_context, metric_lines
 from topologies import mixing_weights
 
@@ -141,7 +141,7 @@ def test_divergence_stops_with_round_and_peers(tmp_path, capsys):
 def test_every_preset_is_a_valid_config():
     from pathlib import Path
 
-    from p2pfl.configure import load_toml, make_config
+    from p2pfl.runner.configure import load_toml, make_config
 
     presets = sorted(Path(__file__).resolve().parents[1].glob("p2pfl/presets/*.toml"))
     assert presets
@@ -156,7 +156,7 @@ def test_every_run_of_every_experiment_parses(tmp_path):
 
     from launch.experiment import experiment_runs
     from p2pfl import presets
-    from p2pfl.configure import parse_config
+    from p2pfl.runner.configure import parse_config
 
     experiments = sorted(presets.EXPERIMENTS.glob("*.toml"))
     assert len(experiments) >= 13
@@ -306,7 +306,7 @@ def test_the_gpu_preset_is_the_papers_run_on_cuda():
     """ntk-dfl-fmnist300-gpu.toml differs from the paper's preset only in where it runs and for how long."""
     from pathlib import Path
 
-    from p2pfl.configure import load_toml
+    from p2pfl.runner.configure import load_toml
 
     presets = Path(__file__).resolve().parents[1] / "p2pfl/presets"
     cpu, gpu = (load_toml(str(presets / name)) for name in ("ntk-dfl-fmnist300.toml", "ntk-dfl-fmnist300-gpu.toml"))

@@ -197,7 +197,7 @@ def test_datashare_sends_the_shared_set_once_and_mixes_it_in(tmp_path):
 def test_cp_ntk_fl_selects_t_by_the_true_networks_loss_by_default():
     """The NTK-FL paper's eq. 11a for both: the true network's loss at each candidate, not the evolved
     outputs' (that rule is NTK-DFL's appendix C; NTK-FL's Remark 1 warns it falls with t)."""
-    from p2pfl.configure import make_config
+    from p2pfl.runner.configure import make_config
 
     for algo in ("ntk-fl", "cp-ntk-fl"):
         assert make_config({"algo": algo}).settings.ntk_selection == "network"

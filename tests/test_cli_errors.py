@@ -268,7 +268,7 @@ def test_an_existing_run_folder_is_never_clobbered(tmp_path, capsys):
 
 
 def test_help_names_what_a_value_looks_like_and_the_command_as_typed(monkeypatch):
-    from p2pfl.configure import build_parser
+    from p2pfl.runner.configure import build_parser
 
     text = build_parser().format_help()
     assert "--samples-per-peer N" in text and "--clients-per-round" not in text  # dfedavg's flags only
@@ -283,7 +283,7 @@ def test_help_of_a_named_algorithm_states_the_defaults_it_sets(capsys):
     --help, which names no algorithm, says that each sets its own."""
     import re
 
-    from p2pfl.configure import parse_config
+    from p2pfl.runner.configure import parse_config
 
     def help_of(*argv) -> str:
         with pytest.raises(SystemExit):
@@ -310,7 +310,7 @@ def test_a_quoted_number_in_toml_is_named_as_a_string(tmp_path, capsys):
 
 def test_a_config_file_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
     """Some editors begin a UTF-8 file with a BOM; it read as "Invalid statement (line 1, column 1)"."""
-    from p2pfl.configure import load_toml
+    from p2pfl.runner.configure import load_toml
 
     (tmp_path / "c.toml").write_bytes(b'\xef\xbb\xbfalgo = "fedavg"\nlr = 0.05\n')
     assert load_toml(str(tmp_path / "c.toml")) == {"algo": "fedavg", "lr": 0.05}
@@ -330,7 +330,7 @@ def test_the_docs_tool_has_help_and_refuses_a_missing_file(capsys):
 def test_every_toml_key_and_simulate_argument_is_its_flags_name(tmp_path):
     """--no-batch is batch = false in TOML and batch=False in simulate(), like every other flag; a run
     folder written when the key was 'batched' still resumes."""
-    from p2pfl.configure import _stored_config, make_config, parse_config
+    from p2pfl.runner.configure import _stored_config, make_config, parse_config
 
     (tmp_path / "c.toml").write_text("batch = false\n")
     assert parse_config(["--config", str(tmp_path / "c.toml")]).batch is False

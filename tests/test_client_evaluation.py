@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import p2pfl
-from p2pfl.evaluation import PeerScores, client_subset_size, client_test_subset, subset_variance
-from p2pfl.forward import evaluate
+from p2pfl.measure.scoring import PeerScores, client_subset_size, client_test_subset, subset_variance
+from p2pfl.local.forward import evaluate
 from p2pfl.testing import MACHINE_FACTS
 from tests.helpers import make_context
 
@@ -92,7 +92,7 @@ def test_every_row_carries_its_training_evaluation_and_total_time():
 
 @pytest.mark.parametrize("size", [150, 0])
 def test_only_peers_whose_weights_changed_are_scored_again_and_the_scores_equal_a_fresh_evaluation(monkeypatch, size):
-    from p2pfl import evaluation
+    from p2pfl.measure import scoring as evaluation
 
     ctx, algorithm = make_context(
         algo="fedavg", dataset="synthetic", peers=8, topology="star", clients_per_round=2, local_epochs=1

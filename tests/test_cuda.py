@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2pfl.configure import make_config, resolve
-from p2pfl.assemble import build
-from p2pfl.forward import evaluate
+from p2pfl.runner.configure import make_config, resolve
+from p2pfl.runner.assemble import build
+from p2pfl.local.forward import evaluate
 from p2pfl.seeding import keyed_bits, keyed_orders, keyed_uniform, peer_keys
 from p2pfl.testing import chosen_taus
 from tests.conftest import write_stripes

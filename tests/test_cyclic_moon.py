@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from p2pfl.configure import make_config
+from p2pfl.runner.configure import make_config
 from p2pfl.errors import UserError
 from p2pfl.seeding import numpy_rng
-from p2pfl.gradients import Contrast
-from p2pfl.training import train_epochs
+from p2pfl.local.gradients import Contrast
+from p2pfl.local.training import train_epochs
 from tests.conftest import ranked_cases, run_here, write_stripes
 from tests.helpers import make_context, metric_lines
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from p2pfl.bitpack import pack_mask, unpack_mask
-from p2pfl.run_folder import device_note
+from p2pfl.gossip.bitpack import pack_mask, unpack_mask
+from p2pfl.runner.run_folder import device_note
 from tests.conftest import run_here
 from tests.helpers import make_context
 
@@ -80,7 +80,7 @@ def test_tests_see_no_gpu_unless_marked_cuda():
     """The suite is the CPU suite on a GPU machine too (tests/conftest.py): auto picks the CPU here."""
     import os
 
-    from p2pfl.assemble import pick_device
+    from p2pfl.runner.assemble import pick_device
 
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and not torch.cuda.is_available()
     assert pick_device("auto", 0) == torch.device("cpu")
@@ -97,7 +97,7 @@ def test_tests_see_no_gpu_unless_marked_cuda():
 )
 def test_a_gpu_that_is_not_there_is_one_line_naming_what_is(monkeypatch, choice, gpus, needle):
     from p2pfl.errors import UserError
-    from p2pfl.assemble import pick_device
+    from p2pfl.runner.assemble import pick_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
@@ -108,7 +108,7 @@ def test_a_gpu_that_is_not_there_is_one_line_naming_what_is(monkeypatch, choice,
 def test_ranks_spread_over_the_gpus_by_local_rank_and_each_becomes_current(monkeypatch):
     """--device cuda (and auto) under mpirun: local rank r on GPU r mod n, made the current device (no
     context on GPU 0 beside it); cuda:N puts every rank on N, so all the local ranks share it."""
-    from p2pfl import assemble as simulation
+    from p2pfl.runner import assemble as simulation
 
     current = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -124,7 +124,8 @@ def test_ranks_spread_over_the_gpus_by_local_rank_and_each_becomes_current(monke
 def test_the_ranks_sharing_a_gpu_are_mpis_own_count_under_any_launcher(monkeypatch):
     """Under srun no Open MPI or MPICH variable says how many ranks share the machine: the shared-memory
     communicator's size (counted by mpi_world) does, so each rank takes its share of a GPU, not half."""
-    from p2pfl import assemble, comm
+    from p2pfl import comm
+    from p2pfl.runner import assemble
 
     for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
         monkeypatch.delenv(var, raising=False)
@@ -138,7 +139,7 @@ def test_the_ranks_sharing_a_gpu_are_mpis_own_count_under_any_launcher(monkeypat
 def test_a_gpu_rank_decides_tf32_where_its_device_is_picked(monkeypatch):
     """IEEE float32 products and convolutions on a GPU unless --tf32 (cuDNN's own default is TF32 for
     convolutions): set once, where the device is picked; the CPU's flags are left alone."""
-    from p2pfl.assemble import pick_device
+    from p2pfl.runner.assemble import pick_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -162,7 +163,7 @@ def test_an_unknown_device_name_is_refused_before_any_work():
 
 
 def test_peak_gpu_memory_is_summed_over_the_ranks_that_share_a_gpu():
-    from p2pfl.round_facts import busiest_gpu_mib
+    from p2pfl.measure.facts import busiest_gpu_mib
 
     assert busiest_gpu_mib([(None, None), (None, None)]) is None  # a CPU run
     assert busiest_gpu_mib([(100.0, "A"), (300.0, "A"), (250.0, "B")]) == 400.0

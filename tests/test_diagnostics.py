@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from p2pfl.diagnostics import edge_bytes, mixing_matrix, spectral_gap
-from p2pfl.measure import squared_deviations, sum_rows
-from p2pfl.round_facts import consensus_distance
+from p2pfl.measure.graph_diagnostics import edge_bytes, mixing_matrix, spectral_gap
+from p2pfl.runner.round_row import squared_deviations, sum_rows
+from p2pfl.measure.facts import consensus_distance
 from tests.conftest import ranked_cases, run_here
 from tests.helpers import metric_lines
 

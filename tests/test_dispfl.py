@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from p2pfl.algorithms.graph.dispfl import erk_densities
-from p2pfl.evaluation import personal_test_sets
-from p2pfl.bitpack import pack_mask, unpack_mask
+from p2pfl.measure.scoring import personal_test_sets
+from p2pfl.gossip.bitpack import pack_mask, unpack_mask
 from tests.conftest import ranked_cases, run_here, write_stripes
 from tests.helpers import make_context
 

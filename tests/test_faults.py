@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from p2pfl.faults import Faults
+from p2pfl.comm.faults import Faults
 from p2pfl.run import main
 from tests.conftest import ranked_cases, write_stripes
 from tests.helpers import make_context, metric_lines

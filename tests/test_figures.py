@@ -8,7 +8,7 @@ import matplotlib.figure
 import networkx as nx
 import pytest
 
-from p2pfl.report import AGGREGATED, MEAN_CLIENT, OWN_MIX, plot_final_averaging, plot_metric, plot_partition
+from p2pfl.measure.figures import AGGREGATED, MEAN_CLIENT, OWN_MIX, plot_final_averaging, plot_metric, plot_partition
 from p2pfl.tasks import TASKS
 from tests.test_analysis import fake_run
 from topologies.drawing import draw_graph, draw_views

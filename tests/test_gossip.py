@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from p2pfl import testing
-from p2pfl.gossip import QSGD, GossipCodec, RandK, TopK
+from p2pfl.gossip.codecs import QSGD, GossipCodec, RandK, TopK
 
 D = 10_001
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from p2pfl import testing
-from p2pfl.diagnostics import graph_gap
+from p2pfl.measure.graph_diagnostics import graph_gap
 from topologies import GraphError, build_graph, mixing_weights
 
 SMALL = [

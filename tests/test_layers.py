@@ -79,7 +79,7 @@ def test_two_algorithms_of_one_name_are_refused():
 
 def test_the_cli_lists_a_registered_algorithm(lazy_gossip, capsys):
     with pytest.raises(SystemExit):
-        from p2pfl.configure import build_parser
+        from p2pfl.runner.configure import build_parser
 
         build_parser("lazy-gossip").parse_args(["--help"])
     out = capsys.readouterr().out

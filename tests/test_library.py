@@ -291,7 +291,7 @@ def test_tensorboard_holds_the_metrics_rows(tmp_path):
 
 
 def test_tensorboard_without_its_package_is_one_line(tmp_path, monkeypatch):
-    from p2pfl import tracking
+    from p2pfl.measure import tensorboard_log as tracking
 
     monkeypatch.setattr(tracking.importlib.util, "find_spec", lambda name: None)
     done = run_in_process([*TINY_ARGS, "--tensorboard", "--out", str(tmp_path / "run")])

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from p2pfl.round_facts import peak_rss_kib
+from p2pfl.measure.facts import peak_rss_kib
 
-CHILD = "from p2pfl.round_facts import peak_rss_kib; print(peak_rss_kib())"
+CHILD = "from p2pfl.measure.facts import peak_rss_kib; print(peak_rss_kib())"
 
 
 @pytest.mark.subprocess
@@ -43,7 +43,7 @@ def test_nothing_accumulates_over_rounds_but_the_rows(tmp_path, monkeypatch):
 
     import torch
 
-    from p2pfl import measure
+    from p2pfl.runner import round_row as measure
     from p2pfl.testing import run_in_process
 
     seen, real = {}, measure.RoundMeasure.record
@@ -95,7 +95,8 @@ def test_the_inter_model_variance_from_sums_in_row_blocks_is_the_whole_matrixs(m
     are the numbers of the whole matrix."""
     import torch
 
-    from p2pfl import measure, round_facts
+    from p2pfl.measure import facts as round_facts
+    from p2pfl.runner import round_row as measure
 
     w = torch.randn(40, 3001, generator=torch.Generator().manual_seed(1)) * 0.1
     whole = float((torch.var(w.double(), dim=0, correction=0) * len(w)).sqrt().mean())

@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 import p2pfl
-from p2pfl.metrics import declared_keys
+from p2pfl.measure.metrics import declared_keys
 
 CLI = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 TINY = dict(dataset="synthetic", peers=6, rounds=3, local_epochs=1, progress=False)

@@ -11,7 +11,7 @@ from p2pfl.models import MLPShape
 from p2pfl.ntk.compression import decode, encode, gaussian_projection
 from p2pfl.ntk.evolution import evolve_ce, evolve_mse
 from p2pfl.ntk.step import NTKSettings, ntk_step
-from p2pfl.forward import candidate_losses
+from p2pfl.local.forward import candidate_losses
 
 
 def random_mlp(hidden, n_in=9, n_out=4, seed=0):

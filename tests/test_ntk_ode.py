@@ -10,14 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from p2pfl.configure import make_config, resolve
+from p2pfl.runner.configure import make_config, resolve
 from p2pfl.ntk import FactoredJacobian
 from p2pfl.models import MLPShape
 from p2pfl.ntk.batched_evolution import evolve_ce_batched
 from p2pfl.ntk.evolution import evolve_ce, tight_ce_sums
 from p2pfl.ntk.pixels import PixelInputs
-from p2pfl.assemble import build
-from p2pfl.forward import candidate_losses
+from p2pfl.runner.assemble import build
+from p2pfl.local.forward import candidate_losses
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 TAUS = [100, 200, 300, 400, 500, 600, 700, 800]

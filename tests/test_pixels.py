@@ -9,7 +9,7 @@ from p2pfl.models import MLP, ParamLayout, PeerStack, initial_parameters
 from p2pfl.ntk import FactoredJacobian
 from p2pfl.models import MLPShape
 from p2pfl.ntk.pixels import PixelInputs
-from p2pfl.forward import candidate_losses
+from p2pfl.local.forward import candidate_losses
 
 LEVELS = (1 / (255 * 0.3530), -0.2860 / 0.3530)  # Fashion-MNIST's
 

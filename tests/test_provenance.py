@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 
 import p2pfl
-from p2pfl import provenance
+from p2pfl.runner import provenance
 from p2pfl.testing import run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]

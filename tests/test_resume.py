@@ -181,7 +181,7 @@ def test_resume_refuses_changes_and_folders_without_a_checkpoint(tmp_path):
 @pytest.mark.subprocess
 def test_checkpoints_load_without_unpickling_objects(tmp_path):
     """What a checkpoint holds loads with weights_only=True: tensors, numbers, strings, lists, dicts."""
-    from p2pfl import checkpoint
+    from p2pfl.runner.checkpoint import files as checkpoint
 
     args = [*BASE, *SLOW, "--algo", "scaffold"]
     proc = _start(args, tmp_path / "cut")

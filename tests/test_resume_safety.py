@@ -388,7 +388,7 @@ def test_sigterm_in_the_middle_of_local_training_stops_within_seconds(tmp_path, 
     thread waits for): the stop ends it within a step."""
     import dataclasses
 
-    from p2pfl import training
+    from p2pfl.local import training
 
     def patch(event):
         real = training._train_block
@@ -478,7 +478,7 @@ def test_a_run_folder_in_use_is_refused_to_a_second_run(tmp_path, monkeypatch):
     """Hostile case of issue 40: a sweep into a folder a running run was writing wrote into it too (rounds
     repeated in metrics.jsonl). The run holds a lock on its folder; a second run there (an --overwrite, a
     resume, as a sweep starts them) is refused in one line, and the first goes on undisturbed."""
-    from p2pfl import measure
+    from p2pfl.runner import round_row as measure
 
     run = tmp_path / "run"
     args = [
@@ -676,7 +676,7 @@ def test_sigterm_to_one_rank_of_launch_mpirun_while_it_starts_ends_the_job(tmp_p
 def test_a_stop_during_the_first_checkpoint_write_saves_the_finished_round(tmp_path, monkeypatch, landing):
     """Issue 50 asks that a stop landing inside a checkpoint write keep the finished round (or the previous
     checkpoint, named): SIGTERM inside the first write, of a slot file or of latest.json, saves round 1."""
-    from p2pfl import checkpoint
+    from p2pfl.runner.checkpoint import files as checkpoint
 
     real, sent = checkpoint.atomic_write, []
 

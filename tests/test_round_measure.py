@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import p2pfl
-from p2pfl import comm, metrics
+from p2pfl import comm
+from p2pfl.measure import metrics
 from p2pfl.comm import LocalTransport
 from p2pfl.docs import metrics_table
 from p2pfl.testing import assert_same_results, run_in_process, run_many_under_mpirun

@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from p2pfl import testing
-from p2pfl.configure import make_config, resolve
+from p2pfl.runner.configure import make_config, resolve
 from p2pfl.errors import UserError
-from p2pfl.simulation import execute
+from p2pfl.runner.simulation import execute
 from tests.conftest import ROOT
 
 TINY = [

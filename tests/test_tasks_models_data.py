@@ -13,7 +13,7 @@ from p2pfl.errors import UserError
 from p2pfl.models import MODELS, PeerStack, build_model, count_parameters, initial_parameters
 from p2pfl.algorithms.ntk_options import JacobianMessage
 from p2pfl.run import main
-from p2pfl.training import SGDSettings, train_epochs
+from p2pfl.local.training import SGDSettings, train_epochs
 from tests.conftest import run_cli, run_here, write_cifar, write_femnist
 
 

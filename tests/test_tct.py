@@ -174,8 +174,8 @@ def test_tct_lr_auto_is_half_the_stability_limit_of_the_stiffest_client(digits):
     """--tct-lr auto: each client's lambda_max of Z~^T Z~ / n_k by power iteration, one lr for all of
     AUTO_LR_SHARE * 2 / the largest; against the eigenvalues of the dense features."""
     from p2pfl.algorithms.star.tct import AUTO_LR_SHARE
-    from p2pfl.configure import parse_config, resolve
-    from p2pfl.assemble import build
+    from p2pfl.runner.configure import parse_config, resolve
+    from p2pfl.runner.assemble import build
 
     args = [a if a != "1e-5" else "auto" for a in TCT_ARGS] + ["--data-dir", str(digits), "--tct-solver", "p-space"]
     ctx, algorithm = build(resolve(parse_config(args), 1), 0, 1, 0)
@@ -205,7 +205,7 @@ def test_tct_says_what_its_features_cost_and_refuses_what_cannot_fit(digits, tmp
 
 @pytest.mark.parametrize("value,ok", [("auto", True), ("3e-4", True), ("0", False), ("fast", False)])
 def test_tct_lr_takes_a_positive_number_or_auto(value, ok):
-    from p2pfl.configure import parse_config
+    from p2pfl.runner.configure import parse_config
 
     if ok:
         assert parse_config(["--algo", "tct", "--tct-lr", value]).settings.tct_lr in (

@@ -1,8 +1,8 @@
 import torch
 
 from p2pfl.models import MLP, PeerStack, initial_parameters
-from p2pfl.training import SGDSettings, train_epochs
-from p2pfl.forward import evaluate
+from p2pfl.local.training import SGDSettings, train_epochs
+from p2pfl.local.forward import evaluate
 
 
 def setup(peers=4, n=60):
@@ -65,7 +65,7 @@ def test_plain_sgd_batched_equals_one_peer_at_a_time():
 
 def test_a_peers_training_does_not_depend_on_what_shares_its_block(monkeypatch):
     """Bit for bit, whatever the block size: what keeps metrics equal on any number of ranks."""
-    import p2pfl.training as training
+    import p2pfl.local.training as training
 
     model, flat, shards, x, y = setup(peers=7)
     runs = []
@@ -82,7 +82,7 @@ def test_a_peers_training_does_not_depend_on_what_shares_its_block(monkeypatch):
 
 def test_candidate_losses_of_mlps_equal_their_forward_passes():
     """NTK selection's batched MLP products give each candidate's loss as its own forward pass does."""
-    from p2pfl.forward import candidate_losses
+    from p2pfl.local.forward import candidate_losses
 
     for hidden in ([7], [8, 6], []):
         model = MLP(12, hidden, 4)
@@ -126,7 +126,7 @@ def test_conv_nets_train_as_one_vmap_batch_as_a_gpu_runs_them():
 
 
 def test_peer_block_by_device():
-    from p2pfl.training import PEER_BLOCK, peer_block
+    from p2pfl.local.training import PEER_BLOCK, peer_block
 
     model, *_ = setup()
     assert peer_block(PeerStack(model), 300, 25, (12,)) == PEER_BLOCK  # a CPU cache's worth of MLPs
@@ -138,7 +138,7 @@ def test_evaluation_chunks_fit_the_budget_training_uses_and_give_the_same_scores
     """Evaluation is sized from the per-sample activation estimate and the rank's batch budget, as
     training is: a model that holds a lot per sample (resnet18 at 32x32 on a GPU) is evaluated in small
     chunks instead of the CPU's 10 peers x 2,000 samples per pass, and the scores do not depend on the chunks."""
-    from p2pfl.forward import EVAL_PEERS_CPU, EVAL_SAMPLES_CPU, evaluation_chunks
+    from p2pfl.local.forward import EVAL_PEERS_CPU, EVAL_SAMPLES_CPU, evaluation_chunks
 
     model, flat, shards, x, y = setup(peers=6)
     stack = PeerStack(model)

@@ -11,11 +11,11 @@ import torch
 
 from p2pfl.algorithms.context import RunContext
 from p2pfl.comm import Weights
-from p2pfl.config import RunConfig
+from p2pfl.settings.run_config import RunConfig
 from p2pfl.data import Dataset
 from p2pfl.errors import UserError
-from p2pfl.gossip import Compressed, GossipCodec, dense_bytes
-from p2pfl.options import kind_of
+from p2pfl.gossip.codecs import Compressed, GossipCodec, dense_bytes
+from p2pfl.settings.fields import kind_of
 from p2pfl.plugins import call_plugin
 from topologies import mixing_weights
 
@@ -65,7 +65,7 @@ class Algorithm:
     directed_graphs = False  # whether its exchanges work on a directed graph, each peer hearing its in-neighbours
     static_graph = False  # whether it keeps state over a fixed set of neighbours (one graph for the whole run)
     tasks = ("classification", "regression")  # what it can learn
-    # What a checkpoint saves besides ctx.flat and ctx.global_weights (p2pfl.checkpoint), by attribute name:
+    # What a checkpoint saves besides ctx.flat and ctx.global_weights (p2pfl.runner.checkpoint), by attribute name:
     # "peer", a tensor with one row per peer of the rank; "server", the server's (rank 0); "pooled", a list
     # whose order does not matter, pooled over ranks.
     state: dict[str, str] = {}

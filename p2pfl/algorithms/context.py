@@ -11,13 +11,13 @@ import numpy as np
 import torch
 
 from p2pfl.comm import Message, Payload, Transport
-from p2pfl.config import RunConfig
+from p2pfl.settings.run_config import RunConfig
 from p2pfl.data import Dataset
-from p2pfl.faults import Faults
-from p2pfl.gradients import gradients
+from p2pfl.comm.faults import Faults
+from p2pfl.local.gradients import gradients
 from p2pfl.models import PeerStack
 from p2pfl.seeding import numpy_rng, peer_keys, torch_generator
-from p2pfl.training import SGDSettings, StepTerms, sample_batch, train_epochs
+from p2pfl.local.training import SGDSettings, StepTerms, sample_batch, train_epochs
 from topologies import TopologySchedule, in_neighbours
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from p2pfl.options import bits, fraction, non_negative, option, positive, positive_ints
+from p2pfl.settings.fields import bits, fraction, non_negative, option, positive, positive_ints
 from p2pfl.comm import Payload
 from p2pfl import stopping
 from p2pfl.errors import UserError

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from p2pfl.algorithms.base import Algorithm, RunContext, Round
-from p2pfl.options import non_negative, option
+from p2pfl.settings.fields import non_negative, option
 from p2pfl.comm import Message, Payload, Weights
 from p2pfl.models import initial_parameters
 

@@ -157,7 +157,7 @@ class Transport:
     rank = 0
     size = 1
     round_index = 0  # the round under way (0-based), for messages about it
-    faults = None  # p2pfl.faults.Faults: simulated offline peers, lost and late messages
+    faults = None  # p2pfl.comm.faults.Faults: simulated offline peers, lost and late messages
     device = torch.device("cpu")  # where received payloads are handed over: the run's device
 
     def __init__(self, placement: Placement, timeout: float = 600.0):

@@ -50,7 +50,7 @@ class PeerStack:
                 "random numbers, which one batch of peers (vmap) cannot: run with --no-batch, or use "
                 "p2pfl.models.layers.PeerDropout (keyed per peer, batched)"
             )
-        # a batched MLP trains through hand-written batched products (p2pfl.gradients.mlp_gradients)
+        # a batched MLP trains through hand-written batched products (p2pfl.local.gradients.mlp_gradients)
         self.mlp = _mlp_shape(model, self.layout) if self.batched else None
         self._scratch = threading.local()  # freed with its thread
         # batch norm couples the samples of a batch: padded rows must not enter its statistics

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from p2pfl.bitpack import pack_bits, pack_mask, unpack_bits, unpack_mask
+from p2pfl.gossip.bitpack import pack_bits, pack_mask, unpack_bits, unpack_mask
 from p2pfl.seeding import torch_generator
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from p2pfl.forward import candidate_losses
+from p2pfl.local.forward import candidate_losses
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.ntk.step import NTKProblem
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import torch
 
 from p2pfl.algorithms.base import Algorithm, Round
-from p2pfl.algorithms.gossip_options import GossipSettings, gossip_codec
-from p2pfl.gossip import QSGD, Compressed, GossipCodec, dense_bytes
-from p2pfl.options import fraction, option
-from p2pfl.training import apply_step
+from p2pfl.gossip.settings import GossipSettings, gossip_codec
+from p2pfl.gossip.codecs import QSGD, Compressed, GossipCodec, dense_bytes
+from p2pfl.settings.fields import fraction, option
+from p2pfl.local.training import apply_step
 from topologies import mixing_weights
 
 # The consensus step gamma of the paper's experiments (ICML 2019, logistic regression on epsilon, a ring of

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import torch
 
 from p2pfl.algorithms.base import Algorithm, Round
-from p2pfl.options import fraction, non_negative, option
+from p2pfl.settings.fields import fraction, non_negative, option
 from p2pfl.comm import Payload
-from p2pfl.bitpack import pack_mask, unpack_mask
+from p2pfl.gossip.bitpack import pack_mask, unpack_mask
 from p2pfl.seeding import keyed_uniform
-from p2pfl.gradients import gradients
-from p2pfl.training import StepTerms
+from p2pfl.local.gradients import gradients
+from p2pfl.local.training import StepTerms
 
 
 @dataclass(frozen=True)

@@ -23,17 +23,17 @@ import torch
 from p2pfl.algorithms.base import Algorithm, RunContext, Round, neighbour_average
 from p2pfl.algorithms.ntk_options import JacobianMessage, NTKOptions, compile_ahead, make_codec, project_inputs
 from p2pfl.errors import UserError
-from p2pfl.final_averaging import check_test_halves, final_averaging
-from p2pfl.metrics import declare_metric
-from p2pfl.round_facts import histogram
+from p2pfl.measure.final_averaging import check_test_halves, final_averaging
+from p2pfl.measure.metrics import declare_metric
+from p2pfl.measure.facts import histogram
 from p2pfl.ntk.inputs_cache import InputsCache, on_device
 from p2pfl.ntk.neighbourhood import neighbourhood_problem, round_samples
 from p2pfl.ntk.plan import JacobianPlan, PlanError
 from p2pfl.ntk.hood_batch import HoodBatch, batched_steps
 from p2pfl.ntk.step import NTKProblem, StepBatch, ntk_steps
 from p2pfl.comm import Message, Weights
-from p2pfl.options import option, positive
-from p2pfl.report import plot_final_averaging
+from p2pfl.settings.fields import option, positive
+from p2pfl.measure.figures import plot_final_averaging
 
 declare_metric(
     "ntk_t_hist", meaning="NTK-DFL: how many peer steps chose each candidate t this round", unit="count per t"

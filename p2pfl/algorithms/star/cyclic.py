@@ -22,10 +22,10 @@ from p2pfl.algorithms.star.scaffold import Scaffold
 from p2pfl.algorithms.star.moon import Moon, MoonSettings
 from p2pfl.algorithms.base import Round
 from p2pfl.algorithms.server import ClientWork, ServerAlgorithm
-from p2pfl.options import fraction, option, positive
+from p2pfl.settings.fields import fraction, option, positive
 from p2pfl.comm import Weights
 from p2pfl.errors import UserError
-from p2pfl.metrics import declare_metric
+from p2pfl.measure.metrics import declare_metric
 
 declare_metric("phase", meaning="CyclicFL: `cyclic` or the second phase's algorithm", unit="name")
 

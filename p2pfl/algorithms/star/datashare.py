@@ -9,7 +9,7 @@ import torch
 
 from p2pfl.algorithms.star.central import Samples
 from p2pfl.algorithms.star.fedavg import FedAvg, FedAvgSettings
-from p2pfl.options import fraction, option
+from p2pfl.settings.fields import fraction, option
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import torch
 
 from p2pfl.algorithms.server import ClientWork, ServerAlgorithm, ServerOptions
 from p2pfl.comm import Weights
-from p2pfl.options import non_negative, option
-from p2pfl.training import SGDSettings, StepTerms
+from p2pfl.settings.fields import non_negative, option
+from p2pfl.local.training import SGDSettings, StepTerms
 
 
 @dataclass(frozen=True)

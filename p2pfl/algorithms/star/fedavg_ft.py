@@ -24,12 +24,12 @@ from torch import nn
 
 from p2pfl.algorithms.base import Round
 from p2pfl.algorithms.star.fedavg import FedAvg, FedAvgSettings
-from p2pfl.options import non_negative, option, positive, positive_ints
+from p2pfl.settings.fields import non_negative, option, positive, positive_ints
 from p2pfl.errors import UserError
-from p2pfl.report import plot_fine_tuning, plot_linear_run, plot_similarity
-from p2pfl.training import SGDSettings
-from p2pfl.forward import evaluate
-from p2pfl.metrics import declare_metric
+from p2pfl.measure.figures import plot_fine_tuning, plot_linear_run, plot_similarity
+from p2pfl.local.training import SGDSettings
+from p2pfl.local.forward import evaluate
+from p2pfl.measure.metrics import declare_metric
 
 declare_metric(
     "rep_dist",

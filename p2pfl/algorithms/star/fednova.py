@@ -9,7 +9,7 @@ import torch
 from p2pfl.algorithms.server import ClientWork
 from p2pfl.algorithms.star.fedavg import FedAvg
 from p2pfl.comm import Payload
-from p2pfl.training import local_steps
+from p2pfl.local.training import local_steps
 
 
 @dataclass

@@ -7,8 +7,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from p2pfl.algorithms.star.fedavg import FedAvg, FedAvgSettings
-from p2pfl.options import non_negative, option
-from p2pfl.training import StepTerms
+from p2pfl.settings.fields import non_negative, option
+from p2pfl.local.training import StepTerms
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from p2pfl.algorithms.star.fedavg import FedAvg, FedAvgSettings
-from p2pfl.options import non_negative, option, positive
-from p2pfl.gradients import Contrast
-from p2pfl.training import StepTerms
+from p2pfl.settings.fields import non_negative, option, positive
+from p2pfl.local.gradients import Contrast
+from p2pfl.local.training import StepTerms
 
 
 @dataclass(frozen=True)

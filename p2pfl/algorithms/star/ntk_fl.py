@@ -30,14 +30,14 @@ from p2pfl.algorithms.base import Round
 from p2pfl.algorithms.ntk_options import NTKOptions, compile_ahead, make_codec, project_inputs
 from p2pfl.algorithms.server import ClientWork, ServerAlgorithm, ServerOptions, clients_per_round
 from p2pfl.errors import UserError
-from p2pfl.options import fraction, option, positive
+from p2pfl.settings.fields import fraction, option, positive
 from p2pfl.comm import Payload
-from p2pfl.metrics import declare_metric
-from p2pfl.round_facts import histogram
+from p2pfl.measure.metrics import declare_metric
+from p2pfl.measure.facts import histogram
 from p2pfl.ntk.plan import PlanError, check_memory
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.ntk.step import ntk_step
-from p2pfl.forward import candidate_losses
+from p2pfl.local.forward import candidate_losses
 
 declare_metric("ntk_t", meaning="NTK-FL, CP-NTK-FL: the evolution time t the server chose this round", unit="steps")
 

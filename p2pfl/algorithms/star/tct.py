@@ -24,11 +24,11 @@ from p2pfl.algorithms.star.linear_stage import check_feature_memory, client_roun
 from p2pfl.algorithms.star.linear_stage import global_standardisation, largest_curvature, linear_scores, n_space
 from p2pfl.algorithms.star.linear_stage import no_standardisation
 from p2pfl.comm import Weights
-from p2pfl.config import machine_memory
+from p2pfl.settings.run_config import machine_memory
 from p2pfl.errors import DivergenceError, UserError
 from p2pfl.ntk.entk import entk_features, one_logit_network, subsample_index
-from p2pfl.options import non_negative, option, positive, positive_or_auto
-from p2pfl.metrics import declare_metric
+from p2pfl.settings.fields import non_negative, option, positive, positive_or_auto
+from p2pfl.measure.metrics import declare_metric
 
 declare_metric(
     "stage", "tct_lr", meaning="TCT: the stage (1 FedAvg, 2 linear), the stage-2 learning rate", unit="number"

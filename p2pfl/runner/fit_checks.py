@@ -8,9 +8,9 @@ import tempfile
 from pathlib import Path
 
 from p2pfl.comm import rank0_decides
-from p2pfl.config import RunConfig, machine_memory
+from p2pfl.settings.run_config import RunConfig, machine_memory
 from p2pfl.errors import UserError
-from p2pfl.paths import FolderLock, checked_path
+from p2pfl.runner.paths import FolderLock, checked_path
 
 
 def check_data_dir(cfg: RunConfig, spec) -> None:

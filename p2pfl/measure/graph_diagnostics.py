@@ -2,7 +2,7 @@
 round's graph mixes, and how evenly traffic spreads over its edges.
 
 All are computed on rank 0 from the round's graph (a pure function of seed and round) and the ranks'
-counters, so they are the same on any number of ranks; the consensus distance is in p2pfl.round_facts.
+counters, so they are the same on any number of ranks; the consensus distance is in p2pfl.measure.facts.
 """
 
 from __future__ import annotations

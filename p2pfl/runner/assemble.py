@@ -8,13 +8,13 @@ import torch
 from p2pfl.algorithms.base import call_hook
 from p2pfl.algorithms.context import RunContext
 from p2pfl.comm import make_transport, ranks_sharing_this_machine
-from p2pfl.fit_checks import check_data_fit, check_model_memory
-from p2pfl.config import RunConfig
+from p2pfl.runner.fit_checks import check_data_fit, check_model_memory
+from p2pfl.settings.run_config import RunConfig
 from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file
 from p2pfl.errors import OutOfGPUMemory, UserError
-from p2pfl.faults import Faults
+from p2pfl.comm.faults import Faults
 from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
-from p2pfl.topology import schedule_of
+from p2pfl.runner.graph import schedule_of
 from p2pfl.tasks import TASKS
 
 

@@ -1,6 +1,6 @@
-"""A round's row: this rank's facts (p2pfl.round_facts) and the peers' weights as sums over the peers,
+"""A round's row: this rank's facts (p2pfl.measure.facts) and the peers' weights as sums over the peers,
 so that no rank ever holds every peer's weights; gathered once to rank 0, where each declared metric
-(p2pfl.metrics) is computed. A round that is not evaluated costs one sum over the ranks and one gather.
+(p2pfl.measure.metrics) is computed. A round that is not evaluated costs one sum over the ranks and one gather.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import time
 import torch
 
 from p2pfl.errors import DivergenceError
-from p2pfl.evaluation import PeerScores
-from p2pfl.forward import evaluate
-from p2pfl.metrics import MetricsLog, build_row
-from p2pfl.round_facts import RankFacts, RoundFacts, gpu_identity, inter_model_variance, peak_gpu_mib, peak_rss_kib
+from p2pfl.measure.scoring import PeerScores
+from p2pfl.local.forward import evaluate
+from p2pfl.measure.metrics import MetricsLog, build_row
+from p2pfl.measure.facts import RankFacts, RoundFacts, gpu_identity, inter_model_variance, peak_gpu_mib, peak_rss_kib
 
 
 ROW_BLOCK = 2**22  # float64 entries (32 MiB) of the peers' weights taken at once

@@ -13,18 +13,19 @@ from typing import Any
 
 import torch
 
-from p2pfl import checkpoint, provenance
+from p2pfl.runner import provenance
+from p2pfl.runner.checkpoint import files as checkpoint
 from p2pfl.algorithms import REGISTRY
 from p2pfl.algorithms.base import call_hook
 from p2pfl.algorithms.server import clients_per_round
-from p2pfl.config import RunConfig
-from p2pfl.configure import resolved_dict
+from p2pfl.settings.run_config import RunConfig
+from p2pfl.runner.configure import resolved_dict
 from p2pfl.data import summary
 from p2pfl.errors import UserError
 from p2pfl.models import count_parameters
-from p2pfl.paths import FolderLock, refuse_link
-from p2pfl.report import PLOT_FILES, plot_metric, plot_run_header
-from p2pfl.topology import describe
+from p2pfl.runner.paths import FolderLock, atomic_write, refuse_link
+from p2pfl.measure.figures import PLOT_FILES, plot_metric, plot_run_header
+from p2pfl.runner.graph import describe
 
 LOCKS: list[FolderLock] = []  # the run folders this process writes, locked until execute() ends
 # What a run writes into its folder, by name: an overwritten run's are removed first, so that one folder
@@ -156,7 +157,7 @@ def save_final(run_dir: Path, final: dict | None, state: dict[str, torch.Tensor]
     if final:
         (run_dir / "final.json").write_text(json.dumps(final, indent=1))
     if state is not None:
-        checkpoint.atomic_write(run_dir / "model.pt", lambda path: torch.save(state, path))
+        atomic_write(run_dir / "model.pt", lambda path: torch.save(state, path))
     shutil.rmtree(run_dir / checkpoint.FOLDER, ignore_errors=True)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from p2pfl.bitpack import pack_bits, pack_mask, unpack_bits, unpack_mask
+from p2pfl.gossip.bitpack import pack_bits, pack_mask, unpack_bits, unpack_mask
 from p2pfl.comm import Payload
 from p2pfl.seeding import derive_seed, torch_generator
 

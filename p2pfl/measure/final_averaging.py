@@ -13,7 +13,7 @@ import torch
 
 from p2pfl.errors import UserError
 from p2pfl.seeding import torch_generator
-from p2pfl.forward import evaluate
+from p2pfl.local.forward import evaluate
 
 ORDERS = ("high-to-low", "random", "low-to-high")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from p2pfl.errors import UserError
-from p2pfl.gossip import QSGD, GossipCodec, RandK, TopK
-from p2pfl.options import bits, fraction, option
+from p2pfl.gossip.codecs import QSGD, GossipCodec, RandK, TopK
+from p2pfl.settings.fields import bits, fraction, option
 
 
 @dataclass(frozen=True)

@@ -117,3 +117,21 @@ class FolderLock:
                 self.folder.rmdir()
             except OSError:  # someone wrote into it meanwhile: theirs
                 pass
+
+
+def atomic_write(path: Path, write) -> None:
+    """write(a temporary name), then rename: a write that fails (a full disk, a read-only folder) leaves
+    the file as it was and raises OSError naming it (torch.save reports a failed write as RuntimeError)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        if tmp.is_symlink():  # written through, a planted link would put the file elsewhere: drop the link
+            tmp.unlink()
+        write(tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "the write failed"
+        raise OSError(getattr(exc, "errno", None) or 5, reason, str(path)) from exc

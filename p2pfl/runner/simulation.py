@@ -17,19 +17,20 @@ from typing import Any
 import torch
 from topologies import GraphError
 
-from p2pfl import checkpoint
+from p2pfl.runner.checkpoint import files as checkpoint_files
+from p2pfl.runner.checkpoint.restore import restore
 from p2pfl.algorithms import REGISTRY
 from p2pfl.algorithms.base import Algorithm
-from p2pfl.assemble import build, out_of_gpu_memory, pick_device
+from p2pfl.runner.assemble import build, out_of_gpu_memory, pick_device
 from p2pfl.comm import mpi_world
-from p2pfl.config import RunConfig
+from p2pfl.settings.run_config import RunConfig
 from p2pfl import presets
-from p2pfl.configure import config_from_values, load_toml, resolve
+from p2pfl.runner.configure import config_from_values, load_toml, resolve
 from p2pfl.errors import UserError
-from p2pfl.loop import run_rounds
-from p2pfl.measure import RoundMeasure
-from p2pfl.metrics import MetricsLog
-from p2pfl.run_folder import LOCKS, announce, made_or_refused, summary_line
+from p2pfl.runner.loop import run_rounds
+from p2pfl.runner.round_row import RoundMeasure
+from p2pfl.measure.metrics import MetricsLog
+from p2pfl.runner.run_folder import LOCKS, announce, made_or_refused, summary_line
 
 
 def simulate(
@@ -129,8 +130,8 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, eve
         raise run_dir
     first, rows = 0, []
     if cfg.resume:  # read and checked before anything in the folder is written: a failed resume loses nothing
-        snapshot = checkpoint.read(run_dir)
-        checkpoint.restore(ctx, algorithm, snapshot, run_dir)
+        snapshot = checkpoint_files.read(run_dir)
+        restore(ctx, algorithm, snapshot, run_dir)
         first, rows = snapshot.round, snapshot.rows
         if rank == 0 and snapshot.note:
             print(f"p2pfl: {snapshot.note}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """The metrics a run reports, each declared once (`declare_metric`): its keys, meaning, unit, whether it
-is a fact of the machine, and how rank 0 computes it from the round's facts (p2pfl.round_facts). The
+is a fact of the machine, and how rank 0 computes it from the round's facts (p2pfl.measure.facts). The
 rows of metrics.jsonl, the docs' table and the list of machine facts are all derived from the
 declarations; an algorithm declares the fields its rounds add.
 """
@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 import torch
 
-from p2pfl.diagnostics import edge_bytes, graph_gap
-from p2pfl.round_facts import RoundFacts, busiest_gpu_mib, consensus_distance, fault_fields, histogram
+from p2pfl.measure.graph_diagnostics import edge_bytes, graph_gap
+from p2pfl.measure.facts import RoundFacts, busiest_gpu_mib, consensus_distance, fault_fields, histogram
 
 __all__ = ["METRICS", "Metric", "declare_metric", "machine_facts", "read_metrics", "rounds_to_target"]
 

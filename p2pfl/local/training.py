@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from p2pfl import stopping
-from p2pfl.gradients import Contrast, gradients, hand_written, mlp_gradients, one_torch_thread, to_device
+from p2pfl.local.gradients import Contrast, gradients, hand_written, mlp_gradients, one_torch_thread, to_device
 from p2pfl.models.stack import PeerStack
 from p2pfl.seeding import keyed_orders, peer_keys
 

@@ -12,11 +12,12 @@ import torch
 from tqdm import tqdm
 
 from p2pfl.algorithms.base import call_hook, check_round_result
-from p2pfl.checkpoint import Checkpoints, StopRequest, resume_hint
+from p2pfl.runner.checkpoint.policy import Checkpoints, resume_hint
+from p2pfl.stopping import StopRequest
 from p2pfl.errors import Interrupted
-from p2pfl.measure import RoundMeasure, sum_rows
-from p2pfl.run_folder import plot_rows, save_final
-from p2pfl.tracking import TensorBoardLog
+from p2pfl.runner.round_row import RoundMeasure, sum_rows
+from p2pfl.runner.run_folder import plot_rows, save_final
+from p2pfl.measure.tensorboard_log import TensorBoardLog
 
 
 def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path | None, write: bool):

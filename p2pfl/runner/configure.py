@@ -1,6 +1,6 @@
 """One RunConfig for a run: defaults < TOML file < command-line flags, the algorithm's settings built in.
 
-The flags come from the declarations (p2pfl.config, and each algorithm's Settings). Each setting is
+The flags come from the declarations (p2pfl.settings.run_config, and each algorithm's Settings). Each setting is
 checked as declared; the checks across settings, the algorithm and the data live here. A bad value
 raises UserError with one clear sentence, so the CLI prints one line and exits 2 instead of failing
 deep inside a round.
@@ -18,18 +18,19 @@ from typing import Any
 from p2pfl.algorithms import REGISTRY, lookup, owners_of, setting_names
 from p2pfl.algorithms.base import call_hook
 from p2pfl.algorithms.server import ServerOptions
-from p2pfl.checkpoint import FOLDER as CHECKPOINTS, has_checkpoint
+from p2pfl.runner.checkpoint.files import FOLDER as CHECKPOINTS, has_checkpoint
 from p2pfl.data import DATASETS, canonical_dataset, dataset_spec
 from p2pfl.errors import UserError
-from p2pfl.fit_checks import check_data_dir, check_out
+from p2pfl.runner.fit_checks import check_data_dir, check_out
 from p2pfl.models import MODELS, model_spec
-from p2pfl.options import add_flags, build, check, coerce
-from p2pfl import presets, provenance
-from p2pfl.paths import check_resumable, read_regular
+from p2pfl.settings.fields import add_flags, build, check, coerce
+from p2pfl import presets
+from p2pfl.runner import provenance
+from p2pfl.runner.paths import check_resumable, read_regular
 from p2pfl.plugins import is_reference
-from p2pfl.tracking import check_available
-from p2pfl.topology import check_topology, choices_sentence, settle
-from p2pfl.config import FIELDS, RESULT_NEUTRAL, TRAINING_FALLBACK, RunConfig, machine_memory
+from p2pfl.measure.tensorboard_log import check_available
+from p2pfl.runner.graph import check_topology, choices_sentence, settle
+from p2pfl.settings.run_config import FIELDS, RESULT_NEUTRAL, TRAINING_FALLBACK, RunConfig, machine_memory
 
 __all__ = [
     "RunConfig",
@@ -262,7 +263,7 @@ def make_config(values: dict[str, Any], writes: bool = True) -> RunConfig:
 
 def validate(cfg: RunConfig, writes: bool = True) -> None:
     """Checks across settings that need no data and no MPI (each setting's own check is declared with it,
-    p2pfl.config); resolve() does the rest once peers are known."""
+    p2pfl.settings.run_config); resolve() does the rest once peers are known."""
     canonical = canonical_dataset(cfg.dataset)
     if canonical is None:
         raise UserError(

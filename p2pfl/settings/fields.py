@@ -1,5 +1,5 @@
 """Settings declared as dataclass fields: each is an option with a default, a help sentence and a check.
-The run's settings (p2pfl.config) and each algorithm's are declared this way; the CLI flags, the
+The run's settings (p2pfl.settings.run_config) and each algorithm's are declared this way; the CLI flags, the
 TOML keys, the checks and the README's tables are derived from the declarations, so a default is
 written once, next to what it sets."""
 

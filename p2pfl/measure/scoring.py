@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from p2pfl.forward import evaluate, evaluate_own, evaluation_chunks
+from p2pfl.local.forward import evaluate, evaluate_own, evaluation_chunks
 from p2pfl.models import PeerStack
 from p2pfl.seeding import numpy_rng
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from p2pfl import __version__
 
-SOURCE = Path(__file__).resolve().parent.parent  # the checkout, where p2pfl runs from one
+SOURCE = Path(__file__).resolve().parents[2]  # the checkout, where p2pfl runs from one
 TABLE = "p2pfl"  # config.toml's table of these facts; a config read back leaves it out
 
 

@@ -1,6 +1,6 @@
 """What a round leaves to measure, in plain values: each rank's facts (RankFacts), gathered to rank 0
 once a round, and there the round's facts (RoundFacts) that every declared metric is computed from
-(p2pfl.metrics). Nothing here holds a peer's weights: they reach rank 0 as sums over the peers."""
+(p2pfl.measure.metrics). Nothing here holds a peer's weights: they reach rank 0 as sums over the peers."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class RoundFacts:
     graph: nx.Graph | None = None  # the round's graph (a graph run), with its mixing and sample counts
     mixing: str = ""
     sample_counts: list[int] = field(default_factory=list)
-    faults: object | None = None  # the run's simulated faults (p2pfl.faults.Faults), where any are asked for
+    faults: object | None = None  # the run's simulated faults (p2pfl.comm.faults.Faults), where any are asked for
     aggregated: dict[str, float] = field(default_factory=dict)  # the reported model's test metrics
     clients: dict[str, torch.Tensor] | None = None  # each peer's client metrics in peer order (float64)
     client_se: float | None = None  # standard error of the peers' mean headline score

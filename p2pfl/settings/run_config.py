@@ -1,6 +1,6 @@
-"""The run's own settings, declared once: default, help and check of each (p2pfl.options). The flags, the
+"""The run's own settings, declared once: default, help and check of each (p2pfl.settings.fields). The flags, the
 TOML keys, the per-setting checks and the docs' table are derived from these declarations; checks that
-relate settings to each other, to the algorithm or to the data are p2pfl.configure's."""
+relate settings to each other, to the algorithm or to the data are p2pfl.runner.configure's."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from p2pfl.options import at_least, non_negative, option, positive, probability
+from p2pfl.settings.fields import at_least, non_negative, option, positive, probability
 from topologies import EXPONENTIAL_FORMS, MIXINGS
 
 PARTITIONS = ("dirichlet", "iid", "classes", "writers")
@@ -228,7 +228,7 @@ class RunConfig:
     progress: bool = option(True, "a progress bar")
     settings: Any = None  # the algorithm's own settings (an instance of its Settings dataclass)
     given: frozenset = frozenset()  # the settings the user gave (flags or TOML), not defaults
-    algorithm: Any = None  # the algorithm's class, resolved from algo once (p2pfl.configure)
+    algorithm: Any = None  # the algorithm's class, resolved from algo once (p2pfl.runner.configure)
 
 
 NOT_SETTINGS = ("settings", "given", "algorithm")
