@@ -31,9 +31,13 @@ class LazyGossip(p2pfl.Algorithm):
     def check(cls, cfg):
         p2pfl.gossip_codec(cfg.settings)  # one codec at most, refused in one line before any work
 
+    def __init__(self, ctx, settings=None):
+        super().__init__(ctx, settings)
+        self.codec = p2pfl.gossip_codec(self.settings)  # built once; None: dense
+
     def round(self, round_index):
         ctx = self.ctx
         losses = ctx.train_online(round_index, ctx.flat)
-        mixed = p2pfl.neighbour_average(ctx, round_index, ctx.flat, codec=p2pfl.gossip_codec(self.settings))
+        mixed = p2pfl.neighbour_average(ctx, round_index, ctx.flat, codec=self.codec)
         ctx.flat = self.settings.keep * ctx.flat + (1 - self.settings.keep) * mixed
         return p2pfl.Round(losses)

@@ -33,7 +33,10 @@ def _cell(text: str) -> str:
 
 def _fields(cls) -> list[str]:
     """A dataclass's fields: name, type, default and the comment its source line carries."""
-    comments = dict(FIELD_COMMENT.findall(inspect.getsource(cls)))
+    try:
+        comments = dict(FIELD_COMMENT.findall(inspect.getsource(cls)))
+    except OSError:  # a class made from declarations (GossipSettings, from the codec registry) has no source
+        comments = {}
     rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
         if f.name.startswith("_"):

@@ -14,7 +14,7 @@ from p2pfl.comm import Weights
 from p2pfl.settings.run_config import RunConfig
 from p2pfl.data import Dataset
 from p2pfl.errors import UserError
-from p2pfl.gossip.codecs import Compressed, GossipCodec, dense_bytes
+from p2pfl.gossip.codecs import Compressed, GossipCodec, decode_checked, dense_bytes
 from p2pfl.settings.fields import kind_of
 from p2pfl.plugins import call_plugin
 from topologies import mixing_weights
@@ -233,7 +233,7 @@ def _heard(codec: GossipCodec | None, message, own: torch.Tensor, decoded: dict,
     if codec is None:
         return message.weights
     if sender not in decoded:
-        decoded[sender] = codec.decode(message, own.numel())
+        decoded[sender] = decode_checked(codec, message, own.numel())
     index, values = decoded[sender]
     if index is None:
         return values

@@ -3,18 +3,27 @@ neighbour gets the same message) and a neighbour decodes it; a message's bytes a
 (values, indices or the key that draws them, scales, bit-packed levels), as a wire would carry them.
 
 A sparse message leaves coordinates out: averaging fills them with the receiver's own values (it
-averages only what it heard), and CHOCO-SGD adds the sparse difference to its public copies."""
+averages only what it heard), and CHOCO-SGD adds the sparse difference to its public copies.
+
+Each codec is declared once, here, as a class: its name, the setting that turns it on (its flag, default,
+check and help), what its message holds and weighs (the docs' table) and CHOCO-SGD's consensus step with
+it. A class that declares a setting is registered (CODECS) when it is defined; the gossip flags, the
+refusal of two codecs at once, --help, the docs' table and CHOCO's default gamma are derived from the
+registry (p2pfl.gossip.settings). A user's codec needs no flag: --gossip-codec package.module:name."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
 from p2pfl.gossip.bitpack import pack_bits, pack_mask, unpack_bits, unpack_mask
 from p2pfl.comm import Payload
+from p2pfl.errors import UserError
 from p2pfl.seeding import derive_seed, torch_generator
+from p2pfl.settings.fields import bits, fraction
 
 
 @dataclass
@@ -24,10 +33,43 @@ class Compressed(Payload):
     parts: tuple[torch.Tensor, ...]
 
 
+@dataclass(frozen=True)
+class CodecSetting:
+    """The setting that turns a codec on: its name (the flag --name-with-dashes, the TOML key), its type,
+    the value that leaves the codec off (the default), its check and its help sentence."""
+
+    name: str
+    type: str
+    off: Any
+    check: Callable[[Any], str | None]
+    help: str
+
+
+CODECS: dict[str, type[GossipCodec]] = {}  # by name, the built-in codecs that declare a setting
+
+
 class GossipCodec:
-    """The identity: the whole row, float32 as the model holds it."""
+    """The identity: the whole row, float32 as the model holds it.
+
+    A codec of one's own subclasses this: name, encode_rows (or encode) and decode, and contraction where
+    it is biased; choco_gamma is CHOCO-SGD's consensus step with it (None: --choco-gamma must be given).
+    A subclass that declares `setting` is registered and gets its flag (built-in codecs)."""
 
     name = "dense"
+    setting: CodecSetting | None = None  # the flag that turns it on; None: chosen by --gossip-codec only
+    message = "the whole row, float32"  # what a message holds, for the docs' table
+    wire_bytes = "4 D"  # a message's bytes for D weights, for the docs' table
+    choco_gamma: float | None = 1.0  # CHOCO-SGD's consensus step with this codec (dense: exact averaging)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "setting" in cls.__dict__ and cls.setting is not None:
+            if cls.name in CODECS:
+                raise ValueError(f"two gossip codecs are named {cls.name!r}")
+            CODECS[cls.name] = cls
+
+    def __init__(self, value: Any = None):
+        self.value = value  # the setting's value (a fraction kept, bits); None where the codec takes none
 
     def encode(self, x: torch.Tensor, seed: int, round_index: int, peer: int) -> Compressed:
         return Compressed((x,))
@@ -50,8 +92,20 @@ class TopK(GossipCodec):
     """The largest-magnitude fraction of the coordinates: int32 indices and their values."""
 
     name = "top-k"
+    setting = CodecSetting(
+        "gossip_topk",
+        "float",
+        1.0,
+        fraction,
+        "send only the largest-magnitude fraction P of the weights (int32 indices and values); neighbours average "
+        "what they heard, keeping their own values elsewhere; 1: all",
+    )
+    message = "the ceil(P D) largest-magnitude weights: int32 indices and float32 values"
+    wire_bytes = "8 ceil(P D)"
+    choco_gamma = 0.04  # CHOCO-SGD's experiments (ICML 2019): a ring of 9, 1% of 2,000 coordinates
 
     def __init__(self, keep: float):
+        super().__init__(keep)
         self.keep = keep
 
     def encode(self, x, seed, round_index, peer):
@@ -76,8 +130,23 @@ class RandK(GossipCodec):
     layout of peers over ranks."""
 
     name = "random-k"
+    setting = CodecSetting(
+        "gossip_randk",
+        "float",
+        1.0,
+        fraction,
+        "send a random fraction P of the weights, drawn from a key keyed by seed, round and sender (the message "
+        "carries the 8-byte key and the values); 1: all",
+    )
+    message = (
+        "ceil(P D) weights at coordinates drawn from a key of (seed, round, sender): the 8-byte key and the "
+        "values; every receiver, on any layout, draws the same coordinates"
+    )
+    wire_bytes = "8 + 4 ceil(P D)"
+    choco_gamma = 0.01  # CHOCO-SGD's experiments: random 1% of 2,000 coordinates
 
     def __init__(self, keep: float):
+        super().__init__(keep)
         self.keep = keep
 
     def encode(self, x, seed, round_index, peer):
@@ -102,8 +171,23 @@ class QSGD(GossipCodec):
     of `bits` bits each, a sign bit and the norm (float32) on the wire."""
 
     name = "qsgd"
+    setting = CodecSetting(
+        "gossip_quant_bits",
+        "int",
+        0,
+        bits,
+        "send every weight as a stochastic QSGD level of N bits (2^N - 1 levels), a sign bit and the row's norm; "
+        "0: off",
+    )
+    message = (
+        "QSGD (Alistarh et al. 2017): each weight's stochastic level floor((2^N - 1) abs(x_i)/norm(x) + u), u "
+        "uniform from the sender's key, so the decoded row is unbiased; N bits a level, a sign bit, the float32 norm"
+    )
+    wire_bytes = "4 + ceil(N D / 8) + ceil(D / 8)"
+    choco_gamma = 0.34  # CHOCO-SGD's experiments: 16-level QSGD of 2,000 coordinates
 
     def __init__(self, bits: int):
+        super().__init__(bits)
         self.bits, self.levels = bits, 2**bits - 1
 
     def encode(self, x, seed, round_index, peer):
@@ -123,6 +207,20 @@ class QSGD(GossipCodec):
     def contraction(self, size):
         """1/tau, tau = 1 + min(d/s^2, sqrt(d)/s): CHOCO-SGD's rescaled (biased) QSGD."""
         return 1.0 / (1 + min(size / self.levels**2, math.sqrt(size) / self.levels))
+
+
+def decode_checked(codec: GossipCodec, message: Compressed, size: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """codec.decode, its answer checked (a codec of one's own enters here): (None, size values) or
+    (indices, one value each)."""
+    index, values = codec.decode(message, size)
+    fits = values.shape == (size,) if index is None else index.dim() == 1 and values.shape == index.shape
+    if not fits:
+        got = f"{'no indices' if index is None else f'indices of shape {tuple(index.shape)}'}"
+        raise UserError(
+            f"the gossip codec {codec.name} decoded {got} and values of shape {tuple(values.shape)}; decode "
+            f"returns (None, {size} values) or (indices, one value each)"
+        )
+    return index, values
 
 
 def dense_bytes(x: torch.Tensor) -> int:

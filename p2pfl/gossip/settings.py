@@ -1,55 +1,89 @@
 """The codec settings every graph algorithm that gossips its weights shares (D-PSGD, DFedAvg, DFedAvgM,
-CHOCO-SGD), named like NTK-DFL's Jacobian codec settings, and the codec they choose."""
+CHOCO-SGD), derived from the codecs' declarations (p2pfl.gossip.codecs.CODECS): one flag a registered
+codec, and --gossip-codec for a codec of one's own; and the codec they choose."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 
 from p2pfl.errors import UserError
-from p2pfl.gossip.codecs import QSGD, GossipCodec, RandK, TopK
-from p2pfl.settings.fields import bits, fraction, option
+from p2pfl.gossip.codecs import CODECS, GossipCodec
+from p2pfl.plugins import call_plugin, is_reference, load_object
+from p2pfl.settings.fields import flag, option
+
+OWN = "gossip_codec"  # the setting that names a codec of one's own
 
 
-@dataclass(frozen=True)
-class GossipSettings:
-    """Compressed gossip's settings (top-k, random-k, quantization): subclass them in an algorithm's
-    Settings to give it the --gossip-* flags, and gossip_codec(settings) builds the codec they choose."""
+def _own_codec_check(value) -> str | None:
+    if value is None or is_reference(value):
+        return None
+    return f"takes a codec of your own as package.module:name (built-in codecs have their flags), got {value!r}"
 
-    gossip_topk: float = option(
-        1.0,
-        "send only the largest-magnitude fraction P of the weights (int32 indices and values); neighbours average "
-        "what they heard, keeping their own values elsewhere; 1: all",
-        fraction,
+
+def _fields() -> list[tuple]:
+    own = option(
+        None,
+        "a codec of your own as package.module:name: a GossipCodec subclass (made with no arguments) or a "
+        "function that returns a GossipCodec; none: dense, unless a codec's own flag chooses it",
+        _own_codec_check,
     )
-    gossip_randk: float = option(
-        1.0,
-        "send a random fraction P of the weights, drawn from a key keyed by seed, round and sender (the message "
-        "carries the 8-byte key and the values); 1: all",
-        fraction,
-    )
-    gossip_quant_bits: int = option(
-        0,
-        "send every weight as a stochastic QSGD level of N bits (2^N - 1 levels), a sign bit and the row's norm; "
-        "0: off",
-        bits,
-    )
-
-
-def gossip_codec(settings: GossipSettings) -> GossipCodec | None:
-    """The codec the settings choose (None: dense weights, the exchange as without a codec), or one
-    UserError line where more than one is asked for."""
-    chosen = [
-        codec
-        for codec, on in (
-            (TopK(settings.gossip_topk), settings.gossip_topk < 1),
-            (RandK(settings.gossip_randk), settings.gossip_randk < 1),
-            (QSGD(settings.gossip_quant_bits), settings.gossip_quant_bits > 0),
-        )
-        if on
+    declared = [
+        (c.setting.name, c.setting.type, option(c.setting.off, c.setting.help, c.setting.check))
+        for c in CODECS.values()
     ]
-    if len(chosen) > 1:
+    return [*declared, (OWN, "str | None", own)]
+
+
+GossipSettings = dataclasses.make_dataclass("GossipSettings", _fields(), frozen=True)
+GossipSettings.__module__ = __name__
+GossipSettings.__doc__ = (
+    "Compressed gossip's settings, one a registered codec (p2pfl.gossip.codecs) and --gossip-codec: subclass "
+    "them in an algorithm's Settings to give it the flags, and gossip_codec(settings) builds the codec they "
+    "choose."
+)
+
+
+def codec_flags() -> list[str]:
+    """Every flag that chooses a codec, in the registry's order."""
+    return [flag(c.setting.name) for c in CODECS.values()] + [flag(OWN)]
+
+
+def chosen_codecs(settings) -> list[str]:
+    """The flags of the codecs the settings turn on (more than one is refused by gossip_codec)."""
+    on = [flag(c.setting.name) for c in CODECS.values() if getattr(settings, c.setting.name) != c.setting.off]
+    return on + ([flag(OWN)] if getattr(settings, OWN, None) is not None else [])
+
+
+def gossip_codec(settings) -> GossipCodec | None:
+    """The codec the settings choose (None: dense weights, the exchange as without a codec), or one
+    UserError line where more than one is asked for or a codec of one's own is not one."""
+    chosen = [
+        (c, getattr(settings, c.setting.name))
+        for c in CODECS.values()
+        if getattr(settings, c.setting.name) != c.setting.off
+    ]
+    own = getattr(settings, OWN, None)
+    if len(chosen_codecs(settings)) > 1:
+        names = [c.name for c, _ in chosen] + ([own] if own is not None else [])
+        flags = codec_flags()
         raise UserError(
-            f"{' and '.join(c.name for c in chosen)} are two codecs of one message; give one of --gossip-topk, "
-            "--gossip-randk and --gossip-quant-bits"
+            f"{' and '.join(names)} are two codecs of one message; give one of {', '.join(flags[:-1])} and {flags[-1]}"
         )
-    return chosen[0] if chosen else None
+    if own is not None:
+        return load_codec(own)
+    return chosen[0][0](chosen[0][1]) if chosen else None
+
+
+def load_codec(reference: str) -> GossipCodec:
+    """A codec of one's own by package.module:name, checked where it enters: a GossipCodec subclass (made
+    with no arguments) or a function returning a GossipCodec instance."""
+    what = f"--gossip-codec {reference}"
+    target = load_object(reference, "--gossip-codec")
+    if isinstance(target, type) and not issubclass(target, GossipCodec):
+        raise UserError(f"{what}: {target.__name__} is a class but not a p2pfl.GossipCodec subclass")
+    if not callable(target):
+        raise UserError(f"{what}: names a {type(target).__name__}, not a GossipCodec class or a function")
+    codec = call_plugin(what, target)
+    if not isinstance(codec, GossipCodec):
+        raise UserError(f"{what}: returned a {type(codec).__name__}, not a p2pfl.GossipCodec")
+    return codec

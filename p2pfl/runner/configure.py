@@ -343,7 +343,7 @@ def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
     """Every setting as resolved, the algorithm's own included; not `out` (nor `overwrite`, `resume`), so
     that --config on a run's config.toml never writes into that run's folder."""
     out = {k: v for k in FIELDS if (v := getattr(cfg, k)) is not None and k not in ("out", "overwrite", "resume")}
-    out.update(dataclasses.asdict(cfg.settings))
+    out.update({k: v for k, v in dataclasses.asdict(cfg.settings).items() if v is not None})  # TOML has no None
     if cfg.partition_file is not None:  # the file is the partition: these settings take no part in the run
         for name in REPLACED_BY_PARTITION_FILE:
             if not (name == "samples_per_peer" and cfg.dataset == "linear-rep"):  # it draws that many samples

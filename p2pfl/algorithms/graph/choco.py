@@ -24,15 +24,13 @@ from dataclasses import dataclass
 import torch
 
 from p2pfl.algorithms.base import Algorithm, Round
-from p2pfl.gossip.settings import GossipSettings, gossip_codec
-from p2pfl.gossip.codecs import QSGD, Compressed, GossipCodec, dense_bytes
+from p2pfl.errors import UserError
+from p2pfl.gossip.codecs import CODECS, QSGD, Compressed, GossipCodec, decode_checked, dense_bytes
+from p2pfl.gossip.settings import OWN, GossipSettings, gossip_codec
 from p2pfl.settings.fields import fraction, option
 from p2pfl.local.training import apply_step
 from topologies import mixing_weights
 
-# The consensus step gamma of the paper's experiments (ICML 2019, logistic regression on epsilon, a ring of
-# 9 nodes, 1% of 2,000 coordinates kept or 16-level QSGD), by codec; dense gossip's is exact averaging.
-PAPER_GAMMA = {"top-k": 0.04, "random-k": 0.01, "qsgd": 0.34, "dense": 1.0}
 PAPER_QSGD_TAU = 3.8  # 1 + min(d/s^2, sqrt(d)/s) at the paper's d = 2,000 and s = 16
 
 
@@ -42,7 +40,8 @@ class ChocoSettings(GossipSettings):
         None,
         "CHOCO-SGD's consensus step size gamma",
         fraction,
-        shown="the paper's for the codec: top-k 0.04, random-k 0.01, QSGD 0.34, dense 1",
+        shown="the codec's own (its choco_gamma): "
+        + ", ".join(f"{c.name} {c.choco_gamma:g}" for c in [*CODECS.values(), GossipCodec]),
     )
 
 
@@ -59,12 +58,17 @@ class ChocoSGD(Algorithm):
     @classmethod
     def check(cls, cfg) -> None:
         settings = cfg.settings
-        other = {"gossip_randk", "gossip_quant_bits"} & cfg.given
-        if other and "gossip_topk" not in cfg.given:  # another codec replaces the default top-k
+        other = ({c.setting.name for c in CODECS.values()} | {OWN}) - {"gossip_topk"}
+        if other & cfg.given and "gossip_topk" not in cfg.given:  # another codec replaces the default top-k
             settings = dataclasses.replace(settings, gossip_topk=1.0)
         codec = gossip_codec(settings) or GossipCodec()
         if settings.choco_gamma is None:
-            settings = dataclasses.replace(settings, choco_gamma=PAPER_GAMMA[codec.name])
+            if codec.choco_gamma is None:
+                raise UserError(
+                    f"--algo choco: the gossip codec {codec.name} declares no consensus step (its choco_gamma); "
+                    "give --choco-gamma"
+                )
+            settings = dataclasses.replace(settings, choco_gamma=codec.choco_gamma)
         cfg.settings = settings
 
     def __init__(self, ctx, settings=None):
@@ -118,7 +122,7 @@ class ChocoSGD(Algorithm):
     def _difference(self, message: Compressed) -> tuple[torch.Tensor | None, torch.Tensor]:
         """q_j as the codec decodes it, scaled to a contraction (QSGD's 1/tau, as the paper's)."""
         size = self.ctx.flat.shape[1]
-        index, values = self.codec.decode(message, size)
+        index, values = decode_checked(self.codec, message, size)
         scale = self.codec.contraction(size)
         return index, values * scale if scale != 1.0 else values
 

@@ -20,10 +20,14 @@ class DFedAvg(Algorithm):
     def check(cls, cfg) -> None:
         gossip_codec(cfg.settings)
 
+    def __init__(self, ctx, settings=None):
+        super().__init__(ctx, settings)
+        self.codec = gossip_codec(self.settings)  # built once; None: dense
+
     def round(self, round_index: int) -> Round:
         ctx = self.ctx
         losses = ctx.train_online(round_index, ctx.flat)
-        ctx.flat = neighbour_average(ctx, round_index, ctx.flat, codec=gossip_codec(self.settings))
+        ctx.flat = neighbour_average(ctx, round_index, ctx.flat, codec=self.codec)
         return Round(losses)
 
 

@@ -18,10 +18,14 @@ class DPSGD(Algorithm):
     def check(cls, cfg) -> None:
         gossip_codec(cfg.settings)
 
+    def __init__(self, ctx, settings=None):
+        super().__init__(ctx, settings)
+        self.codec = gossip_codec(self.settings)  # built once; None: dense
+
     def round(self, round_index: int) -> Round:
         ctx = self.ctx
         opt = ctx.sgd()
         grad, losses, stepping = ctx.stochastic_gradients(round_index, opt)
-        ctx.flat = neighbour_average(ctx, round_index, ctx.flat, codec=gossip_codec(self.settings))
+        ctx.flat = neighbour_average(ctx, round_index, ctx.flat, codec=self.codec)
         apply_step(ctx.flat, grad, stepping, opt, ctx.lr(round_index), None)
         return Round(losses)
