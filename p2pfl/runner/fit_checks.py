@@ -10,7 +10,7 @@ from pathlib import Path
 from p2pfl.comm import rank0_decides
 from p2pfl.settings.run_config import RunConfig, machine_memory
 from p2pfl.errors import UserError
-from p2pfl.runner.paths import FolderLock, checked_path
+from p2pfl.runner.paths import PROBE_PREFIX, checked_path, ours
 
 
 def check_data_dir(cfg: RunConfig, spec) -> None:
@@ -34,7 +34,7 @@ def check_out(cfg: RunConfig) -> None:
     path = checked_path(Path(cfg.out), f"--out {text if len(text) <= 100 else text[:60] + '...'}")
     if path.exists() and not path.is_dir():
         raise UserError(f"--out {cfg.out} is a file, not a folder")
-    held = [p for p in path.iterdir() if p.name != FolderLock.NAME] if path.is_dir() else []  # a lock is no run
+    held = [p for p in path.iterdir() if not ours(p)] if path.is_dir() else []  # a lock is no run
     if rank0_decides(bool(held)) and not (cfg.overwrite or cfg.resume):  # as rank 0 saw it, before writing
         raise UserError(
             f"--out {cfg.out} already holds files (a finished run?); choose a new folder or add --overwrite"
@@ -51,7 +51,7 @@ def _check_writable(path: Path) -> None:
     if not target.is_dir():
         raise UserError(f"--out {path} cannot be made: {target} is a file")
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".p2pfl-write-test-", dir=target))
+        os.rmdir(tempfile.mkdtemp(prefix=PROBE_PREFIX, dir=target))
     except OSError as exc:
         raise UserError(f"--out {path} cannot be made in {target} ({exc.strerror or exc.__class__.__name__})")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from p2pfl.errors import UserError
 
 NAME_MAX = 255  # the longest file or folder name most file systems take
+PROBE_PREFIX = ".p2pfl-write-test-"  # a rank's throwaway folder that tries whether --out can be written
 PATH_MAX = 4000  # under Linux's 4,096 bytes, with room for the names a run writes inside
 
 
@@ -135,3 +136,9 @@ def atomic_write(path: Path, write) -> None:
             pass
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "the write failed"
         raise OSError(getattr(exc, "errno", None) or 5, reason, str(path)) from exc
+
+
+def ours(path: Path) -> bool:
+    """A run's lock, or another rank's throwaway write test (which a rank behind rank 0 may make inside
+    the run folder rank 0 has just made): neither is a run's file."""
+    return path.name == FolderLock.NAME or path.name.startswith(PROBE_PREFIX)

@@ -23,7 +23,7 @@ from p2pfl.runner.configure import resolved_dict
 from p2pfl.data import summary
 from p2pfl.errors import UserError
 from p2pfl.models import count_parameters
-from p2pfl.runner.paths import FolderLock, atomic_write, refuse_link
+from p2pfl.runner.paths import FolderLock, atomic_write, ours, refuse_link
 from p2pfl.measure.figures import PLOT_FILES, plot_metric, plot_run_header
 from p2pfl.runner.graph import describe
 
@@ -78,7 +78,7 @@ def make_run_dir(cfg: RunConfig) -> Path:
     made = not path.exists()
     path.mkdir(parents=True, exist_ok=True)
     LOCKS.append(FolderLock(path, made))  # before anything in it changes: a run writing it now is not disturbed
-    if not cfg.overwrite and any(p.name != FolderLock.NAME for p in path.iterdir()):
+    if not cfg.overwrite and not all(ours(p) for p in path.iterdir()):
         raise UserError(
             f"--out {path} now holds files (a run that finished there?); choose a new folder or add --overwrite"
         )
