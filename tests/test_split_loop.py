@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from p2pfl.ntk import split_loop
-from p2pfl.ntk.evolution import _split_kernel, evolve_ce, tight_ce_sums, top_subspace
+from p2pfl.ntk.evolution import _split_kernel, evolve_ce, tight_ce_sums
+from p2pfl.ntk.numerics import BatchedRows, CompiledRows, start_rows, top_subspace
 
 
 def test_softmax_minus_is_float32_accurate_over_the_clipped_range():
@@ -63,8 +64,19 @@ def test_split_kernel_reassembles_the_kernel():
     Q = np.linalg.qr(rng.standard_normal((300, 300)))[0]
     H = ((Q * 0.5 ** np.arange(300.0)) @ Q.T).astype(np.float32)  # a well separated spectrum
     top = Q[:, :4]
-    Q = top_subspace(H, 4)
-    assert np.linalg.svd(Q.T @ top, compute_uv=False).min() > 0.99
+    compiled = top_subspace(H[None], 4, CompiledRows)[0]  # the CPU's operations, one kernel
+    batched = top_subspace(torch.from_numpy(np.stack([H, H])), 4, BatchedRows).numpy()  # a GPU's, on the CPU
+    for rows in (compiled, *batched):
+        assert np.allclose(rows @ rows.T, np.eye(4), atol=1e-5)
+        assert np.linalg.svd(rows @ top, compute_uv=False).min() > 0.99
+
+
+def test_a_kernel_starts_its_subspace_iteration_alike_alone_and_padded_in_a_batch():
+    """Subspace iteration is written once (p2pfl.ntk.numerics) and starts each kernel from the vectors of
+    its own size, so a GPU's padded batch iterates on the very vectors the CPU's loop starts from."""
+    rows = start_rows(4, [30, 50])
+    assert np.array_equal(rows[0, :, :30], start_rows(4, [30])[0]) and not rows[0, :, 30:].any()
+    assert np.array_equal(rows[1], np.random.default_rng(0).standard_normal((4, 50)).astype(np.float32))
 
 
 def _synthetic(n, seed, top=3.5):

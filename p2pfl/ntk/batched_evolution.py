@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-import numpy as np
 import torch
 
 from p2pfl.errors import DivergenceError
+from p2pfl.ntk import numerics
 from p2pfl.ntk.evolution import (
     FULL_SPLIT,
     SPLIT_RANK,
@@ -41,8 +41,12 @@ from p2pfl.ntk.evolution import (
     check_stiffness,
     step_plan,
 )
+from p2pfl.ntk.numerics import BatchedRows, top_subspace
 
-SUBSPACE_ITERATIONS = 6  # as evolution.top_subspace
+# the step written once (p2pfl.ntk.numerics), on whole tensors
+_ssprk43 = numerics.ssprk43_with(
+    lambda u, t, slope: slope(u, t), lambda j, f, u, k, h, _: numerics.ssprk43_stage(j, f, u, k, h)
+)
 
 
 def evolve_ce_batched(
@@ -79,7 +83,7 @@ def evolve_padded(
     H.mul_(torch.tensor([-r for r in rates], device=H.device)[:, None, None])  # -(eta/N) H: the slope's kernel
     finite = torch.isfinite(H).all(2).all(1) & torch.isfinite(f).all(2).all(1)
     H.masked_fill_(~finite[:, None, None], 0.0)  # a diverged model's kernel: zeros here (NaN below)
-    V = top_subspace(H, sizes)
+    V = top_subspace(H, SPLIT_RANK, BatchedRows, sizes).transpose(1, 2)
     M = V.transpose(1, 2) @ H @ V
     ritz = torch.linalg.eigvalsh(-(M + M.transpose(1, 2)) / 2).cpu()  # of (eta/N) H, ascending
     stiffness, split = [], []
@@ -111,45 +115,6 @@ def evolve_padded(
     sums.index_copy_(1, index, live_sums)
     outputs.index_copy_(1, index, live_outputs)
     return sums, outputs, rates
-
-
-def top_subspace(
-    H: torch.Tensor, sizes: list[int] | None = None, rank: int = SPLIT_RANK, iterations: int = SUBSPACE_ITERATIONS
-) -> torch.Tensor:
-    """An orthonormal basis (B, N, rank) close to each symmetric H's top (largest magnitude) eigenvectors:
-    subspace iteration by batched products, orthonormalized by Cholesky QR twice (thin batched products;
-    a batched Householder QR is slow on a GPU). The start vectors are numpy's, of a fixed seed, row by
-    row: a kernel's first n rows are the same whatever N the batch is padded to. A kernel of at most
-    `rank` samples (sizes: each kernel's own, before padding) has no rank-`rank` subspace: it takes its
-    whole coordinate basis, whose Ritz values are its eigenvalues (and zeros)."""
-    B, N, _ = H.shape
-    rank = min(rank, N)
-    start = np.random.default_rng(0).standard_normal((N, rank)).astype(np.float32)
-    Q = torch.from_numpy(start).to(H.device).expand(B, N, rank)
-    for _ in range(iterations):
-        Q = _orthonormal(_orthonormal(torch.bmm(H, Q)))
-    small = [i for i, n in enumerate(sizes or []) if n <= rank]
-    if small:  # chosen from the sizes the caller knows: no wait for the device
-        whole = torch.eye(N, rank, device=H.device).expand(B, N, rank)
-        coords = torch.arange(N, device=H.device)[:, None]
-        n = torch.tensor(sizes, device=H.device)[:, None, None]
-        own = torch.where(coords < n, whole, torch.zeros((), device=H.device))  # a padded coordinate is no axis
-        pick = torch.zeros(B, 1, 1, dtype=torch.bool, device=H.device)
-        pick[small] = True
-        Q = torch.where(pick, own, Q)
-    return Q
-
-
-def _orthonormal(Q: torch.Tensor) -> torch.Tensor:
-    """Q R^-1 with R^T R = Q^T Q. The Gram is formed in float64 (in float32 its rounding makes it
-    indefinite where Q is near rank-deficient) and shifted by 1e-12 of its largest diagonal entry, so
-    that the factorization exists for any Q; cholesky_ex, which never waits for the device to report."""
-    Q64 = Q.double()
-    G = Q64.transpose(1, 2) @ Q64
-    shift = 1e-12 * G.diagonal(dim1=1, dim2=2).amax(-1).clamp(min=torch.finfo(torch.float64).tiny)
-    G.diagonal(dim1=1, dim2=2).add_(shift[:, None])
-    R = torch.linalg.cholesky_ex(G, upper=True).L
-    return torch.linalg.solve_triangular(R, Q64, upper=True, left=False).float()
 
 
 class _Slope:
@@ -261,23 +226,7 @@ def _integrate(
             k_end = slope(end, start + length)
             for unit in range(int(t) + 1, int(t + step) + 1):
                 theta = (unit - t) / step
-                reached(unit, end if theta == 1 else _hermite(f, k1, end, k_end, float(theta), length))
+                reached(unit, end if theta == 1 else numerics.hermite(f, k1, end, k_end, float(theta), length))
             t, f = t + step, end
         g = slope.residual(f)
     return sums, outputs
-
-
-def _ssprk43(f, k1, t, h, slope):
-    """One four-stage, third-order SSP Runge-Kutta step (Spiteri and Ruuth) from time t, given
-    k1 = slope(f, t); the stages at t, t + h/2, t + h, t + h/2."""
-    u = torch.add(f, k1, alpha=h / 2)
-    u = u.add_(slope(u, t + h / 2), alpha=h / 2)
-    u = torch.lerp(u, f, 2 / 3).add_(slope(u, t + h), alpha=h / 6)  # (2 f + u) / 3 + h/6 slope
-    return u.add_(slope(u, t + h / 2), alpha=h / 2)
-
-
-def _hermite(y0, m0, y1, m1, theta: float, h: float):
-    """The cubic through y0 and y1 with slopes m0 and m1 at the ends of a step of length h, at theta."""
-    t2, t3 = theta * theta, theta**3
-    out = torch.mul(y0, 2 * t3 - 3 * t2 + 1).add_(m0, alpha=h * (t3 - 2 * t2 + theta))
-    return out.add_(y1, alpha=3 * t2 - 2 * t3).add_(m1, alpha=h * (t3 - t2))

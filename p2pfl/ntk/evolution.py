@@ -29,6 +29,7 @@ import torch
 
 from p2pfl import stopping
 from p2pfl.errors import DivergenceError
+from p2pfl.ntk.numerics import CompiledRows, top_subspace
 
 
 @dataclass
@@ -106,20 +107,6 @@ def _softmax_minus(f: np.ndarray, Y: np.ndarray) -> np.ndarray:
     return e
 
 
-def top_subspace(H: np.ndarray, r: int, iterations: int = 6, seed: int = 0) -> np.ndarray:
-    """An orthonormal basis (N, r) close to the top-r eigenvectors of the symmetric H: subspace iteration,
-    compiled (split_loop) so that it runs without numpy's BLAS, whose calls from several threads serialize."""
-    from p2pfl.ntk import split_loop  # numba: loaded where the CPU needs it, not by a GPU's evolution
-
-    Qt = np.ascontiguousarray(np.random.default_rng(seed).standard_normal((r, H.shape[0])).astype(H.dtype))
-    HQt = np.empty_like(Qt)  # (H Q)^T = Q^T H
-    for _ in range(iterations):
-        split_loop.product(Qt, H, HQt, len(Qt))
-        split_loop.orthonormalize(HQt)
-        Qt, HQt = HQt, Qt
-    return Qt.T
-
-
 SPLIT_RANK, SPLIT_WARMUP, SPLIT_MAX_GAP, FULL_SPLIT = 16, 16, 64, 96
 SPLIT_TOL, DEFLATE_TOL, SPLIT_SUBSTEPS, SPLIT_STIFF, SPLIT_SLOW = 1e-3, 1e-4, 4, 5.0, 0.25
 SPLIT_THREE_HALVES = True  # steps of 1.5 units where the rate is at most 2 SPLIT_STIFF / 1.5; False: of 1
@@ -138,7 +125,7 @@ def _split_kernel(H: np.ndarray, rate: float):
         lam, V = np.linalg.eigh(H.astype(np.float64))
         Vt, M = np.ascontiguousarray(V.T.astype(H.dtype)), np.diag(lam).astype(H.dtype)
         return Vt, M, np.ascontiguousarray((lam[:, None] * V.T).astype(H.dtype)), np.empty((0, 0), H.dtype)
-    Vt = np.ascontiguousarray(top_subspace(H, SPLIT_RANK).T)
+    Vt = top_subspace(H[None], SPLIT_RANK, CompiledRows)[0]
     VtH, M, VMt = np.empty_like(Vt), np.empty((SPLIT_RANK, SPLIT_RANK), H.dtype), np.empty_like(Vt)
     split_loop.product(Vt, H, VtH, len(Vt))
     split_loop.project(VtH, Vt, M)  # V^T H V

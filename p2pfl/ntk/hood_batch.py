@@ -17,7 +17,7 @@ import torch
 
 from p2pfl.models.mlp import MLPShape
 from p2pfl.ntk import batched_evolution
-from p2pfl.ntk.step import StepBatch
+from p2pfl.ntk.step import StepBatch, select_t
 
 
 @dataclass
@@ -151,10 +151,9 @@ def batched_steps(batch: HoodBatch, shape: MLPShape, eta: float, settings) -> St
     scale = torch.tensor(rates, device=batch.w.device)[:, None, None]
     sums = sums.transpose(0, 1).mul_(batch.valid[:, None, :, None])  # a padded sample's residual is no term
     candidates = batch.w[:, None] - scale * batch.transpose_apply(shape, sums)
-    if settings.selection == "linearized":
-        losses = batch.linearized_losses(outputs)
-    else:  # network: the selection mask is the neighbourhood's samples; own: the peer's
-        losses = batch.network_losses(shape, candidates)
-    best = torch.argmin(losses, 1)  # first of equals, as the per-problem step
+    # network: the selection mask is the neighbourhood's samples; own: the peer's
+    losses, best = select_t(
+        settings.selection, lambda: batch.linearized_losses(outputs), lambda: batch.network_losses(shape, candidates)
+    )
     chosen = candidates[torch.arange(len(best), device=best.device), best]
     return StepBatch(chosen, [taus[b] for b in best.tolist()], losses)

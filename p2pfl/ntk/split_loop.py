@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from p2pfl.ntk import numerics
+
 CORRECTION = 0.375  # the integral over [0, 1] of x (x + 1) (x + 2) / 6: the quadratic's error over equal gaps
 _LOG2E, _LN2_HI, _LN2_LO = (
     np.float32(1.4426950408889634),
@@ -163,44 +165,41 @@ def _slope(g, Vt, top, q, slope, curvature, at, s1, s2, out, proj):
 
 
 @njit(nogil=True, fastmath=True, cache=True, inline="always")
-def _ssprk43(f, u, h, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k, out, proj, tot, bits):
-    """out = f after one SSPRK(4,3) step of length h from time u, given k1 = F(f) (out may be f):
-    u1 = f + h/2 F(f); u2 = u1 + h/2 F(u1); u3 = (2 f + u2) / 3 + h/6 F(u2); out = u3 + h/2 F(u3), the
-    stages' times u, u + h/2, u + h, u + h/2."""
-    C, N = f.shape
-    half, sixth, third = np.float32(h / 2), np.float32(h / 6), np.float32(1 / 3)
-    for c in range(C):
-        for n in range(N):
-            stage[c, n] = f[c, n] + half * k1[c, n]
-    for j in range(1, 4):
-        at = u + h * (0.0, 0.5, 1.0, 0.5)[j]
-        softmax_minus(stage, Y, g2, tot, bits)
-        _slope(g2, Vt, top, q2, slope, curvature, at, s1, s2, k, proj)
-        if j == 1:
-            for c in range(C):
-                for n in range(N):
-                    stage[c, n] += half * k[c, n]
-        elif j == 2:
-            for c in range(C):
-                for n in range(N):
-                    stage[c, n] = (f[c, n] + f[c, n] + stage[c, n]) * third + sixth * k[c, n]
-        else:
-            for c in range(C):
-                for n in range(N):
-                    out[c, n] = stage[c, n] + half * k[c, n]
+def _stage_slope(u, at, state):
+    """F(u) at time `at` for the SSPRK(4,3) step (numerics.ssprk43_with): softmax(u) - Y, then the slope;
+    state carries the loop's arrays (the result is its buffer k: read before the next stage)."""
+    Y, Vt, top, q2, slope, curvature, s1, s2, g2, k, proj, tot, bits, _ = state
+    softmax_minus(u, Y, g2, tot, bits)
+    _slope(g2, Vt, top, q2, slope, curvature, at, s1, s2, k, proj)
+    return k
+
+
+_numerics_hermite = njit(nogil=True, fastmath=True, inline="always")(numerics.hermite)
+_numerics_stage = njit(nogil=True, fastmath=True, inline="always")(numerics.ssprk43_stage)
 
 
 @njit(nogil=True, fastmath=True, cache=True, inline="always")
-def _hermite(y0, m0, y1, m1, theta, h, out):
-    """out = the cubic through y0 and y1 with slopes m0 and m1 at the ends of a step of length h, at the
-    fraction theta of the step (out may be y0)."""
-    t2, t3 = theta * theta, theta * theta * theta
-    a, b = np.float32(2 * t3 - 3 * t2 + 1), np.float32(h * (t3 - 2 * t2 + theta))
-    c, d = np.float32(3 * t2 - 2 * t3), np.float32(h * (t3 - t2))
+def _stage_into(j, f, u, k, h, state):
+    """numerics.ssprk43_stage on each entry, into the loop's stage buffer (u may be that buffer)."""
+    out = state[-1]
+    C, N = f.shape
+    for c in range(C):
+        for n in range(N):
+            out[c, n] = _numerics_stage(j, f[c, n], u[c, n], k[c, n], h)
+    return out
+
+
+@njit(nogil=True, fastmath=True, cache=True, inline="always")
+def _interpolate_into(y0, m0, y1, m1, theta, h, out):
+    """numerics.hermite on each entry, into out (which may be y0)."""
     C, N = out.shape
     for i in range(C):
         for n in range(N):
-            out[i, n] = a * y0[i, n] + b * m0[i, n] + c * y1[i, n] + d * m1[i, n]
+            out[i, n] = _numerics_hermite(y0[i, n], m0[i, n], y1[i, n], m1[i, n], theta, h)
+
+
+# One SSPRK(4,3) step (p2pfl.ntk.numerics), compiled into the loop and inlined like every helper here
+_ssprk43 = njit(nogil=True, fastmath=True, inline="always")(numerics.ssprk43_with(_stage_slope, _stage_into))
 
 
 @njit(nogil=True, fastmath=True, cache=True)
@@ -302,7 +301,7 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
             if s + 1 == span_end:
                 f[:] = ahead
             else:  # the second unit of three: a third of the way into the second step of 1.5
-                _hermite(mid, mid_slope, ahead, ahead_slope, 1 / 3, 1.5, f)
+                _interpolate_into(mid, mid_slope, ahead, ahead_slope, 1 / 3, 1.5, f)
         elif multi and s + span <= last:
             if slope_ahead:
                 k1[:] = ahead_slope
@@ -314,36 +313,17 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
             start, start_slope = f, k1
             for i in range(steps):
                 end, end_slope = (ahead, ahead_slope) if i == steps - 1 else (mid, mid_slope)
-                _ssprk43(
-                    start,
-                    s + i * length,
-                    length,
-                    start_slope,
-                    Y,
-                    Vt,
-                    top,
-                    q2,
-                    slope,
-                    curvature,
-                    s1,
-                    s2,
-                    stage,
-                    g2,
-                    k3,
-                    end,
-                    proj,
-                    tot,
-                    bits,
-                )
+                state = (Y, Vt, top, q2, slope, curvature, s1, s2, g2, k3, proj, tot, bits, stage)
+                end[:] = _ssprk43(start, start_slope, s + i * length, length, state)
                 softmax_minus(end, Y, g2, tot, bits)
                 _slope(g2, Vt, top, q2, slope, curvature, s + (i + 1) * length, s1, s2, end_slope, proj)
                 start, start_slope = mid, mid_slope
             slope_ahead = True
             span_end = s + span
             if span == 2:  # the unit between: the middle of the step
-                _hermite(f, k1, ahead, ahead_slope, 0.5, 2.0, f)
+                _interpolate_into(f, k1, ahead, ahead_slope, 0.5, 2.0, f)
             else:  # the first unit of three: two thirds into the first step of 1.5
-                _hermite(f, k1, mid, mid_slope, 2 / 3, 1.5, f)
+                _interpolate_into(f, k1, mid, mid_slope, 2 / 3, 1.5, f)
         elif euler:
             _slope(grad, Vt, top, q2, slope, curvature, s, s1, s2, k1, proj)
             for c in range(C):
@@ -356,7 +336,8 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
                 if i > 0:
                     softmax_minus(f, Y, grad, tot, bits)
                 _slope(grad, Vt, top, q2, slope, curvature, u, s1, s2, k1, proj)
-                _ssprk43(f, u, step, k1, Y, Vt, top, q2, slope, curvature, s1, s2, stage, g2, k3, f, proj, tot, bits)
+                state = (Y, Vt, top, q2, slope, curvature, s1, s2, g2, k3, proj, tot, bits, stage)
+                f[:] = _ssprk43(f, k1, u, step, state)
         else:
             n_sub = warm_steps if s < warmup else int(np.floor(1.0 / h + 0.5))
             sub = 1.0 / n_sub

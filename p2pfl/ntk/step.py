@@ -92,14 +92,20 @@ def ntk_steps(problems: list[NTKProblem], shape, n_classes: int, eta: float, set
         # every candidate's weights, also for the linearized selection, which needs only the chosen one's:
         # one product for all keeps its rounding the same whatever the threads (one candidate's did not)
         candidates = p.w[None] - evo.scale * p.jac.transpose_apply(shape, p.w, evo.residual_sums)
-        if settings.selection == "linearized":
-            losses = linearized_loss(settings.loss, evo, Y)
-        else:
-            losses = p.network_loss(candidates)
-        best = torch.argmin(losses)  # first of equals, as the reference code; on the device
+        losses, best = select_t(
+            settings.selection, lambda: linearized_loss(settings.loss, evo, Y), lambda: p.network_loss(candidates)
+        )
         picked.append((candidates.index_select(0, best[None])[0], best, losses))
     chosen = torch.stack([best for _, best, _ in picked]).tolist() if picked else []  # one wait, not one a problem
     return [StepResult(w, settings.taus[b], losses) for (w, _, losses), b in zip(picked, chosen)]
+
+
+def select_t(selection: str, linearized: Callable[[], torch.Tensor], network: Callable[[], torch.Tensor]):
+    """The rule that picks t among the candidates, for one problem or a batch (losses (..., T)): the least
+    loss, the first of equals as the reference code, found on the device. Losses of the evolved outputs
+    ('linearized') or of the candidate networks ('network', 'own': the caller chose the samples)."""
+    losses = linearized() if selection == "linearized" else network()
+    return losses, torch.argmin(losses, -1)
 
 
 def evolves_batched(device: torch.device, settings: NTKSettings) -> bool:
