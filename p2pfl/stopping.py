@@ -23,9 +23,10 @@ import sys
 import threading
 from pathlib import Path
 
-import numpy as np
 
-NOW = np.zeros(1, np.int8)  # 1: stop at once (read by compiled loops, hence an array)
+# 1: stop at once. A byte buffer, which compiled loops read through a numpy view (np.frombuffer): this
+# module imports no numpy, so the CLI's first handlers are in place before anything slow loads.
+NOW = bytearray(1)
 LOOP_STARTED = [False]  # a round loop has begun in this process (it handles signals from then on)
 # a first SIGINT finishes the round; a second one is at once, as these are (SIGHUP: the terminal closed)
 AT_ONCE = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT)
@@ -120,18 +121,19 @@ class StopRequest:
     or SIGTERM (a scheduler's stop or preemption; what mpirun sends the other ranks when one dies), stops
     at once and saves the last completed round from memory (exit 143 for SIGTERM)."""
 
-    def __init__(self, rank: int, transport=None):
+    def __init__(self, rank: int, announce=None):
+        """announce(why): tell the other ranks of a stop at once (the transport's announce_stop); a rank
+        that hears one calls on_remote_stop (the transport's watch_for_stops, started by the caller where
+        handles_signals)."""
         LOOP_STARTED[0] = True
         self.requested, self.rank, self.by, self.now, self.remote = False, rank, "Ctrl-C", False, None
         self.code = 130  # the exit status of the stop: 128 + the signal's number (Ctrl-C: 130, SIGTERM: 143)
-        self.transport = transport
-        in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
+        self.announce = announce
+        self.handles_signals = threading.current_thread() is threading.main_thread()  # only it may set handlers
         self.previous = (
-            {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, *AT_ONCE)} if in_main_thread else {}
+            {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, *AT_ONCE)} if self.handles_signals else {}
         )
-        self.watcher = SignalWatcher() if in_main_thread else None  # the long loops learn at once
-        if in_main_thread and transport is not None:
-            transport.watch_for_stops(self.on_remote_stop)
+        self.watcher = SignalWatcher() if self.handles_signals else None  # the long loops learn at once
 
     def on_remote_stop(self, why: str) -> None:
         """Another rank stopped at once (its node preempted): this one does too, as if signalled, so that
@@ -158,8 +160,8 @@ class StopRequest:
         if self.requested or signum != signal.SIGINT:
             self.now = True
             NOW[0] = 1
-            if self.transport is not None and not self.remote:
-                self.transport.announce_stop(f"a stop of rank {self.rank}: {self.by}")
+            if self.announce is not None and not self.remote:
+                self.announce(f"a stop of rank {self.rank}: {self.by}")
             raise KeyboardInterrupt
         self.requested = True
         if self.rank == 0:
@@ -172,8 +174,6 @@ class StopRequest:
         """The handlers as they were; on the command line, after a stop, further signals are ignored
         instead: the process is about to print its one line and exit, and a second signal (an impatient
         Ctrl-C, a scheduler's repeated SIGTERM) must not end it without that line."""
-        if self.transport is not None:
-            self.transport.stop_watching()
         stopping_now = self.now or self.requested
         for s, handler in self.previous.items():
             signal.signal(s, signal.SIG_IGN if stopping_now and CLI[0] else handler)

@@ -37,9 +37,10 @@ CASES = [
     ("lenet5", "cifar10", []),
     ("cnn-cifar", "cifar10", []),
     ("resnet8", "cifar100", ["--labels", "coarse"]),
-    ("resnet18", "cifar10", ["--norm", "batch"]),
-    ("resnet18", "cifar10", ["--norm", "group"]),
+    pytest.param("resnet18", "cifar10", ["--norm", "batch"], marks=pytest.mark.slow),  # slow: 11 million weights
+    pytest.param("resnet18", "cifar10", ["--norm", "group"], marks=pytest.mark.slow),
 ]
+CASE_IDS = [f"{m}-{d}{''.join(e)}" for m, d, e in (case.values if hasattr(case, "values") else case for case in CASES)]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def write_noise_mnist(root: Path) -> Path:
 
 
 @pytest.mark.parametrize("algo", ["fedavg", "dfedavg"])
-@pytest.mark.parametrize("model,dataset,extra", CASES, ids=[f"{m}-{d}{''.join(e)}" for m, d, e in CASES])
+@pytest.mark.parametrize("model,dataset,extra", CASES, ids=CASE_IDS)
 def test_model_trains_two_rounds(data_root, tmp_path, model, dataset, extra, algo):
     partition = ["--partition", "writers"] if dataset == "femnist" else ["--partition", "iid"]
     star = ["--clients-per-round", "2"] if algo == "fedavg" else []

@@ -193,6 +193,7 @@ def test_projection_is_shared_by_seed():
     assert not torch.equal(gaussian_projection(784, 200, 5), gaussian_projection(784, 200, 6))
 
 
+@pytest.mark.slow  # a dense Jacobian of a neighbourhood, computed twice
 def test_one_ntk_dfl_peer_step_against_an_independent_dense_computation():
     from tests.helpers import make_context
     from topologies import mixing_weights

@@ -25,7 +25,10 @@ TAUS = [100, 200, 300, 400, 500, 600, 700, 800]
 
 @pytest.mark.skipif(not FMNIST.exists(), reason="Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed")
 @pytest.mark.parametrize("batched", [False, True], ids=["split", "batched"])
-@pytest.mark.parametrize("peers,kappa,samples,peer", [(30, 2, 20, 0), (30, 3, 100, 4), (300, 5, 200, 7)])
+@pytest.mark.parametrize(
+    "peers,kappa,samples,peer",
+    [(30, 2, 20, 0), (30, 3, 100, 4), pytest.param(300, 5, 200, 7, marks=pytest.mark.slow)],  # slow: 1,200 samples
+)
 def test_evolution_matches_a_tight_ode_solution(peers, kappa, samples, peer, batched):
     cfg = resolve(
         make_config(
@@ -81,7 +84,9 @@ def test_evolution_matches_a_tight_ode_solution(peers, kappa, samples, peer, bat
 
 
 @pytest.mark.skipif(not FMNIST.exists(), reason="Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed")
-@pytest.mark.parametrize("algo", ["ntk-dfl", "ntk-fl"])
+@pytest.mark.parametrize(
+    "algo", [pytest.param("ntk-dfl", marks=pytest.mark.slow), "ntk-fl"]
+)  # ntk-fl takes the same path
 def test_ntk_on_pixels_takes_integer_products_with_the_float_results(algo):
     """On Fashion-MNIST, the NTK algorithms take their kernel, weights and selection through the inputs'
     pixel codes (NTK-DFL keeps each peer's): the weights of two rounds match a run with float32 products."""
@@ -258,7 +263,9 @@ def test_a_small_neighbourhood_beside_a_large_one_evolves_as_on_the_cpu(small):
     assert torch.allclose(together[0].residual_sums, alone.residual_sums, atol=1e-5)
 
 
-@pytest.mark.parametrize("ode", ["split", "adaptive"])
+@pytest.mark.parametrize(
+    "ode", ["split", pytest.param("adaptive", marks=pytest.mark.slow)]
+)  # the adaptive solver's steps
 def test_a_kernel_too_stiff_to_integrate_evolves_to_nan_at_once(ode):
     """Past MAX_STIFFNESS the step count would grow without limit (with lr x lambda_max): the evolution
     is NaN instead, alone and in a batch beside a kernel that evolves. ('adaptive' goes on until its bound
@@ -280,7 +287,9 @@ def test_a_kernel_too_stiff_to_integrate_evolves_to_nan_at_once(ode):
     "algo,extra",
     [
         ("ntk-dfl", ["--kappa", "2"]),
-        ("ntk-dfl", ["--kappa", "2", "--ntk-ode", "adaptive", "--samples-per-peer", "40"]),
+        pytest.param(
+            "ntk-dfl", ["--kappa", "2", "--ntk-ode", "adaptive", "--samples-per-peer", "40"], marks=pytest.mark.slow
+        ),
         ("ntk-fl", ["--clients-per-round", "0"]),
         ("cp-ntk-fl", ["--ntk-projection", "32"]),
     ],

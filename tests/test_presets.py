@@ -75,19 +75,33 @@ def tiny(argv: list[str], data: Path) -> list[str]:
     return [*argv, "--data-dir", str(folder)]
 
 
+HEAVY_ALGOS = {"ntk-dfl", "tct", "cyclic"}  # a tiny round still takes their NTK math or a pre-training stage
+HEAVY_MODELS = {"cnn-fmnist", "cnn-cifar"}  # the large conv nets
+
+
+def _heavy(settings: dict) -> bool:
+    return settings.get("algo") in HEAVY_ALGOS or settings.get("model") in HEAVY_MODELS
+
+
+def _settings(argv: list[str]) -> dict:
+    return {key: argv[argv.index(f"--{key}") + 1] for key in ("algo", "model") if f"--{key}" in argv}
+
+
 def cases():
+    """Each preset's tiny round; a heavy one (its algorithm or model) is marked slow, the rest run in
+    make test-fast (1-2.5 s each here)."""
     out = []
     for preset in presets.presets():
         if preset.path.parent == presets.EXPERIMENTS:
-            out += [
-                pytest.param(preset, method, id=f"{preset.name}:{method}") for method, _ in runs_of(preset, Path("x"))
-            ]
+            for method, argv in runs_of(preset, Path("x")):
+                marks = [pytest.mark.slow] if _heavy(_settings(argv)) else []
+                out.append(pytest.param(preset, method, id=f"{preset.name}:{method}", marks=marks))
         else:
-            out.append(pytest.param(preset, None, id=preset.name))
+            marks = [pytest.mark.slow] if _heavy(tomllib.loads(preset.path.read_text())) else []
+            out.append(pytest.param(preset, None, id=preset.name, marks=marks))
     return out
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("preset,method", cases())
 def test_every_preset_runs_one_tiny_round(preset, method, tmp_path):
     if method is None:

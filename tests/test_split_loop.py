@@ -12,7 +12,8 @@ import torch
 
 from p2pfl.ntk import split_loop
 from p2pfl.ntk.evolution import _split_kernel, evolve_ce, tight_ce_sums
-from p2pfl.ntk.numerics import BatchedRows, CompiledRows, start_rows, top_subspace
+from p2pfl.ntk.numerics import BatchedRows, start_rows, top_subspace
+from p2pfl.ntk.split_loop import CompiledRows
 
 
 def test_softmax_minus_is_float32_accurate_over_the_clipped_range():

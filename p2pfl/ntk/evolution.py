@@ -29,7 +29,7 @@ import torch
 
 from p2pfl import stopping
 from p2pfl.errors import DivergenceError
-from p2pfl.ntk.numerics import CompiledRows, top_subspace
+from p2pfl.ntk.numerics import top_subspace
 
 
 @dataclass
@@ -125,7 +125,7 @@ def _split_kernel(H: np.ndarray, rate: float):
         lam, V = np.linalg.eigh(H.astype(np.float64))
         Vt, M = np.ascontiguousarray(V.T.astype(H.dtype)), np.diag(lam).astype(H.dtype)
         return Vt, M, np.ascontiguousarray((lam[:, None] * V.T).astype(H.dtype)), np.empty((0, 0), H.dtype)
-    Vt = top_subspace(H[None], SPLIT_RANK, CompiledRows)[0]
+    Vt = top_subspace(H[None], SPLIT_RANK, split_loop.CompiledRows)[0]
     VtH, M, VMt = np.empty_like(Vt), np.empty((SPLIT_RANK, SPLIT_RANK), H.dtype), np.empty_like(Vt)
     split_loop.product(Vt, H, VtH, len(Vt))
     split_loop.project(VtH, Vt, M)  # V^T H V
@@ -210,7 +210,7 @@ def _split_sums(H, Y, rate, f, taus, euler: bool):
         wide,
         sums,
         outputs,
-        stopping.NOW,
+        np.frombuffer(stopping.NOW, np.int8),  # the flag itself, as an array
     )
     return sums, outputs
 

@@ -11,7 +11,7 @@ CPU's tests run the GPU's arithmetic, and a fix reaches both.
 - `ssprk43_stage`, `ssprk43_with`: one step of the four-stage, third-order SSP Runge-Kutta method
   (Spiteri and Ruuth), its stages' times t, t + h/2, t + h, t + h/2, for a slope of the caller's;
 - `top_subspace`: subspace iteration from fixed start vectors, the device's products and
-  orthonormalization passed in (CompiledRows on the CPU, BatchedRows on a GPU).
+  orthonormalization passed in (split_loop.CompiledRows on the CPU, BatchedRows on a GPU).
 
 Scalars are float32 (np.float32), so that numba's arithmetic stays in float32 as the arrays are and
 torch takes them as plain numbers.
@@ -95,39 +95,6 @@ def top_subspace(
     if small:
         Qt = ops.coordinate_rows(Qt, small, sizes)
     return Qt
-
-
-class CompiledRows:
-    """top_subspace's operations on the CPU, compiled: numpy's BLAS serializes calls from several threads,
-    and these run in parallel (one kernel per thread). Arrays (B, rank, N) float32; B is 1 there."""
-
-    @staticmethod
-    def array(start: np.ndarray, like) -> np.ndarray:
-        return start.astype(like.dtype)
-
-    @staticmethod
-    def times(Qt: np.ndarray, H: np.ndarray) -> np.ndarray:
-        from p2pfl.ntk import split_loop  # numba: loaded where the CPU needs it, not by a GPU's evolution
-
-        out = np.empty_like(Qt)
-        for b in range(len(Qt)):
-            split_loop.product(Qt[b], H[b], out[b], len(Qt[b]))  # (H Q)^T = Q^T H for a symmetric H
-        return out
-
-    @staticmethod
-    def orthonormal_rows(Qt: np.ndarray) -> np.ndarray:
-        from p2pfl.ntk import split_loop
-
-        for b in range(len(Qt)):
-            split_loop.orthonormalize(Qt[b])  # Gram-Schmidt twice, sums in float64
-        return Qt
-
-    @staticmethod
-    def coordinate_rows(Qt, small, sizes):
-        for i in small:
-            Qt[i] = 0.0
-            Qt[i, : sizes[i], : sizes[i]] = np.eye(sizes[i], dtype=Qt.dtype)
-        return Qt
 
 
 class BatchedRows:

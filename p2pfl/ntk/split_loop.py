@@ -444,3 +444,32 @@ def orthonormalize(At):
         scale = np.float32(1.0 / max(np.sqrt(norm), 1e-30))
         for n in range(N):
             At[k, n] *= scale
+
+
+class CompiledRows:
+    """numerics.top_subspace's operations on the CPU, compiled: numpy's BLAS serializes calls from several threads,
+    and these run in parallel (one kernel per thread). Arrays (B, rank, N) float32; B is 1 there."""
+
+    @staticmethod
+    def array(start: np.ndarray, like) -> np.ndarray:
+        return start.astype(like.dtype)
+
+    @staticmethod
+    def times(Qt: np.ndarray, H: np.ndarray) -> np.ndarray:
+        out = np.empty_like(Qt)
+        for b in range(len(Qt)):
+            product(Qt[b], H[b], out[b], len(Qt[b]))  # (H Q)^T = Q^T H for a symmetric H
+        return out
+
+    @staticmethod
+    def orthonormal_rows(Qt: np.ndarray) -> np.ndarray:
+        for b in range(len(Qt)):
+            orthonormalize(Qt[b])  # Gram-Schmidt twice, sums in float64
+        return Qt
+
+    @staticmethod
+    def coordinate_rows(Qt, small, sizes):
+        for i in small:
+            Qt[i] = 0.0
+            Qt[i, : sizes[i], : sizes[i]] = np.eye(sizes[i], dtype=Qt.dtype)
+        return Qt

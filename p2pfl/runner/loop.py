@@ -26,7 +26,9 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
     cfg, rank = ctx.cfg, ctx.transport.rank
     observers = watching(ctx, run_dir, first, write)
     saves = Checkpoints(ctx, algorithm, run_dir, write, first)
-    stop = StopRequest(rank, ctx.transport)
+    stop = StopRequest(rank, ctx.transport.announce_stop)
+    if stop.handles_signals:  # another rank's stop at once stops this one too
+        ctx.transport.watch_for_stops(stop.on_remote_stop)
     shape, dtype, k = tuple(ctx.flat.shape), ctx.flat.dtype, first
     round_start = time.perf_counter()  # each row's round_s runs from the previous row: the rows add up to the loop
     try:
@@ -58,6 +60,7 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
         saved = saves.save_held()
         raise Interrupted(f"stopped in round {k + 1} by {stop.by}; {resume_hint(run_dir, saved)}", stop.code) from None
     finally:
+        ctx.transport.stop_watching()
         stop.uninstall()
         for observer in observers:
             observer.close()

@@ -3,7 +3,6 @@ through a run; files read only where they are regular files; a run folder to res
 
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 from p2pfl.errors import UserError
 
 NAME_MAX = 255  # the longest file or folder name most file systems take
+LOCK_NAME = ".p2pfl-lock"  # the run folder's lock file (run_folder.FolderLock)
 PROBE_PREFIX = ".p2pfl-write-test-"  # a rank's throwaway folder that tries whether --out can be written
 PATH_MAX = 4000  # under Linux's 4,096 bytes, with room for the names a run writes inside
 
@@ -76,69 +76,7 @@ def check_resumable(run_dir: Path, checkpoints: str) -> None:
             )
 
 
-class FolderLock:
-    """A run folder's lock while a run writes it (an exclusive flock on the file NAME inside): a second run into
-    the same folder (a resume, an --overwrite, a sweep's run) is refused instead of writing beside it. The
-    kernel drops the lock when the process ends, however it ends. The lock file is opened without following
-    a link and without blocking, so that a link (to a file elsewhere, or to nothing) or a named pipe planted
-    under its name is refused in one line instead of writing elsewhere or waiting for ever."""
-
-    NAME = ".p2pfl-lock"
-
-    def __init__(self, folder: Path, made: bool = False):
-        self.folder, self.made = Path(folder), made  # made: this run made the folder (removed if left empty)
-        path = Path(folder) / self.NAME
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        try:
-            fd = os.open(path, flags, 0o644)
-        except OSError as exc:
-            what = "a link" if path.is_symlink() else (exc.strerror or str(exc)).lower()
-            raise UserError(f"{path} cannot be the run's lock file: it is {what}; remove it") from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise UserError(
-                f"{path} cannot be the run's lock file: it is not a regular file (a pipe or device?); remove it"
-            )
-        self.handle = os.fdopen(fd, "a")
-        try:
-            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.handle.close()
-            raise UserError(
-                f"{folder} is in use: a run is writing it now; wait for it to end, or choose another --out"
-            ) from None
-
-    def release(self) -> None:
-        """Drop the lock; a folder this run made and left holding nothing but the lock (a run refused or
-        failed before writing) goes too, so a failed start leaves no trace."""
-        self.handle.close()  # closing drops the flock
-        if self.made and [p.name for p in self.folder.iterdir()] == [self.NAME]:
-            (self.folder / self.NAME).unlink(missing_ok=True)
-            try:
-                self.folder.rmdir()
-            except OSError:  # someone wrote into it meanwhile: theirs
-                pass
-
-
-def atomic_write(path: Path, write) -> None:
-    """write(a temporary name), then rename: a write that fails (a full disk, a read-only folder) leaves
-    the file as it was and raises OSError naming it (torch.save reports a failed write as RuntimeError)."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        if tmp.is_symlink():  # written through, a planted link would put the file elsewhere: drop the link
-            tmp.unlink()
-        write(tmp)
-        os.replace(tmp, path)
-    except (OSError, RuntimeError) as exc:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "the write failed"
-        raise OSError(getattr(exc, "errno", None) or 5, reason, str(path)) from exc
-
-
 def ours(path: Path) -> bool:
     """A run's lock, or another rank's throwaway write test (which a rank behind rank 0 may make inside
     the run folder rank 0 has just made): neither is a run's file."""
-    return path.name == FolderLock.NAME or path.name.startswith(PROBE_PREFIX)
+    return path.name == LOCK_NAME or path.name.startswith(PROBE_PREFIX)

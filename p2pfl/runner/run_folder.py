@@ -4,8 +4,11 @@ plot and the summary line. Algorithms add their own products in finish()."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
+import stat
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -15,6 +18,7 @@ import torch
 
 from p2pfl.runner import provenance
 from p2pfl.runner.checkpoint import files as checkpoint
+from p2pfl.runner.checkpoint.files import atomic_write
 from p2pfl.algorithms import REGISTRY
 from p2pfl.algorithms.base import call_hook
 from p2pfl.algorithms.server import clients_per_round
@@ -23,9 +27,54 @@ from p2pfl.runner.configure import resolved_dict
 from p2pfl.data import summary
 from p2pfl.errors import UserError
 from p2pfl.models import count_parameters
-from p2pfl.runner.paths import FolderLock, atomic_write, ours, refuse_link
+from p2pfl.runner.paths import LOCK_NAME, ours, refuse_link
 from p2pfl.measure.figures import PLOT_FILES, plot_metric, plot_run_header
 from p2pfl.runner.graph import describe
+
+
+class FolderLock:
+    """A run folder's lock while a run writes it (an exclusive flock on the file NAME inside): a second run into
+    the same folder (a resume, an --overwrite, a sweep's run) is refused instead of writing beside it. The
+    kernel drops the lock when the process ends, however it ends. The lock file is opened without following
+    a link and without blocking, so that a link (to a file elsewhere, or to nothing) or a named pipe planted
+    under its name is refused in one line instead of writing elsewhere or waiting for ever."""
+
+    NAME = LOCK_NAME
+
+    def __init__(self, folder: Path, made: bool = False):
+        self.folder, self.made = Path(folder), made  # made: this run made the folder (removed if left empty)
+        path = Path(folder) / self.NAME
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            what = "a link" if path.is_symlink() else (exc.strerror or str(exc)).lower()
+            raise UserError(f"{path} cannot be the run's lock file: it is {what}; remove it") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UserError(
+                f"{path} cannot be the run's lock file: it is not a regular file (a pipe or device?); remove it"
+            )
+        self.handle = os.fdopen(fd, "a")
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.handle.close()
+            raise UserError(
+                f"{folder} is in use: a run is writing it now; wait for it to end, or choose another --out"
+            ) from None
+
+    def release(self) -> None:
+        """Drop the lock; a folder this run made and left holding nothing but the lock (a run refused or
+        failed before writing) goes too, so a failed start leaves no trace."""
+        self.handle.close()  # closing drops the flock
+        if self.made and [p.name for p in self.folder.iterdir()] == [self.NAME]:
+            (self.folder / self.NAME).unlink(missing_ok=True)
+            try:
+                self.folder.rmdir()
+            except OSError:  # someone wrote into it meanwhile: theirs
+                pass
+
 
 LOCKS: list[FolderLock] = []  # the run folders this process writes, locked until execute() ends
 # What a run writes into its folder, by name: an overwritten run's are removed first, so that one folder

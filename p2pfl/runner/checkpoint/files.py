@@ -1,4 +1,4 @@
-"""A checkpoint's files: what one holds and how it is written and read.
+"""A checkpoint's files: how each rank's captured state is written and read back.
 
 Each rank writes one file with its peers' rows (weights and the algorithm's per-peer state) and rank 0
 adds the server's state and the metrics rows so far. Files are written to a temporary name and renamed,
@@ -11,68 +11,40 @@ keyed by (seed, purpose, round, peer) (p2pfl.seeding), so no generator state nee
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from p2pfl.errors import UserError
-from p2pfl.runner.paths import atomic_write, read_regular
-from p2pfl.settings.run_config import FIELDS, RESULT_NEUTRAL, RunConfig
+from p2pfl.runner.paths import read_regular
 
 FOLDER = "checkpoint"
 LATEST = "latest.json"
-
-
-def result_settings(cfg: RunConfig) -> dict[str, Any]:
-    """What a run's numbers depend on, its algorithm's settings included, but its length (a run may be
-    lengthened): kept in its checkpoints, so that a checkpoint of another run is told apart."""
-    out = {k: getattr(cfg, k) for k in FIELDS if k not in RESULT_NEUTRAL and k != "rounds"}
-    if dataclasses.is_dataclass(cfg.settings):
-        out.update({f"{k} (its own)": v for k, v in dataclasses.asdict(cfg.settings).items()})
-    return out
-
-
-def _get(obj, dotted: str):
-    for name in dotted.split("."):
-        obj = getattr(obj, name)
-    return obj
-
-
-def state_names(algorithm, kind: str) -> list[str]:
-    """The algorithm's declared state of a kind: "peer", "server" or "pooled" (Algorithm.state)."""
-    return [name for name, k in algorithm.state.items() if k == kind]
-
-
-def _cpu(value):
-    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
 def _file(folder: Path, slot: int, rank: int, ranks: int) -> Path:
     return folder / f"slot{slot}-rank{rank}-of{ranks}.pt"
 
 
-def capture(ctx, algorithm, rows: list[dict], rounds_done: int, copy: bool = True) -> dict:
-    """This rank's part of a checkpoint after round `rounds_done` (1-based), on the CPU. With copy, its
-    own copies: the next round changes the run's tensors in place, and a stop by SIGTERM writes the
-    last completed round's capture (run.py keeps one in memory)."""
-    take = (lambda v: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v) if copy else _cpu
-    state = {
-        "round": rounds_done,
-        "peers": list(ctx.peers),
-        "flat": take(ctx.flat),
-        "peer_state": {name: take(_get(algorithm, name)) for name in state_names(algorithm, "peer")},
-        "pooled": {name: list(_get(algorithm, name)) for name in state_names(algorithm, "pooled")},
-    }
-    if ctx.transport.rank == 0:
-        state["server"] = {name: take(_get(algorithm, name)) for name in state_names(algorithm, "server")}
-        state["global_weights"] = take(ctx.global_weights)
-        state["rows"] = list(rows)
-        state["settings"] = result_settings(ctx.cfg)  # whose checkpoint this is (a copied one is refused)
-    return state
+def atomic_write(path: Path, write) -> None:
+    """write(a temporary name), then rename: a write that fails (a full disk, a read-only folder) leaves
+    the file as it was and raises OSError naming it (torch.save reports a failed write as RuntimeError)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        if tmp.is_symlink():  # written through, a planted link would put the file elsewhere: drop the link
+            tmp.unlink()
+        write(tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "the write failed"
+        raise OSError(getattr(exc, "errno", None) or 5, reason, str(path)) from exc
 
 
 def write(state: dict, run_dir: Path, transport) -> None:

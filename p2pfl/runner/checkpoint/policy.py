@@ -1,21 +1,73 @@
-"""When a run saves: after every round the ranks agree whether a checkpoint is due (--checkpoint-every, or
+"""When a run saves, and what: the run's state captured (its peers' rows, the algorithm's declared state,
+the server's, the metrics rows) after every round in memory, and written when due.
+
+When a run saves: after every round the ranks agree whether a checkpoint is due (--checkpoint-every, or
 CHECKPOINT_SECONDS since the last) or a stop was asked for (Ctrl-C); a stop at once (p2pfl.stopping)
 saves the last round every rank holds in memory."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from p2pfl.errors import Interrupted
-from p2pfl.runner.checkpoint.files import capture, write
-from p2pfl.settings.run_config import CHECKPOINT_SECONDS
+from p2pfl.runner.checkpoint.files import write
+from p2pfl.settings.run_config import CHECKPOINT_SECONDS, FIELDS, RESULT_NEUTRAL, RunConfig
+
+
+def result_settings(cfg: RunConfig) -> dict[str, Any]:
+    """What a run's numbers depend on, its algorithm's settings included, but its length (a run may be
+    lengthened): kept in its checkpoints, so that a checkpoint of another run is told apart."""
+    out = {k: getattr(cfg, k) for k in FIELDS if k not in RESULT_NEUTRAL and k != "rounds"}
+    if dataclasses.is_dataclass(cfg.settings):
+        out.update({f"{k} (its own)": v for k, v in dataclasses.asdict(cfg.settings).items()})
+    return out
+
+
+def state_names(algorithm, kind: str) -> list[str]:
+    """The algorithm's declared state of a kind: "peer", "server" or "pooled" (Algorithm.state)."""
+    return [name for name, k in algorithm.state.items() if k == kind]
+
+
+def _get(obj, dotted: str):
+    for name in dotted.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+def _cpu(value):
+    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
+
+
+def capture(ctx, algorithm, rows: list[dict], rounds_done: int, copy: bool = True) -> dict:
+    """This rank's part of a checkpoint after round `rounds_done` (1-based), on the CPU. With copy, its
+    own copies: the next round changes the run's tensors in place, and a stop by SIGTERM writes the
+    last completed round's capture (run.py keeps one in memory)."""
+    take = (lambda v: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v) if copy else _cpu
+    state = {
+        "round": rounds_done,
+        "peers": list(ctx.peers),
+        "flat": take(ctx.flat),
+        "peer_state": {name: take(_get(algorithm, name)) for name in state_names(algorithm, "peer")},
+        "pooled": {name: list(_get(algorithm, name)) for name in state_names(algorithm, "pooled")},
+    }
+    if ctx.transport.rank == 0:
+        state["server"] = {name: take(_get(algorithm, name)) for name in state_names(algorithm, "server")}
+        state["global_weights"] = take(ctx.global_weights)
+        state["rows"] = list(rows)
+        state["settings"] = result_settings(ctx.cfg)  # whose checkpoint this is (a copied one is refused)
+    return state
 
 
 def save(ctx, algorithm, rows: list[dict], rounds_done: int, run_dir: Path) -> None:
     """Called on every rank after round `rounds_done` (1-based) is complete and its metrics recorded."""
-    write(capture(ctx, algorithm, rows, rounds_done, copy=False), run_dir, ctx.transport)
+    state = capture(ctx, algorithm, rows, rounds_done, copy=False)
+    write(state, run_dir, ctx.transport)
 
 
 def resume_hint(run_dir: Path | None, saved: int) -> str:

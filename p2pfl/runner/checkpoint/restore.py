@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from p2pfl.errors import UserError
-from p2pfl.runner.checkpoint.files import Snapshot, result_settings, state_names
+from p2pfl.runner.checkpoint.files import Snapshot
+from p2pfl.runner.checkpoint.policy import result_settings, state_names
 
 
 def _set(obj, dotted: str, value) -> None:
