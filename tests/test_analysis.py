@@ -213,6 +213,7 @@ def test_topology_views_from_a_preset(tmp_path):
     assert bad.returncode == 2 and "--peer" in bad.stderr
 
 
+@pytest.mark.slow  # NTK-DFL runs with and without compression and projection
 def test_privacy_study_recovers_uncompressed_and_not_projected(tmp_path, monkeypatch):
     from analysis import privacy
 

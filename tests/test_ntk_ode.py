@@ -188,7 +188,12 @@ def test_batched_euler_steps_are_the_cpus():
 
 @pytest.mark.skipif(not FMNIST.exists(), reason="Fashion-MNIST (Debian's dataset-fashion-mnist) is not installed")
 @pytest.mark.parametrize(
-    "selection,style", [("network", "per-peer"), ("own", "per-class"), ("linearized", "per-class")]
+    "selection,style",
+    [  # the other two selections take the same batched path (slow: 15 s each here)
+        ("network", "per-peer"),
+        pytest.param("own", "per-class", marks=pytest.mark.slow),
+        pytest.param("linearized", "per-class", marks=pytest.mark.slow),
+    ],
 )
 def test_ntk_dfl_rounds_with_the_batched_evolution_are_the_cpu_loops(monkeypatch, selection, style):
     """Two NTK-DFL rounds as a GPU takes them (the rank's neighbourhoods as one padded batch: kernels, one

@@ -76,7 +76,7 @@ def tiny(argv: list[str], data: Path) -> list[str]:
 
 
 HEAVY_ALGOS = {"ntk-dfl", "tct", "cyclic"}  # a tiny round still takes their NTK math or a pre-training stage
-HEAVY_MODELS = {"cnn-fmnist", "cnn-cifar"}  # the large conv nets
+HEAVY_MODELS = {"cnn-cifar"}  # the largest conv net (FedAvg-FT's, 3-10 s a tiny round here)
 
 
 def _heavy(settings: dict) -> bool:
@@ -89,7 +89,7 @@ def _settings(argv: list[str]) -> dict:
 
 def cases():
     """Each preset's tiny round; a heavy one (its algorithm or model) is marked slow, the rest run in
-    make test-fast (1-2.5 s each here)."""
+    make test-fast (1-3.5 s each here)."""
     out = []
     for preset in presets.presets():
         if preset.path.parent == presets.EXPERIMENTS:
