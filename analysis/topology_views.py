@@ -17,7 +17,7 @@ from analysis.toolkit import Parser, guarded, output_folder
 from p2pfl.runner.configure import parse_config, resolve
 from p2pfl.measure.graph_diagnostics import graph_gap
 from p2pfl.errors import UserError
-from p2pfl.runner.graph import describe, schedule_of
+from p2pfl.runner.graph_schedule import describe, schedule_of
 from topologies.drawing import draw_views
 
 

@@ -33,8 +33,8 @@ _PUBLIC = {
     "Round": "p2pfl.algorithms.base",  # writing an algorithm
     "RunContext": "p2pfl.algorithms.context",
     "neighbour_average": "p2pfl.algorithms.base",
-    "GossipSettings": "p2pfl.gossip.settings",
-    "gossip_codec": "p2pfl.gossip.settings",
+    "GossipSettings": "p2pfl.gossip.codec_settings",
+    "gossip_codec": "p2pfl.gossip.codec_settings",
     "GossipCodec": "p2pfl.gossip.codecs",
     "ServerAlgorithm": "p2pfl.algorithms.server",
     "ServerOptions": "p2pfl.algorithms.server",

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from p2pfl import testing
-from p2pfl.gossip import settings as gossip_settings
+from p2pfl.gossip import codec_settings as gossip_settings
 from p2pfl.gossip.codecs import CODECS, CodecSetting, GossipCodec
 from p2pfl.settings.fields import fraction
 

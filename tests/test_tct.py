@@ -15,7 +15,7 @@ from p2pfl.algorithms.star.linear_stage import (
     local_steps_p_space,
 )
 from p2pfl.models import build_model, initial_parameters
-from p2pfl.ntk.entk import entk_features, one_logit_network, subsample_index
+from p2pfl.ntk.convexified import entk_features, one_logit_network, subsample_index
 from tests.conftest import ranked_cases, run_here, write_stripes
 
 OPTIONS = SimpleNamespace(hidden=[16], norm="batch", rep_dim=5)

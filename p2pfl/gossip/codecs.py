@@ -9,7 +9,7 @@ Each codec is declared once, here, as a class: its name, the setting that turns 
 check and help), what its message holds and weighs (the docs' table) and CHOCO-SGD's consensus step with
 it. A class that declares a setting is registered (CODECS) when it is defined; the gossip flags, the
 refusal of two codecs at once, --help, the docs' table and CHOCO's default gamma are derived from the
-registry (p2pfl.gossip.settings). A user's codec needs no flag: --gossip-codec package.module:name."""
+registry (p2pfl.gossip.codec_settings). A user's codec needs no flag: --gossip-codec package.module:name."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ algorithms; below the CLI (p2pfl.run) and the public API.
 - simulation.py: a run on this rank, start to end; `simulate`, the Python entry;
 - configure.py: one RunConfig from defaults < TOML file < flags, checked against the algorithm and data;
 - assemble.py: the run's parts built once (device, data, partition, model, transport, graph, algorithm);
-- graph.py: the run's graph schedule from its settings (a family, a user's function, a file);
+- graph_schedule.py: the run's graph schedule from its settings (a family, a user's function, a file);
 - loop.py: the round loop and what observes each round;
 - round_row.py: a round's row from the run's context, gathered once to rank 0 (p2pfl.measure computes it);
 - run_folder.py: the run folder, its lock and its files (header, edges, final.json, model.pt, plots);

@@ -14,7 +14,7 @@ from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file
 from p2pfl.errors import OutOfGPUMemory, UserError
 from p2pfl.comm.faults import Faults
 from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
-from p2pfl.runner.graph import schedule_of
+from p2pfl.runner.graph_schedule import schedule_of
 from p2pfl.tasks import TASKS
 
 

@@ -29,7 +29,7 @@ from p2pfl.runner import provenance
 from p2pfl.runner.paths import check_resumable, read_regular
 from p2pfl.plugins import is_reference
 from p2pfl.measure.tensorboard_log import check_available
-from p2pfl.runner.graph import check_topology, choices_sentence, settle
+from p2pfl.runner.graph_schedule import check_topology, choices_sentence, settle
 from p2pfl.settings.run_config import FIELDS, RESULT_NEUTRAL, TRAINING_FALLBACK, RunConfig, machine_memory
 
 __all__ = [

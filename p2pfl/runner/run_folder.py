@@ -29,7 +29,7 @@ from p2pfl.errors import UserError
 from p2pfl.models import count_parameters
 from p2pfl.runner.paths import LOCK_NAME, ours, refuse_link
 from p2pfl.measure.figures import PLOT_FILES, plot_metric, plot_run_header
-from p2pfl.runner.graph import describe
+from p2pfl.runner.graph_schedule import describe
 
 
 class FolderLock:

@@ -26,7 +26,7 @@ import torch
 from p2pfl.algorithms.base import Algorithm, Round
 from p2pfl.errors import UserError
 from p2pfl.gossip.codecs import CODECS, QSGD, Compressed, GossipCodec, decode_checked, dense_bytes
-from p2pfl.gossip.settings import OWN, GossipSettings, gossip_codec
+from p2pfl.gossip.codec_settings import OWN, GossipSettings, gossip_codec
 from p2pfl.settings.fields import fraction, option
 from p2pfl.local.training import apply_step
 from topologies import mixing_weights

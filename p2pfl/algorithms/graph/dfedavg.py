@@ -6,7 +6,7 @@ Its "D-PSGD" (one local epoch of batch 10, then averaging) is this class with
 """
 
 from p2pfl.algorithms.base import Algorithm, Round, neighbour_average
-from p2pfl.gossip.settings import GossipSettings, gossip_codec
+from p2pfl.gossip.codec_settings import GossipSettings, gossip_codec
 
 
 class DFedAvg(Algorithm):

@@ -3,7 +3,7 @@ at its current weights, averages weights with its neighbours, then applies the g
 average: x_i <- sum_j W_ij x_j - lr * g_i(x_i). One SGD step per gossip round."""
 
 from p2pfl.algorithms.base import Algorithm, Round, neighbour_average
-from p2pfl.gossip.settings import GossipSettings, gossip_codec
+from p2pfl.gossip.codec_settings import GossipSettings, gossip_codec
 from p2pfl.local.training import apply_step
 
 

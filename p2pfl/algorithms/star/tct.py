@@ -2,7 +2,7 @@
 
 Stage 1 is FedAvg on the network with every client every round. Then the network is convexified: its
 head becomes a fresh one-logit layer, and each sample becomes the gradient of that logit over all
-trainable parameters, subsampled to p coordinates (p2pfl.ntk.entk) and standardised with global
+trainable parameters, subsampled to p coordinates (p2pfl.ntk.convexified) and standardised with global
 statistics gathered in one exchange. Stage 2 fits a linear model to centred one-hot targets by least
 squares with SCAFFOLD (Alg. 1 of the paper's appendix): full-batch local gradient steps corrected by
 h_k, only the model travelling each way, aggregated with weights n_k/n.
@@ -26,7 +26,7 @@ from p2pfl.algorithms.star.linear_stage import no_standardisation
 from p2pfl.comm import Weights
 from p2pfl.settings.run_config import machine_memory
 from p2pfl.errors import DivergenceError, UserError
-from p2pfl.ntk.entk import entk_features, one_logit_network, subsample_index
+from p2pfl.ntk.convexified import entk_features, one_logit_network, subsample_index
 from p2pfl.settings.fields import non_negative, option, positive, positive_or_auto
 from p2pfl.measure.metrics import declare_metric
 
