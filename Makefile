@@ -22,7 +22,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 
 # The NTK loop compiled (numba, about a minute) into its cache once, not by the first run or by
 # every MPI rank at once; again whenever its source changes.
-$(PRECOMPILED): $(VENV)/.installed p2pfl/ntk/split_loop.py
+$(PRECOMPILED): $(VENV)/.installed p2pfl/ntk/split_loop.py p2pfl/ntk/numerics.py
 	$(PY) -m p2pfl.ntk.precompile
 	@mkdir -p $(@D) && touch $@
 

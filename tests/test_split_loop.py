@@ -139,3 +139,15 @@ def test_a_fresh_compile_and_a_cached_load_give_the_same_bits(tmp_path):
     assert any((tmp_path / "cache").rglob("*left_sums*.nbc"))  # the first process did compile and cache it
     compiled, cached = np.load(tmp_path / "compiled.npy"), np.load(tmp_path / "cached.npy")
     assert compiled.size > 0 and np.array_equal(compiled.view(np.uint32), cached.view(np.uint32))
+
+
+def test_the_compiled_loop_caches_only_the_numerics_it_was_written_with():
+    """numba's cache of split_loop.py does not see numerics.py, whose steps it inlines: a changed
+    numerics.py must change split_loop.NUMERICS_SHA256 (and so recompile), else the loop runs uncached."""
+    import hashlib
+
+    from p2pfl.ntk import numerics
+
+    digest = hashlib.sha256(Path(numerics.__file__).read_bytes()).hexdigest()
+    assert split_loop.NUMERICS_SHA256 == digest, f"set NUMERICS_SHA256 in p2pfl/ntk/split_loop.py to {digest}"
+    assert split_loop.CACHE and split_loop.left_sums._cache.__class__.__name__ != "NullCache"

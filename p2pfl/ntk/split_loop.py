@@ -18,10 +18,20 @@ is one build, and a fresh compile and a cached one give bitwise the same results
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 from numba import njit
 
 from p2pfl.ntk import numerics
+
+# numba's cache follows the file a compiled function is defined in (this one), not the files of what it
+# inlines: the steps inlined from numerics.py are pinned by their hash here. Where numerics.py differs
+# (edited since this line), the loop compiles afresh in every process instead of loading a stale cache;
+# tests/test_split_loop.py fails until this line is updated, which makes numba recompile once.
+NUMERICS_SHA256 = "64c2990ba1a1aaff7b9f581bfea44ede463a6e9f3cf1504628d569d62948d452"
+CACHE = hashlib.sha256(Path(numerics.__file__).read_bytes()).hexdigest() == NUMERICS_SHA256
 
 CORRECTION = 0.375  # the integral over [0, 1] of x (x + 1) (x + 2) / 6: the quadratic's error over equal gaps
 _LOG2E, _LN2_HI, _LN2_LO = (
@@ -31,7 +41,7 @@ _LOG2E, _LN2_HI, _LN2_LO = (
 )
 
 
-@njit(nogil=True, fastmath=True, cache=True, inline="always")
+@njit(nogil=True, fastmath=True, cache=CACHE, inline="always")
 def softmax_minus(x, Y, out, tot, bits):
     """out = softmax(x) - Y over axis 0 (classes), logits clipped to [-60, 60] as in the numpy loop.
     exp is a degree-7 polynomial on the reduced argument times 2^k built from its exponent bits: the
@@ -73,7 +83,7 @@ def softmax_minus(x, Y, out, tot, bits):
             out[c, n] = out[c, n] * tot[n] - Y[c, n]
 
 
-@njit(nogil=True, fastmath=True, cache=True, inline="always")
+@njit(nogil=True, fastmath=True, cache=CACHE, inline="always")
 def project(g, Vt, proj):
     """proj = g Vt^T (C, r), in blocks of 2 classes x 8 vectors: each pass over n loads ten rows' values
     for sixteen sums (2 x 2 blocks: four for four; measured 1.3x faster at C = 10, r = 16)."""
@@ -118,7 +128,7 @@ def project(g, Vt, proj):
             proj[c, k] = acc
 
 
-@njit(nogil=True, fastmath=True, cache=True, inline="always")
+@njit(nogil=True, fastmath=True, cache=CACHE, inline="always")
 def _slope(g, Vt, top, q, slope, curvature, at, s1, s2, out, proj):
     """out = (g V) top - (q + a slope + b curvature) at time `at`, a = at - s2 and b = (at - s2)(at - s1):
     -(eta/N) H g with the remainder's polynomial through its exact products at s0 < s1 < s2."""
@@ -164,7 +174,7 @@ def _slope(g, Vt, top, q, slope, curvature, at, s1, s2, out, proj):
                 out[c, n] += p * top[k, n]
 
 
-@njit(nogil=True, fastmath=True, cache=True, inline="always")
+@njit(nogil=True, fastmath=True, cache=CACHE, inline="always")
 def _stage_slope(u, at, state):
     """F(u) at time `at` for the SSPRK(4,3) step (numerics.ssprk43_with): softmax(u) - Y, then the slope;
     state carries the loop's arrays (the result is its buffer k: read before the next stage)."""
@@ -178,7 +188,7 @@ _numerics_hermite = njit(nogil=True, fastmath=True, inline="always")(numerics.he
 _numerics_stage = njit(nogil=True, fastmath=True, inline="always")(numerics.ssprk43_stage)
 
 
-@njit(nogil=True, fastmath=True, cache=True, inline="always")
+@njit(nogil=True, fastmath=True, cache=CACHE, inline="always")
 def _stage_into(j, f, u, k, h, state):
     """numerics.ssprk43_stage on each entry, into the loop's stage buffer (u may be that buffer)."""
     out = state[-1]
@@ -189,7 +199,7 @@ def _stage_into(j, f, u, k, h, state):
     return out
 
 
-@njit(nogil=True, fastmath=True, cache=True, inline="always")
+@njit(nogil=True, fastmath=True, cache=CACHE, inline="always")
 def _interpolate_into(y0, m0, y1, m1, theta, h, out):
     """numerics.hermite on each entry, into out (which may be y0)."""
     C, N = out.shape
@@ -202,7 +212,7 @@ def _interpolate_into(y0, m0, y1, m1, theta, h, out):
 _ssprk43 = njit(nogil=True, fastmath=True, inline="always")(numerics.ssprk43_with(_stage_slope, _stage_into))
 
 
-@njit(nogil=True, fastmath=True, cache=True)
+@njit(nogil=True, fastmath=True, cache=CACHE)
 def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, euler, wide, sums, outputs, stop):
     """The whole evolution from f (C, N), in place: at whole steps s = 0 .. len(wanted) - 2, the running
     left sum of g(f_s) = softmax(f_s) - Y, stored with f in sums/outputs at the steps that wanted marks
@@ -371,7 +381,7 @@ def left_sums(f, Y, Vt, top, H2, tol, warmup, max_gap, wanted, warm_steps, h, eu
             softmax_minus(f, Y, grad, tot, bits)
 
 
-@njit(nogil=True, fastmath=True, cache=True, inline="always")
+@njit(nogil=True, fastmath=True, cache=CACHE, inline="always")
 def product(g, H, out, C):
     """out[:C] = g[:C] @ H for g (., N) and a symmetric H (N, N), eight rows of H at a time so it is read
     once, three classes per pass over them: a pass loads eight rows of H and three of out for 24
@@ -410,7 +420,7 @@ def product(g, H, out, C):
                 out[c, n] += w * H[m, n]
 
 
-@njit(nogil=True, fastmath=True, cache=True)
+@njit(nogil=True, fastmath=True, cache=CACHE)
 def remainder(H, At, Vt, rate, out):
     """out = rate (H - A V^T) for H (N, N), At = A^T and Vt = V^T (r, N): the split kernel's remainder."""
     r, N = Vt.shape
@@ -425,7 +435,7 @@ def remainder(H, At, Vt, rate, out):
             out[i, j] *= rate
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=CACHE)
 def orthonormalize(At):
     """The rows of At (r, N), in place, made orthonormal: Gram-Schmidt run twice, sums in float64.
     (numpy's QR goes through its BLAS, whose threads spin against the evolution threads.)"""
