@@ -11,6 +11,7 @@ from p2pfl import testing
 from p2pfl.gossip import codec_settings as gossip_settings
 from p2pfl.gossip.codecs import CODECS, CodecSetting, GossipCodec
 from p2pfl.settings.fields import fraction
+from tests.test_conformance import TINY
 
 TOY = '''
 import math
@@ -54,24 +55,7 @@ def not_a_codec():
     return "half"
 '''
 
-ARGS = [
-    "--dataset",
-    "synthetic",
-    "--peers",
-    "6",
-    "--kappa",
-    "2",
-    "--samples-per-peer",
-    "30",
-    "--test-samples",
-    "100",
-    "--rounds",
-    "3",
-    "--no-progress",
-    "--seed",
-    "4",
-    "--static",
-]
+ARGS = [*TINY, "--rounds", "3", "--test-samples", "100", "--static"]  # static: CHOCO keeps state per neighbour
 
 
 @pytest.fixture

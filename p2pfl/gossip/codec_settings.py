@@ -5,6 +5,7 @@ codec, and --gossip-codec for a codec of one's own; and the codec they choose.""
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 from p2pfl.errors import UserError
 from p2pfl.gossip.codecs import CODECS, GossipCodec
@@ -48,30 +49,24 @@ def codec_flags() -> list[str]:
     return [flag(c.setting.name) for c in CODECS.values()] + [flag(OWN)]
 
 
-def chosen_codecs(settings) -> list[str]:
-    """The flags of the codecs the settings turn on (more than one is refused by gossip_codec)."""
-    on = [flag(c.setting.name) for c in CODECS.values() if getattr(settings, c.setting.name) != c.setting.off]
-    return on + ([flag(OWN)] if getattr(settings, OWN, None) is not None else [])
-
-
 def gossip_codec(settings) -> GossipCodec | None:
     """The codec the settings choose (None: dense weights, the exchange as without a codec), or one
     UserError line where more than one is asked for or a codec of one's own is not one."""
     chosen = [
-        (c, getattr(settings, c.setting.name))
+        (c.name, partial(c, getattr(settings, c.setting.name)))
         for c in CODECS.values()
         if getattr(settings, c.setting.name) != c.setting.off
     ]
     own = getattr(settings, OWN, None)
-    if len(chosen_codecs(settings)) > 1:
-        names = [c.name for c, _ in chosen] + ([own] if own is not None else [])
+    if own is not None:
+        chosen.append((own, partial(load_codec, own)))
+    if len(chosen) > 1:
         flags = codec_flags()
         raise UserError(
-            f"{' and '.join(names)} are two codecs of one message; give one of {', '.join(flags[:-1])} and {flags[-1]}"
+            f"{' and '.join(name for name, _ in chosen)} are two codecs of one message; give one of "
+            f"{', '.join(flags[:-1])} and {flags[-1]}"
         )
-    if own is not None:
-        return load_codec(own)
-    return chosen[0][0](chosen[0][1]) if chosen else None
+    return chosen[0][1]() if chosen else None
 
 
 def load_codec(reference: str) -> GossipCodec:

@@ -68,9 +68,6 @@ class GossipCodec:
                 raise ValueError(f"two gossip codecs are named {cls.name!r}")
             CODECS[cls.name] = cls
 
-    def __init__(self, value: Any = None):
-        self.value = value  # the setting's value (a fraction kept, bits); None where the codec takes none
-
     def encode(self, x: torch.Tensor, seed: int, round_index: int, peer: int) -> Compressed:
         return Compressed((x,))
 
@@ -105,7 +102,6 @@ class TopK(GossipCodec):
     choco_gamma = 0.04  # CHOCO-SGD's experiments (ICML 2019): a ring of 9, 1% of 2,000 coordinates
 
     def __init__(self, keep: float):
-        super().__init__(keep)
         self.keep = keep
 
     def encode(self, x, seed, round_index, peer):
@@ -146,7 +142,6 @@ class RandK(GossipCodec):
     choco_gamma = 0.01  # CHOCO-SGD's experiments: random 1% of 2,000 coordinates
 
     def __init__(self, keep: float):
-        super().__init__(keep)
         self.keep = keep
 
     def encode(self, x, seed, round_index, peer):
@@ -187,7 +182,6 @@ class QSGD(GossipCodec):
     choco_gamma = 0.34  # CHOCO-SGD's experiments: 16-level QSGD of 2,000 coordinates
 
     def __init__(self, bits: int):
-        super().__init__(bits)
         self.bits, self.levels = bits, 2**bits - 1
 
     def encode(self, x, seed, round_index, peer):

@@ -71,9 +71,10 @@ def start_rows(rank: int, sizes: list[int], seed: int = 0) -> np.ndarray:
     """Subspace iteration's start vectors (len(sizes), rank, max size), float32: each kernel's own, drawn
     for its own size from a fixed seed (a kernel starts alike alone or in a padded batch), zero on
     padding."""
+    own = {n: np.random.default_rng(seed).standard_normal((rank, n)).astype(np.float32) for n in set(sizes)}
     out = np.zeros((len(sizes), rank, max(sizes)), np.float32)
     for i, n in enumerate(sizes):
-        out[i, :, :n] = np.random.default_rng(seed).standard_normal((rank, n)).astype(np.float32)
+        out[i, :, :n] = own[n]
     return out
 
 

@@ -30,7 +30,7 @@ from p2pfl.ntk import numerics
 # inlines: the steps inlined from numerics.py are pinned by their hash here. Where numerics.py differs
 # (edited since this line), the loop compiles afresh in every process instead of loading a stale cache;
 # tests/test_split_loop.py fails until this line is updated, which makes numba recompile once.
-NUMERICS_SHA256 = "64c2990ba1a1aaff7b9f581bfea44ede463a6e9f3cf1504628d569d62948d452"
+NUMERICS_SHA256 = "019e49946b7512d093e4ca5f0797630ac36b6c45408443f9f135dbaeee9f9daa"
 CACHE = hashlib.sha256(Path(numerics.__file__).read_bytes()).hexdigest() == NUMERICS_SHA256
 
 CORRECTION = 0.375  # the integral over [0, 1] of x (x + 1) (x + 2) / 6: the quadratic's error over equal gaps

@@ -18,7 +18,6 @@ import torch
 
 from p2pfl.runner import provenance
 from p2pfl.runner.checkpoint import files as checkpoint
-from p2pfl.runner.checkpoint.files import atomic_write
 from p2pfl.algorithms import REGISTRY
 from p2pfl.algorithms.base import call_hook
 from p2pfl.algorithms.server import clients_per_round
@@ -206,7 +205,7 @@ def save_final(run_dir: Path, final: dict | None, state: dict[str, torch.Tensor]
     if final:
         (run_dir / "final.json").write_text(json.dumps(final, indent=1))
     if state is not None:
-        atomic_write(run_dir / "model.pt", lambda path: torch.save(state, path))
+        checkpoint.atomic_write(run_dir / "model.pt", lambda path: torch.save(state, path))
     shutil.rmtree(run_dir / checkpoint.FOLDER, ignore_errors=True)
 
 

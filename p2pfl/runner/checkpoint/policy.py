@@ -1,9 +1,7 @@
-"""When a run saves, and what: the run's state captured (its peers' rows, the algorithm's declared state,
-the server's, the metrics rows) after every round in memory, and written when due.
-
-When a run saves: after every round the ranks agree whether a checkpoint is due (--checkpoint-every, or
-CHECKPOINT_SECONDS since the last) or a stop was asked for (Ctrl-C); a stop at once (p2pfl.stopping)
-saves the last round every rank holds in memory."""
+"""What a run saves and when: its state (its peers' rows, the algorithm's declared state, the server's, the
+metrics rows) captured in memory after every round; after every round the ranks agree whether a
+checkpoint is due (--checkpoint-every, or CHECKPOINT_SECONDS since the last) or a stop was asked for
+(Ctrl-C); a stop at once (p2pfl.stopping) saves the last round every rank holds in memory."""
 
 from __future__ import annotations
 
