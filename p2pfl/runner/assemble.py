@@ -3,6 +3,8 @@ peers' parameters, the transport and its simulated faults, the topology, and the
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from p2pfl.algorithms.base import call_hook
@@ -124,6 +126,16 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
         faults=transport.faults,
     )
     return ctx, call_hook(cls, "__init__", ctx)
+
+
+@contextmanager
+def gpu_memory_in_one_line(cfg: RunConfig, size: int, local_rank: int):
+    """Running out of GPU memory inside is OutOfGPUMemory's one line saying what to change, not a CUDA
+    traceback."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        raise out_of_gpu_memory(cfg, size, str(pick_device(cfg.device, local_rank))) from None
 
 
 def out_of_gpu_memory(cfg: RunConfig, size: int, device: str) -> OutOfGPUMemory:

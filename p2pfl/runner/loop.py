@@ -1,5 +1,6 @@
 """The round loop: round k, its row, what observes it (the edges file, TensorBoard, the progress bar),
-the checkpoint turn; after the last round the algorithm's closing results and the reported model."""
+the checkpoint turn; after the last round the algorithm's closing results, the reported model and the
+summary line."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from p2pfl.runner.checkpoint.policy import Checkpoints, resume_hint
 from p2pfl.stopping import StopRequest
 from p2pfl.errors import Interrupted
 from p2pfl.runner.round_row import RoundMeasure, sum_rows
-from p2pfl.runner.run_folder import plot_rows, save_final
+from p2pfl.runner.run_folder import plot_rows, save_final, summary_line
 from p2pfl.measure.tensorboard_log import TensorBoardLog
 
 
@@ -53,8 +54,11 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
         if gap is not None:  # how fast the run's graph mixes: every bound of the field is stated in it
             final = {**(final or {}), "spectral_gap": gap}
         state = final_model(measure, ctx) if rank == 0 else None
-        if rank == 0 and write:
-            save_final(run_dir, final, state)
+        if rank == 0:
+            ending = summary_line(measure.log.rows, ctx.stack.task, run_dir)
+            if write:
+                save_final(run_dir, final, state)
+            print(ending, file=sys.stderr)
         return final, state
     except KeyboardInterrupt:
         saved = saves.save_held()

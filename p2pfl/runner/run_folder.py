@@ -141,24 +141,22 @@ def make_run_dir(cfg: RunConfig) -> Path:
     return path
 
 
-def announce(ctx, algorithm, run_dir: Path | None, write: bool) -> None:
-    """The run header: each rank's device and the algorithm's notes, in config.toml (a new run's) and, on
-    stderr, the device where a GPU is used and the notes."""
-    named = ctx.transport.gather((str(ctx.device), gpu_name(ctx.device)))
+def announce(ctx, algorithm, run_dir: Path | None, write: bool, devices: list | None) -> None:
+    """The run header: each rank's device (devices: device_facts gathered at rank 0) and the algorithm's
+    notes, in config.toml (a new run's) and, on stderr, the device where a GPU is used and the notes."""
     notes = call_hook(algorithm, "notes")
     if ctx.transport.rank != 0:
         return
-    devices = [device for device, _ in named]
-    placed = device_note(devices)
+    placed = device_note([device for device, _ in devices])
     if write and not ctx.cfg.resume:  # a resumed run's header is the one it started with
-        write_run_header(ctx, run_dir, [placed, *notes], [name for _, name in named if name])
-    for note in ([placed] if any(d != "cpu" for d in devices) else []) + notes:  # CPU runs: config.toml only
+        write_run_header(ctx, run_dir, [placed, *notes], [name for _, name in devices if name])
+    for note in ([placed] if any(d != "cpu" for d, _ in devices) else []) + notes:  # CPU runs: config.toml only
         print(f"p2pfl: {note}", file=sys.stderr)
 
 
-def gpu_name(device: torch.device) -> str | None:
-    """The GPU's model name, for config.toml's machine line (None on the CPU)."""
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+def device_facts(device: torch.device) -> tuple[str, str | None]:
+    """This rank's device and the GPU's model name (None on the CPU), for the run header."""
+    return str(device), torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
 def device_note(devices: list[str]) -> str:
@@ -222,6 +220,7 @@ def plot_rows(cfg: RunConfig, rows: list[dict], task, run_dir: Path) -> None:
 
 
 def summary_line(rows: list[dict], task, run_dir: Path | None) -> str:
+    """The run's last line on stderr: its last evaluated headline metric, aggregated and mean client, and its folder."""
     head, where = task.headline, f"run folder: {run_dir}" if run_dir else "no run folder"
     evaluated = [r for r in rows if f"test_{head}" in r]
     if not evaluated:

@@ -21,7 +21,7 @@ from p2pfl.runner.checkpoint import files as checkpoint_files
 from p2pfl.runner.checkpoint.restore import restore
 from p2pfl.algorithms import REGISTRY
 from p2pfl.algorithms.base import Algorithm
-from p2pfl.runner.assemble import build, out_of_gpu_memory, pick_device
+from p2pfl.runner.assemble import build, gpu_memory_in_one_line
 from p2pfl.comm import mpi_world
 from p2pfl.settings.run_config import RunConfig
 from p2pfl import presets
@@ -30,7 +30,7 @@ from p2pfl.errors import UserError
 from p2pfl.runner.loop import run_rounds
 from p2pfl.runner.round_row import RoundMeasure
 from p2pfl.measure.metrics import MetricsLog
-from p2pfl.runner.run_folder import LOCKS, announce, made_or_refused, summary_line
+from p2pfl.runner.run_folder import LOCKS, announce, device_facts, made_or_refused
 
 
 def simulate(
@@ -101,14 +101,11 @@ class Result:
 def execute(
     cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool = True, everywhere: bool = False
 ) -> Result:
-    """A run on this rank (write=False: no run folder, no checkpoints); running out of GPU memory anywhere
-    in it is one line, not a CUDA traceback. everywhere: every rank gets rank 0's Result (a broadcast of
+    """A run on this rank (write=False: no run folder, no checkpoints). everywhere: every rank gets rank 0's Result (a broadcast of
     the rows and the model); else the other ranks' Result holds no rows (the CLI reads none)."""
     held = len(LOCKS)  # a run started inside another (a test's) releases its own lock only
     try:
         return _run(cfg, rank, size, local_rank, write or bool(cfg.resume), everywhere)
-    except torch.OutOfMemoryError:
-        raise out_of_gpu_memory(cfg, size, str(pick_device(cfg.device, local_rank))) from None
     except GraphError as exc:  # a graph the checks let through that could not be drawn (every rank alike)
         raise UserError(str(exc)) from None
     finally:
@@ -122,25 +119,25 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, eve
     taken = made_or_refused(cfg) if rank == 0 and write else None  # locked before any data is read
     if size == 1 and isinstance(taken, UserError):
         raise taken
-    ctx, algorithm = build(cfg, rank, size, local_rank)
-    if ctx.stack.convolutional and ctx.device.type == "cpu":
-        torch.set_num_threads(1)  # CPU conv kernels round differently with their thread count: one per rank
-    run_dir = ctx.transport.bcast(taken)  # every rank stops with a refusal of the folder, or goes on with it
-    if isinstance(run_dir, UserError):  # every rank stops with rank 0's refusal (a folder in use)
-        raise run_dir
-    first, rows = 0, []
-    if cfg.resume:  # read and checked before anything in the folder is written: a failed resume loses nothing
-        snapshot = checkpoint_files.read(run_dir)
-        restore(ctx, algorithm, snapshot, run_dir)
-        first, rows = snapshot.round, snapshot.rows
-        if rank == 0 and snapshot.note:
-            print(f"p2pfl: {snapshot.note}", file=sys.stderr)
-    log = MetricsLog(run_dir / "metrics.jsonl" if rank == 0 and run_dir is not None else None)
-    log.restore(rows if rank == 0 else [])  # metrics.jsonl holds exactly the rounds done (none for a new run)
-    announce(ctx, algorithm, run_dir, write)
-    final, state = run_rounds(ctx, algorithm, RoundMeasure(ctx, log), first, run_dir, write)
-    if rank == 0:
-        print(summary_line(log.rows, ctx.stack.task, run_dir), file=sys.stderr)
+    with gpu_memory_in_one_line(cfg, size, local_rank):  # running out of it anywhere: one line, no CUDA traceback
+        ctx, algorithm = build(cfg, rank, size, local_rank)
+        if ctx.stack.convolutional and ctx.device.type == "cpu":
+            torch.set_num_threads(1)  # CPU conv kernels round differently with their thread count: one per rank
+        run_dir = ctx.transport.bcast(taken)  # every rank stops with a refusal of the folder, or goes on with it
+        if isinstance(run_dir, UserError):  # every rank stops with rank 0's refusal (a folder in use)
+            raise run_dir
+        devices = ctx.transport.gather(device_facts(ctx.device))  # the run header names every rank's device
+        announce(ctx, algorithm, run_dir, write, devices)
+        first, rows = 0, []
+        if cfg.resume:  # read and checked before anything in the folder is written: a failed resume loses nothing
+            snapshot = checkpoint_files.read(run_dir)
+            restore(ctx, algorithm, snapshot, run_dir)
+            first, rows = snapshot.round, snapshot.rows
+            if rank == 0 and snapshot.note:
+                print(f"p2pfl: {snapshot.note}", file=sys.stderr)
+        log = MetricsLog(run_dir / "metrics.jsonl" if rank == 0 and run_dir is not None else None)
+        log.restore(rows if rank == 0 else [])  # metrics.jsonl holds exactly the rounds done (none for a new run)
+        final, state = run_rounds(ctx, algorithm, RoundMeasure(ctx, log), first, run_dir, write)
     rows, final, state = (log.rows, final, state) if rank == 0 else ([], None, None)
     if everywhere:
         rows, final, state = ctx.transport.bcast((rows, final, state) if rank == 0 else None)
