@@ -35,6 +35,7 @@ FITS = {
     "cyclic": ["--cyclic-rounds", "1", "--then", "scaffold"],
     "fedavg-ft": ["--ft-trials", "1"],
     "choco": ["--static"],
+    "d2": ["--static"],
 }
 ALGOS = sorted(REGISTRY)
 # Each graph family and gossip codec beyond the defaults, on an algorithm that runs it.

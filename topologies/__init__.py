@@ -2,7 +2,7 @@
 weights and drawings."""
 
 from topologies.families import EXPONENTIAL_FORMS, FAMILIES, Family, GraphError, GraphSpec, build_graph
-from topologies.mixing import MIXINGS, in_neighbours, mixing_weights
+from topologies.mixing import MIXINGS, as_matrix, in_neighbours, lazy, mixing_weights, push_sum_weights
 from topologies.schedule import TopologySchedule
 
 __all__ = [
@@ -15,5 +15,8 @@ __all__ = [
     "MIXINGS",
     "in_neighbours",
     "mixing_weights",
+    "as_matrix",
+    "lazy",
+    "push_sum_weights",
     "TopologySchedule",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import networkx as nx
+import numpy as np
 
 MIXINGS = ("uniform", "metropolis", "sample-weighted", "given")
 
@@ -46,3 +47,28 @@ def mixing_weights(
             raise ValueError(f"unknown mixing {kind!r}")
         rows[i] = [(j, weights[j]) for j in hood]
     return rows
+
+
+Rows = dict[int, list[tuple[int, float]]]
+
+
+def push_sum_weights(graph: nx.Graph) -> Rows:
+    """Push-sum's column-stochastic weights (Kempe et al. 2003; SGP, Assran et al. 2019): peer j splits what
+    it holds evenly over itself and its out-neighbours, so W_ij = 1/(outdeg_j + 1) and each column sums to 1
+    (mass is kept, on any directed graph). Rows as mixing_weights': what i hears, in peer order."""
+    out = graph.out_degree if graph.is_directed() else graph.degree
+    return {i: [(j, 1.0 / (out[j] + 1)) for j in sorted(in_neighbours(graph, i) + [i])] for i in graph.nodes}
+
+
+def lazy(rows: Rows) -> Rows:
+    """(I + W)/2: half of each row kept at home, which moves W's eigenvalues from [-1, 1] into [0, 1]."""
+    return {i: [(j, (w + 1.0) / 2 if j == i else w / 2) for j, w in row] for i, row in rows.items()}
+
+
+def as_matrix(rows: Rows, n: int) -> np.ndarray:
+    """W as a dense (n, n) array: row i holds W_ij for j in i's neighbourhood."""
+    matrix = np.zeros((n, n))
+    for i, row in rows.items():
+        for j, w in row:
+            matrix[i, j] = w
+    return matrix

@@ -118,6 +118,16 @@ def is_builtin(cls: type) -> bool:
     return cls.__module__.startswith("p2pfl.")
 
 
+def refuse_momentum(cls: type[Algorithm], cfg: RunConfig) -> None:
+    """For an optimizer whose paper's step has no local momentum (gradient tracking, D², SGP): --momentum
+    would be silently ignored, so it is refused in one line."""
+    if cfg.momentum:
+        raise UserError(
+            f"--algo {cls.name} steps without momentum (its paper's update); drop --momentum {cfg.momentum:g}, "
+            "or use --algo qg-dsgdm or --algo dpsgd --momentum for a momentum baseline"
+        )
+
+
 def call_hook(algorithm, hook: str, *args):
     """algorithm.hook(*args) (a class or an instance): a user's algorithm's exception, or its sys.exit, is
     one line naming the algorithm and the hook, then its frames (p2pfl.plugins.call_plugin)."""
@@ -200,14 +210,23 @@ def register(cls: type[Algorithm]) -> None:
 
 
 def neighbour_average(
-    ctx: RunContext, round_index: int, flat: torch.Tensor, phase: str = "average", codec: GossipCodec | None = None
+    ctx: RunContext,
+    round_index: int,
+    flat: torch.Tensor,
+    phase: str = "average",
+    codec: GossipCodec | None = None,
+    weights: dict[int, list[tuple[int, float]]] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Each peer sends its weights to its neighbours and takes the mixing-weighted average of its
     neighbourhood, synchronously: x_i <- sum_j W_ij x_j over j in N(i) + {i}, summed in peer order.
     Under simulated faults a peer averages what arrived, its weights renormalised to sum to 1 (an
     offline peer hears nothing and keeps its own weights). With a codec, each peer sends its row encoded
-    and averages what it decodes (its own values where a sparse message left a coordinate out)."""
-    weights = mixing_weights(ctx.schedule.graph(round_index), ctx.cfg.mixing, ctx.sample_counts)
+    and averages what it decodes (its own values where a sparse message left a coordinate out). weights: the
+    round's W as topologies.mixing_weights gives it (None: --mixing's). dtype: the sums' (None: flat's), e.g.
+    float64 sums of float32 messages."""
+    if weights is None:
+        weights = mixing_weights(ctx.schedule.graph(round_index), ctx.cfg.mixing, ctx.sample_counts)
     row = ctx.row
     if codec is None:
         sends = {p: Weights(flat[row[p]]) for p in ctx.peers}
@@ -225,7 +244,7 @@ def neighbour_average(
             heard = [(j, w / total) for j, w in heard]
         own = flat[row[p]]
         terms.append([(w, own if j == p else _heard(codec, inbox[p][j], own, decoded, j)) for j, w in heard])
-    return mix_rows(terms, flat)
+    return mix_rows(terms, flat if dtype is None else flat.to(dtype))
 
 
 def _heard(codec: GossipCodec | None, message, own: torch.Tensor, decoded: dict, sender: int) -> torch.Tensor:
@@ -258,7 +277,7 @@ def mix_rows(
     if not stacked:
         for acc, row in zip(out, terms):
             for w, x in row:
-                acc += w * x
+                acc += w * (x if x.dtype == acc.dtype else x.to(acc.dtype))  # the product in the sum's precision
         return out
     if not terms:
         return out
@@ -269,5 +288,5 @@ def mix_rows(
         for k in range(max(map(len, rows))):
             column = [row[k] if k < len(row) else (0.0, zero) for row in rows]
             w = torch.tensor([c[0] for c in column], dtype=like.dtype).to(like.device, non_blocking=True)
-            out[start : start + block] += w[:, None] * torch.stack([c[1] for c in column])
+            out[start : start + block] += w[:, None] * torch.stack([c[1] for c in column]).to(like.dtype)
     return out

@@ -187,6 +187,16 @@ class RunContext:
         losses[offline] = float("nan")
         return grad, losses, stepping
 
+    def objective_gradients(self, round_index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """stochastic_gradients of each peer's whole objective, weight decay included (--weight-decay): what
+        the optimizers of the decentralized-optimization papers (gradient tracking, D², SGP, QG-DSGDm) step,
+        track and difference; rows that do not step (offline, no samples) get a zero gradient."""
+        grad, losses, stepping = self.stochastic_gradients(round_index, self.sgd())
+        if self.cfg.weight_decay:
+            grad.add_(self.flat[:, : grad.shape[1]], alpha=self.cfg.weight_decay)
+        grad.mul_(stepping[:, None])
+        return grad, losses, stepping
+
     # -- exchanges --------------------------------------------------------------------------------------
     def neighbour_exchange(
         self,

@@ -49,6 +49,7 @@ class RoundFacts:
     clients: dict[str, torch.Tensor] | None = None  # each peer's client metrics in peer order (float64)
     client_se: float | None = None  # standard error of the peers' mean headline score
     variance: float | None = None  # NTK-DFL eq. (6)
+    grad_norm: float | None = None  # --grad-norm: the objective's gradient norm at the peers' mean model
     train_s: float = 0.0
     eval_start: float = 0.0  # perf_counter() when measuring began
     round_start: float = 0.0  # perf_counter() at the previous row

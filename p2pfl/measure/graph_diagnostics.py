@@ -12,17 +12,12 @@ from typing import Sequence
 import networkx as nx
 import numpy as np
 
-from topologies import mixing_weights
+from topologies import as_matrix, mixing_weights
 
 
 def mixing_matrix(graph: nx.Graph, kind: str, sample_counts: Sequence[int] | None = None) -> np.ndarray:
     """The round's mixing matrix W (n, n): row i holds W_ij for j in i's neighbourhood."""
-    n = graph.number_of_nodes()
-    matrix = np.zeros((n, n))
-    for i, row in mixing_weights(graph, kind, sample_counts).items():
-        for j, w in row:
-            matrix[i, j] = w
-    return matrix
+    return as_matrix(mixing_weights(graph, kind, sample_counts), graph.number_of_nodes())
 
 
 def spectral_gap(matrix: np.ndarray, directed: bool = False) -> float:

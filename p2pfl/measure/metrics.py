@@ -179,6 +179,14 @@ declare_metric(
     value=lambda f: f.variance,
 )
 declare_metric(
+    "grad_norm",
+    meaning="evaluated rounds, with --grad-norm: the norm of the gradient of the peers' whole training objective "
+    "(the mean over peers of each one's mean loss over its whole shard, weight decay included) at the peers' "
+    "mean model; 0 at a convex problem's optimum",
+    unit="loss units per weight unit",
+    value=lambda f: f.grad_norm,
+)
+declare_metric(
     "consensus_distance",
     meaning="decentralized, every round: the mean over peers of the squared distance of a peer's weights to "
     "their average, after the round",

@@ -38,6 +38,13 @@ MODELS = {
             lambda shape, n, o: MLP(math.prod(shape), o.hidden, n),
             images=False,
         ),
+        ModelSpec(
+            "logistic",
+            "multinomial logistic regression: one linear layer (the convex model of CHOCO-SGD's and gradient "
+            "tracking's experiments)",
+            lambda shape, n, o: MLP(math.prod(shape), [], n),
+            images=False,
+        ),
         ModelSpec("simple-cnn", "TCT's FMNIST net: 2 conv+pool, 2 FC", lambda shape, n, o: SimpleCNN(shape, n)),
         ModelSpec(
             "cnn-fmnist", "CyclicFL's CNN-FMNIST: 2 conv, dropout, 2 FC", lambda shape, n, o: CNNFashionMNIST(shape, n)

@@ -10,6 +10,7 @@ import time
 import torch
 
 from p2pfl.errors import DivergenceError
+from p2pfl.measure.optimality import objective_gradient_sum
 from p2pfl.measure.scoring import PeerScores
 from p2pfl.local.forward import evaluate
 from p2pfl.measure.metrics import MetricsLog, build_row
@@ -80,12 +81,15 @@ class RoundMeasure:
         deviations = squared_deviations(ctx.flat, mean) if mean is not None else None
         scores, variances = self.peer_scores.local_scores(ctx.flat) if scored else ({}, None)
         summed = ctx.transport.reduce(deviations) if scored else None
+        slope = ctx.transport.reduce(self.objective_gradient(mean)) if scored and ctx.cfg.grad_norm else None
         facts = ctx.transport.gather(self.rank_facts(result, deviations, scores, variances))
         if facts is None:
             return None
         round_facts = self.round_facts(k, facts, times[0], eval_start, times[1])
         if scored:
             self.score_model(round_facts, model, summed)
+            if slope is not None:
+                round_facts.grad_norm = float((slope / ctx.cfg.peers).norm())
         elif evaluated:
             round_facts.aggregated, clients = result.scores
             round_facts.clients = {m: torch.as_tensor(v, dtype=torch.float64) for m, v in clients.items()}
@@ -107,6 +111,13 @@ class RoundMeasure:
         if bad:
             diverged(ctx, k)
         return total / ctx.cfg.peers if wanted else None
+
+    def objective_gradient(self, mean: torch.Tensor) -> torch.Tensor:
+        """This rank's peers' share of the objective's gradient at the peers' mean model (--grad-norm)."""
+        ctx = self.ctx
+        data = ctx.data.train_x, ctx.data.train_y
+        model = mean.to(ctx.flat.dtype)
+        return objective_gradient_sum(ctx.stack, model, [ctx.indices(p) for p in ctx.peers], data, ctx.cfg.weight_decay)
 
     def rank_facts(self, result, deviations, scores: dict, variances: torch.Tensor | None) -> RankFacts:
         ctx, counter = self.ctx, self.ctx.transport.counter

@@ -202,6 +202,11 @@ class RunConfig:
         choices=AGGREGATES,
         noun="aggregate",
     )
+    grad_norm: bool = option(
+        False,
+        "add grad_norm to evaluated rows: the norm of the gradient of the peers' whole training objective at their "
+        "mean model (a full pass over every shard)",
+    )
     eval_every: int = option(1, "evaluate every N rounds (the last round always)", at_least(1))
     save_edges: bool = option(False, "write each round's edge list to edges.jsonl")
     tensorboard: bool = option(

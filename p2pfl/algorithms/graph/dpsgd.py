@@ -1,6 +1,11 @@
 """Classic D-PSGD (Lian et al. 2017, Algorithm 1): each round every peer takes a stochastic gradient
 at its current weights, averages weights with its neighbours, then applies the gradient step to the
-average: x_i <- sum_j W_ij x_j - lr * g_i(x_i). One SGD step per gossip round."""
+average: x_i <- sum_j W_ij x_j - lr * g_i(x_i). One SGD step per gossip round.
+
+With --momentum it is DSGDm, the heavy-ball baseline of Lin et al. (ICML 2021): each peer keeps its own
+momentum buffer over the rounds (a checkpoint saves it) and steps buf <- momentum buf + g."""
+
+import torch
 
 from p2pfl.algorithms.base import Algorithm, Round, neighbour_average
 from p2pfl.gossip.codec_settings import GossipSettings, gossip_codec
@@ -21,11 +26,18 @@ class DPSGD(Algorithm):
     def __init__(self, ctx, settings=None):
         super().__init__(ctx, settings)
         self.codec = gossip_codec(self.settings)  # built once; None: dense
+        self.velocity = (
+            torch.zeros(len(ctx.peers), ctx.stack.layout.trainable, device=ctx.device) if ctx.cfg.momentum else None
+        )
+
+    @property
+    def state(self) -> dict[str, str]:
+        return {"velocity": "peer"} if self.velocity is not None else {}
 
     def round(self, round_index: int) -> Round:
         ctx = self.ctx
         opt = ctx.sgd()
         grad, losses, stepping = ctx.stochastic_gradients(round_index, opt)
         ctx.flat = neighbour_average(ctx, round_index, ctx.flat, codec=self.codec)
-        apply_step(ctx.flat, grad, stepping, opt, ctx.lr(round_index), None)
+        apply_step(ctx.flat, grad, stepping, opt, ctx.lr(round_index), self.velocity)
         return Round(losses)

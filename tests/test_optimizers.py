@@ -1,0 +1,95 @@
+"""The optimizers of decentralized learning (gradient tracking, D², SGP, QG-DSGDm, DSGDm) and what their
+studies measure: the convex check of docs/optimizers.md at a smaller size, D²'s condition, push-sum's
+de-biased mean on a directed graph, and grad_norm against an independent autograd computation."""
+
+import sys
+
+import pytest
+import torch
+
+import p2pfl
+from p2pfl import testing
+from p2pfl.errors import UserError
+from tests.helpers import make_context
+
+# The convex check (docs/optimizers.md) on 8 peers and 1,000 rounds instead of 16 and 2,000.
+CONVEX = dict(
+    dataset="synthetic",
+    model="logistic",
+    peers=8,
+    topology="ring",
+    static=True,
+    partition="classes",
+    classes_per_peer=2,
+    samples_per_peer=50,
+    batch_size=50,
+    weight_decay=1e-2,
+    lr=1.0,
+    grad_norm=True,
+    progress=False,
+    rounds=1000,
+    eval_every=1000,
+)
+
+
+@pytest.mark.parametrize("algo, extra", [("gt", {}), ("d2", {"d2_lazy": True})])
+def test_gradient_tracking_and_d2_reach_the_optimum_where_dpsgd_stalls(algo, extra):
+    assert p2pfl.simulate(algo, out=None, **CONVEX, **extra).rows[-1]["grad_norm"] < 1e-5
+
+
+def test_dpsgd_stalls_at_a_floor_on_the_convex_check():
+    assert p2pfl.simulate("dpsgd", out=None, **CONVEX).rows[-1]["grad_norm"] > 1e-2
+
+
+def test_d2_refuses_a_w_with_eigenvalue_minus_a_third_and_names_the_fix():
+    with pytest.raises(UserError, match="smallest eigenvalue is -0.3333.*--d2-lazy"):
+        p2pfl.simulate("d2", out=None, **{**CONVEX, "rounds": 1})
+
+
+def test_optimizers_without_momentum_refuse_it():
+    with pytest.raises(UserError, match="--algo gt steps without momentum"):
+        p2pfl.simulate("gt", out=None, dataset="synthetic", peers=4, rounds=1, momentum=0.9, progress=False)
+
+
+def test_sgp_debiases_to_the_mean_of_the_starting_models_on_a_digraph(tmp_path, monkeypatch):
+    """The 4-peer digraph 0->1, 1->2, 2->3, 3->0, 0->2, 0->3, 1->3: in-degrees 1, 1, 2, 3, so uniform
+    weights are not doubly stochastic there and averaging with them reaches a weighted mean."""
+    (tmp_path / "digraphs.py").write_text(
+        "import networkx as nx\n\ndef four(n, k, seed):\n"
+        "    return nx.DiGraph([(0, 1), (1, 2), (2, 3), (3, 0), (0, 2), (0, 3), (1, 3)])\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    settings = dict(dataset="synthetic", peers=4, init="different", progress=False, eval_every=400)
+    start = p2pfl.simulate("sgp", out=None, rounds=1, lr=1e-12, topology="digraphs:four", **settings)
+    ctx, _ = make_context(peers=4, init="different", topology="digraphs:four")
+    mean = ctx.flat.double().mean(0)
+    result = p2pfl.simulate("sgp", out=None, rounds=400, lr=1e-12, topology="digraphs:four", **settings)
+    assert start.rows[0]["consensus_distance"] > 1e-3  # the peers start apart
+    assert result.rows[-1]["consensus_distance"] < 1e-12
+    reported = torch.cat([v.flatten() for v in result.model_state.values()]).double()
+    assert torch.allclose(reported, mean, atol=1e-6), float((reported - mean).abs().max())
+    del sys.modules["digraphs"]
+
+
+def test_dsgdm_keeps_its_momentum_over_rounds_and_resumes_equal(tmp_path):
+    args = ["--algo", "dpsgd", "--momentum", "0.9", "--dataset", "synthetic", "--peers", "6", "--rounds", "2"]
+    testing.check_resume([*args, "--no-progress"], tmp_path)
+    plain = p2pfl.simulate("dpsgd", out=None, dataset="synthetic", peers=6, rounds=3, progress=False)
+    heavy = p2pfl.simulate("dpsgd", out=None, dataset="synthetic", peers=6, rounds=3, momentum=0.9, progress=False)
+    assert plain.rows[-1]["train_loss"] != heavy.rows[-1]["train_loss"]
+
+
+def test_grad_norm_is_the_objective_gradient_at_the_peers_mean_model():
+    settings = dict(dataset="synthetic", model="logistic", peers=5, kappa=2, samples_per_peer=30, weight_decay=0.05)
+    result = p2pfl.simulate("gt", out=None, rounds=2, grad_norm=True, progress=False, **settings)
+    ctx, _ = make_context(**settings)
+    weight, bias = (v.double().requires_grad_() for v in result.model_state.values())
+    losses = []
+    for shard in ctx.shards:
+        x = ctx.data.train_x[shard].flatten(1).double()
+        logits = x @ weight.T + bias
+        losses.append(torch.nn.functional.cross_entropy(logits, ctx.data.train_y[shard]))
+    objective = torch.stack(losses).mean() + 0.05 / 2 * (weight.square().sum() + bias.square().sum())
+    objective.backward()
+    expected = torch.cat([weight.grad.flatten(), bias.grad]).norm()
+    assert result.rows[-1]["grad_norm"] == pytest.approx(float(expected), rel=1e-5)
