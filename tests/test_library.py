@@ -88,7 +88,7 @@ def test_simulate_writes_its_folder_when_asked(tmp_path):
         ({"seed": None}, "--seed takes an integer, not None"),
         ({"device": None}, "--device takes a name, not None"),
         ({"samples_per_peer": None}, "--samples-per-peer takes an integer, not None"),
-        ({"mixing": None}, "--mixing takes a name, not None"),
+        ({"mixing": 3}, "--mixing takes a name, not 3"),
         ({"static": None}, "--static takes true or false, not None"),
         ({"algo": ["dfedavg"]}, "--algo takes an algorithm's name, not ['dfedavg']"),
         ({"config": ["x.toml"]}, "config takes a path (a str or a Path), not ['x.toml']"),

@@ -61,7 +61,7 @@ def test_sgp_debiases_to_the_mean_of_the_starting_models_on_a_digraph(tmp_path, 
     monkeypatch.syspath_prepend(str(tmp_path))
     settings = dict(dataset="synthetic", peers=4, init="different", progress=False, eval_every=400)
     start = p2pfl.simulate("sgp", out=None, rounds=1, lr=1e-12, topology="digraphs:four", **settings)
-    ctx, _ = make_context(peers=4, init="different", topology="digraphs:four")
+    ctx, _ = make_context(algo="sgp", peers=4, init="different", topology="digraphs:four")
     mean = ctx.flat.double().mean(0)
     result = p2pfl.simulate("sgp", out=None, rounds=400, lr=1e-12, topology="digraphs:four", **settings)
     assert start.rows[0]["consensus_distance"] > 1e-3  # the peers start apart

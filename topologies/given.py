@@ -72,9 +72,10 @@ def _peer(label):
     return label
 
 
-def check_graph_of(graph, n: int, where: str, weighted: bool = False) -> nx.Graph:
+def check_graph_of(graph, n: int, where: str, weighted: bool = False, connected: bool = True) -> nx.Graph:
     """The user's graph as the run uses it, or one GraphError line naming where it came from; weighted:
-    its edges' weights are checked as a mixing matrix's."""
+    its edges' weights are checked as a mixing matrix's; connected: it must be connected by itself (else
+    over a window of rounds: check_window)."""
     if not isinstance(graph, nx.Graph) or isinstance(graph, (nx.MultiGraph, nx.MultiDiGraph)):
         raise GraphError(f"{where} returned {type(graph).__name__}; a topology is a networkx Graph or DiGraph")
     peers = set(range(n))
@@ -93,21 +94,25 @@ def check_graph_of(graph, n: int, where: str, weighted: bool = False) -> nx.Grap
             f"{where}: a self-loop at peer {loops[0]}; leave them out (a peer always keeps its own weights; "
             "with --mixing given, what it keeps is 1 minus its neighbours' weights)"
         )
-    if n > 1:
-        parts = list(nx.strongly_connected_components(graph) if graph.is_directed() else nx.connected_components(graph))
-        if len(parts) > 1:
-            sizes = sorted((len(p) for p in parts), reverse=True)
-            raise GraphError(
-                f"{where}: the graph is not {'strongly ' if graph.is_directed() else ''}connected ({len(parts)} parts "
-                f"of {_some(sizes)} peers; peer {min(min(p) for p in parts[1:])} cannot reach everyone): averaging "
-                "would never mix them"
-            )
+    if n > 1 and connected:
+        check_connected(graph, where)
     if weighted:
         check_given_weights(graph, where)
     out = nx.DiGraph() if graph.is_directed() else nx.Graph()
     out.add_nodes_from(range(n))  # in peer order, as the built-in families
     out.add_edges_from(sorted(graph.edges(data=True), key=lambda e: (e[0], e[1])))
     return out
+
+
+def check_connected(graph: nx.Graph, where: str) -> None:
+    parts = list(nx.strongly_connected_components(graph) if graph.is_directed() else nx.connected_components(graph))
+    if len(parts) > 1:
+        sizes = sorted((len(p) for p in parts), reverse=True)
+        raise GraphError(
+            f"{where}: the graph is not {'strongly ' if graph.is_directed() else ''}connected ({len(parts)} parts "
+            f"of {_some(sizes)} peers; peer {min(min(p) for p in parts[1:])} cannot reach everyone): averaging "
+            "would never mix them"
+        )
 
 
 def check_given_weights(graph: nx.Graph, where: str) -> None:
@@ -137,12 +142,28 @@ def _some(items: list, shown: int = 8) -> str:
     return ", ".join(map(str, items[:shown])) + (f" ... ({len(items)} in all)" if len(items) > shown else "")
 
 
-def function_family(function: Callable[[int, int, int], nx.Graph], where: str, weighted: bool = False) -> Family:
+def function_family(
+    function: Callable[[int, int, int], nx.Graph],
+    where: str,
+    weighted: bool = False,
+    window: int = 1,
+    seed_of: Callable[[int], int] | None = None,
+) -> Family:
     """A family of the user's function(peers, round, seed) -> graph, checked each time it is called;
-    weighted: its edges' weights are the mixing matrix (--mixing given)."""
+    weighted: its edges' weights are the mixing matrix (--mixing given). window: B > 1 takes graphs that
+    are connected only over each window of B rounds (their union), the B-connectivity that the analyses
+    of time-varying graphs assume (random matchings are disconnected every round): the round that ends a
+    window draws the window's other rounds again (seed_of(k): round k's seed) and checks their union."""
 
     def draw(n: int, round_index: int, spec: GraphSpec, seed: int) -> nx.Graph:
-        return check_graph_of(function(n, round_index, seed), n, f"{where} (round {round_index + 1})", weighted)
+        said = f"{where} (round {round_index + 1})"
+        graph = check_graph_of(function(n, round_index, seed), n, said, weighted, connected=window == 1)
+        if window > 1 and (round_index + 1) % window == 0 and n > 1:
+            union = graph.copy()
+            for k in range(round_index + 1 - window, round_index):
+                union.add_edges_from(function(n, k, seed_of(k) if seed_of else seed).edges)
+            check_connected(union, f"{where} (rounds {round_index + 2 - window} to {round_index + 1} together)")
+        return graph
 
     return Family(where, "your own function", draw, by_round=True)
 

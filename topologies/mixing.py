@@ -22,7 +22,7 @@ def mixing_weights(
 ) -> dict[int, list[tuple[int, float]]]:
     """uniform: 1/(deg_i+1) (NTK-DFL reference code; in-degree on a directed graph, so the one-peer
     exponential graph's W = (I + P)/2); metropolis: 1/(1+max(deg_i, deg_j)), the rest on i (symmetric,
-    doubly stochastic; undirected graphs only); sample-weighted: n_j / sum of n over the neighbourhood
+    doubly stochastic; undirected graphs only; on a regular graph uniform's numbers to the bit); sample-weighted: n_j / sum of n over the neighbourhood
     (paper eq. 1); given: the edges' own "weight", the rest on i (a user's graph)."""
     if kind == "metropolis" and graph.is_directed():
         raise ValueError("metropolis weights need an undirected graph")
@@ -34,7 +34,10 @@ def mixing_weights(
             weights = {j: 1.0 / len(hood) for j in hood}
         elif kind == "metropolis":
             weights = {j: 1.0 / (1 + max(graph.degree[i], graph.degree[j])) for j in hood if j != i}
-            weights[i] = 1.0 - sum(weights.values())
+            if all(graph.degree[j] <= graph.degree[i] for j in heard):  # uniform's row: its very numbers
+                weights[i] = 1.0 / len(hood)
+            else:
+                weights[i] = 1.0 - sum(weights.values())
         elif kind == "sample-weighted":
             if sample_counts is None:
                 raise ValueError("sample-weighted mixing needs the peers' sample counts")

@@ -13,7 +13,8 @@ from topologies.families import Family, GraphSpec
 class TopologySchedule:
     """graph_seed(key) is the seed of the graph drawn for key (0 when static, else the round): the caller's
     keyed seed, so that the package depends on no one's seeding. A family drawn by round (one-peer
-    exponential, a user's function) still gets each round, static or not."""
+    exponential, a user's function) still gets each round, static or not; one placed once (one-peer
+    exponential) gets the seed of key 0 every round."""
 
     def __init__(self, family: Family, n: int, spec: GraphSpec, graph_seed: Callable[[int], int], static: bool = False):
         family.check(n, spec)
@@ -26,7 +27,7 @@ class TopologySchedule:
         return not self.static or self.family.by_round
 
     def graph(self, round_index: int) -> nx.Graph:
-        key = 0 if self.static else round_index
+        key = 0 if self.static or self.family.placed_once else round_index
         return self._graph(key, round_index if self.family.by_round else 0)
 
     @lru_cache(maxsize=4)

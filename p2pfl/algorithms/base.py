@@ -64,6 +64,8 @@ class Algorithm:
     centralized = False
     directed_graphs = False  # whether its exchanges work on a directed graph, each peer hearing its in-neighbours
     static_graph = False  # whether it keeps state over a fixed set of neighbours (one graph for the whole run)
+    mixing = "metropolis"  # its default --mixing on an undirected graph (a directed one takes uniform)
+    push_sum = False  # whether it de-biases what it averages itself (push-sum), so that W need not keep the mean
     tasks = ("classification", "regression")  # what it can learn
     # What a checkpoint saves besides ctx.flat and ctx.global_weights (p2pfl.runner.checkpoint), by attribute name:
     # "peer", a tensor with one row per peer of the rank; "server", the server's (rank 0); "pooled", a list

@@ -95,6 +95,8 @@ def algorithm_defaults(cls) -> dict[str, Any]:
     (lr, batch size, local epochs, ...) and its rounds (TCT's and CyclicFL's from their stages)."""
     out = {name: cls.training.get(name, TRAINING_FALLBACK.get(name)) for name in TRAINING_FIELDS}
     out["rounds"] = call_hook(cls, "rounds", build(cls.Settings, {}, cls.setting_defaults), None)
+    if not cls.centralized:
+        out["mixing"] = cls.mixing
     return {name: value for name, value in out.items() if value is not None}
 
 
@@ -315,6 +317,7 @@ def validate(cfg: RunConfig, writes: bool = True) -> None:
 def check_peers(cfg: RunConfig, peers: int) -> None:
     """Checks that depend on the number of peers (known only once MPI is up when --peers is absent)."""
     if cfg.algorithm.centralized:  # a star of the clients around the server always exists
+        cfg.mixing = cfg.mixing or "uniform"  # the server's average is sample-weighted; no graph mixes
         if isinstance(cfg.settings, ServerOptions) and cfg.settings.clients_per_round > peers:
             if "clients_per_round" in cfg.given:
                 raise UserError(f"--clients-per-round {cfg.settings.clients_per_round} exceeds the {peers} clients")

@@ -11,7 +11,7 @@ from p2pfl.algorithms import REGISTRY
 from p2pfl.errors import UserError
 from p2pfl.plugins import call_plugin, is_reference, load_object
 from p2pfl.seeding import graph_seeds
-from topologies import FAMILIES, Family, GraphError, GraphSpec, TopologySchedule
+from topologies import FAMILIES, Family, GraphError, GraphSpec, TopologySchedule, mixing_weights
 from topologies.given import file_family, function_family
 
 FROM_FILE = "file"  # --topology's value where --topology-file names the graph
@@ -56,8 +56,13 @@ def family_of(cfg) -> Family:
         function = load_object(cfg.topology, "--topology")
         if not callable(function):
             raise UserError(f"{where} is {type(function).__name__}; it names a function(peers, round, seed)")
+        seeds = graph_seeds(cfg.seed)
         return function_family(
-            lambda n, k, seed: call_plugin(where, function, n, k, seed), where, cfg.mixing == "given"
+            lambda n, k, seed: call_plugin(where, function, n, k, seed),
+            where,
+            cfg.mixing == "given",
+            cfg.topology_window,
+            lambda k: seeds(0 if cfg.static else k),
         )
     if cfg.topology == FROM_FILE:
         raise UserError("--topology file reads the graph of --topology-file PATH; give that file")
@@ -80,6 +85,10 @@ def settle(cfg) -> None:
         cfg.topology = FROM_FILE
         cfg.topology_file = str(Path(cfg.topology_file).resolve())  # a resumed run reads the same file
     family = FAMILIES.get(cfg.topology)
+    if cfg.topology_window != 1 and not is_reference(cfg.topology):
+        raise UserError(
+            f"--topology-window applies to a function's graphs (--topology package.module:function), not {cfg.topology}"
+        )
     for f in dataclasses.fields(GraphSpec):  # --kappa is left out: every config.toml holds it
         unread = family is None or f.name not in family.reads
         if f.name != "kappa" and getattr(cfg, f.name) != f.default and unread:
@@ -96,6 +105,8 @@ def check_topology(cfg, peers: int) -> None:
     schedule = schedule_of(cfg, peers)
     family = FAMILIES.get(cfg.topology)  # None for a function's graph and a file's (--topology file)
     directed = family.directed(graph_spec(cfg)) if family is not None else _refusing(schedule.graph, 0).is_directed()
+    if cfg.topology_window > 1 and (cfg.rounds or cfg.topology_window) >= cfg.topology_window:  # the first window
+        _refusing(schedule.graph, cfg.topology_window - 1)
     where = f"--topology-file {cfg.topology_file}" if cfg.topology_file else f"--topology {cfg.topology}"
     if directed:
         if not cfg.algorithm.directed_graphs:
@@ -107,6 +118,10 @@ def check_topology(cfg, peers: int) -> None:
             )
         if cfg.mixing == "metropolis":
             raise UserError(f"--mixing metropolis needs an undirected graph; {where} is directed (use uniform)")
+    if cfg.mixing is None:  # the algorithm's, where the graph allows it: metropolis is for undirected graphs
+        cfg.mixing = "uniform" if directed else cfg.algorithm.mixing
+    if directed and not cfg.algorithm.push_sum:
+        check_keeps_mean(cfg, schedule, family, where)
     if cfg.algorithm.static_graph and schedule.varies:
         why = (
             "is new each round without --static"
@@ -120,6 +135,30 @@ def check_topology(cfg, peers: int) -> None:
         )
     if cfg.mixing == "given" and family is not None:
         raise UserError(f"--mixing given reads the weights on the edges of your own graph; {where}'s carry none")
+
+
+def check_keeps_mean(cfg, schedule: TopologySchedule, family: Family | None, where: str) -> None:
+    """On a directed graph, averaging keeps the peers' mean only where W's columns also sum to 1; else it
+    converges to a weighted mean, silently. The built-in directed families are regular (as many in- as
+    out-neighbours), so uniform weights keep it; any other pairing is drawn for the first round and looked at."""
+    if family is not None and cfg.mixing == "uniform":
+        return
+    why = "they follow the peers' sample counts"
+    if cfg.mixing != "sample-weighted":
+        graph = _refusing(schedule.graph, 0)
+        columns = dict.fromkeys(graph.nodes, 0.0)
+        for row in mixing_weights(graph, cfg.mixing).values():
+            for j, w in row:
+                columns[j] += w
+        low, high = min(columns.values()), max(columns.values())
+        if high - low <= 1e-9:
+            return
+        why = f"W's columns sum to {low:.3g} .. {high:.3g}"
+    raise UserError(
+        f"{where} is directed and its --mixing {cfg.mixing} weights are not doubly stochastic ({why}): --algo "
+        f"{cfg.algo} would average to a weighted mean, not the mean. Use --algo sgp (push-sum corrects it), or "
+        "--mixing given with weights whose columns sum to 1"
+    )
 
 
 def _refusing(function, *args):

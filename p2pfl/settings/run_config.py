@@ -95,12 +95,20 @@ class RunConfig:
         noun="exponential form",
     )
     static: bool = option(False, "one graph for the whole run instead of a new one each round")
-    mixing: str = option(
-        "uniform",
-        "neighbour averaging weights: uniform 1/(deg+1), metropolis, sample-weighted, or given (the weights "
-        "on the edges of --topology-file or of your function's graph)",
+    topology_window: int = option(
+        1,
+        "a function's graphs need be connected only over each window of N rounds, together (random matchings: "
+        "N of about log2 peers); checked over the first window before any work and at the end of each",
+        at_least(1),
+    )
+    mixing: str | None = option(
+        None,
+        "neighbour averaging weights: uniform 1/(deg+1), metropolis (doubly stochastic: the peers' mean is kept), "
+        "sample-weighted, or given (the weights on the edges of --topology-file or of your function's graph); "
+        "a directed graph takes uniform where this is not given",
         choices=MIXINGS,
         noun="mixing",
+        shown="the algorithm's: metropolis, uniform for ntk-dfl (its paper's)",
     )
     dataset: str = option("fashion-mnist", "the dataset;")
     data_dir: str | None = option(None, "folder holding the dataset files", shown="the dataset's usual place")

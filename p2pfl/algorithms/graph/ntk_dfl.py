@@ -51,6 +51,7 @@ class NTKDFL(Algorithm):
     name = "ntk-dfl"
     products = ("final_averaging.png",)
     summary = "NTK-DFL: averaging, Jacobian exchange, local NTK evolution"
+    mixing = "uniform"  # 1/(deg+1), the reference code's (on a regular graph, metropolis's numbers too)
     Settings = NTKDFLSettings
     state = {"taus_chosen": "pooled"}
     tasks = ("classification",)

@@ -34,13 +34,15 @@ class SGP(Algorithm):
     name = "sgp"
     summary = "Stochastic Gradient Push (Assran et al. 2019): push-sum SGD, exact on directed graphs"
     directed_graphs = True  # push-sum's weights are column-stochastic on any digraph
+    push_sum = True  # x / w removes the bias of weights that are not doubly stochastic
+    mixing = "uniform"  # not used: push-sum's own weights (a run's config.toml names this)
     training = {"lr": 0.1, "batch_size": 10, "momentum": 0.0}
     state = {"numerator": "peer", "push_weight": "peer"}
 
     @classmethod
     def check(cls, cfg) -> None:
         refuse_momentum(cls, cfg)
-        if cfg.mixing != "uniform":  # the default, which a resume's config.toml also names
+        if cfg.mixing not in (None, "uniform"):  # uniform: what a resume's config.toml names
             raise UserError(
                 f"--algo sgp mixes with push-sum's own weights (1/(out-degree + 1)); drop --mixing {cfg.mixing}"
             )
