@@ -33,12 +33,17 @@ __all__ = [
 def plot_comparison(
     runs: dict[str, list[dict]], path: Path, key: str = "test_acc", target: float | None = None, title: str = ""
 ) -> None:
-    """One curve per run (label -> metrics rows) of the metric key, solid."""
+    """One curve per run (label -> metrics rows) of the metric key, solid; on a log scale where the values
+    are positive and span more than 3 orders of magnitude (a gradient norm going to an optimum)."""
     scale = 100 if is_fraction(key) else 1
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    values = []
     for label, rows in runs.items():
         rows = [r for r in rows if r.get(key) is not None]
+        values += [scale * r[key] for r in rows]
         ax.plot([r["round"] for r in rows], [scale * r[key] for r in rows], AGGREGATED, label=label)
+    if values and min(values) > 0 and max(values) / min(values) > 1e3:
+        ax.set_yscale("log")
     if target is not None:
         target_line(ax, scale * target, f"target {scale * target:g}{'%' if scale == 100 else ''}")
     finish(fig, ax, path, "round", metric_label(key), title)

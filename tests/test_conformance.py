@@ -45,9 +45,9 @@ GRAPHS = {
     "dfedavg-torus": ["--algo", "dfedavg", "--topology", "torus"],
     "dfedavg-hypercube": ["--algo", "dfedavg", "--topology", "hypercube", "--peers", "8"],
     "dfedavg-small-world": ["--algo", "dfedavg", "--topology", "small-world"],
-    "dfedavg-topk": ["--algo", "dfedavg", "--gossip-topk", "0.05"],
-    "dpsgd-randk": ["--algo", "dpsgd", "--gossip-randk", "0.1"],
-    "dfedavgm-quant": ["--algo", "dfedavgm", "--gossip-quant-bits", "4"],
+    "dfedavg-topk": ["--algo", "dfedavg", "--static", "--gossip-topk", "0.05"],
+    "dpsgd-randk": ["--algo", "dpsgd", "--static", "--gossip-randk", "0.1"],
+    "dfedavgm-quant": ["--algo", "dfedavgm", "--static", "--gossip-quant-bits", "4"],
     "choco-quant": ["--algo", "choco", "--static", "--gossip-quant-bits", "4"],
     "choco-exponential": ["--algo", "choco", "--static", "--topology", "exponential"],
 }

@@ -94,3 +94,23 @@ def test_a_window_that_never_connects_the_peers_is_refused_before_any_work(funct
         )
     with pytest.raises(UserError, match="--topology-window applies to a function's graphs"):
         p2pfl.simulate("dpsgd", out=None, dataset="synthetic", peers=8, rounds=1, topology_window=3)
+
+
+def test_at_256_peers_the_one_peer_exponential_period_rate_ranks_it_above_the_ring():
+    """Its single rounds mix little (a gap near 1e-5 each), but a period of 8 averages exactly."""
+    gaps = {}
+    for topology in ("one-peer-exponential", "ring"):
+        result = p2pfl.simulate(
+            "dpsgd",
+            out=None,
+            dataset="synthetic",
+            peers=256,
+            samples_per_peer=4,
+            test_samples=50,
+            client_test_samples=2,
+            rounds=1,
+            topology=topology,
+            progress=False,
+        )
+        gaps[topology] = result.final["spectral_gap"]
+    assert gaps["one-peer-exponential"] == 1.0 and gaps["ring"] < 1e-3

@@ -47,6 +47,7 @@ class Family:
     by_round: bool = False
     fixed: bool = False  # the same graph whatever the round and seed (a file's): drawn once
     placed_once: bool = False  # by_round on one placement of the peers for the whole run (the paper's), static or not
+    period: Callable[[int], int] | None = None  # rounds after which a graph that changes by design repeats
     kappa: float | None = None  # its degree where --kappa is not given (None: --kappa's default or unused)
     reads: tuple[str, ...] = ()  # the GraphSpec fields it reads (any other given for it is a mistake)
 
@@ -233,6 +234,7 @@ def exponential(n: int, round_index: int, spec: GraphSpec, seed: int) -> nx.Grap
     directed=lambda spec: True,
     by_round=True,
     placed_once=True,  # a period of rounds averages exactly only on one placement (Ying et al. 2021)
+    period=lambda n: max(1, math.ceil(math.log2(n))),
 )
 def one_peer_exponential(n: int, round_index: int, spec: GraphSpec, seed: int) -> nx.Graph:
     hop = 2 ** (round_index % max(1, math.ceil(math.log2(n))))

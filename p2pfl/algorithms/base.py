@@ -93,6 +93,12 @@ class Algorithm:
         return 20 if given is None else given
 
     @classmethod
+    def needs_static_graph(cls, settings) -> bool:
+        """Whether a run with these settings keeps state over a fixed set of neighbours (static_graph; a
+        gossip codec's public copies, for D-PSGD and DFedAvg)."""
+        return cls.static_graph
+
+    @classmethod
     def check(cls, cfg: RunConfig) -> None:
         """Checks of the algorithm's settings against the rest of the run (UserError), before any work."""
 

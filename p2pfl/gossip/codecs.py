@@ -2,8 +2,10 @@
 neighbour gets the same message) and a neighbour decodes it; a message's bytes are the tensors it holds
 (values, indices or the key that draws them, scales, bit-packed levels), as a wire would carry them.
 
-A sparse message leaves coordinates out: averaging fills them with the receiver's own values (it
-averages only what it heard), and CHOCO-SGD adds the sparse difference to its public copies.
+D-PSGD, DFedAvg and CHOCO-SGD encode the difference between a peer's weights and its public copy, which
+its neighbours keep and move by what they hear (p2pfl.algorithms.public_copies): what is sent shrinks as
+the copies catch up, and a sparse message leaves the rest of the copy as it was. neighbour_average's codec
+encodes the weights themselves, for an algorithm of one's own on a graph that changes.
 
 Each codec is declared once, here, as a class: its name, the setting that turns it on (its flag, default,
 check and help), what its message holds and weighs (the docs' table) and CHOCO-SGD's consensus step with
@@ -94,10 +96,10 @@ class TopK(GossipCodec):
         "float",
         1.0,
         fraction,
-        "send only the largest-magnitude fraction P of the weights (int32 indices and values); neighbours average "
-        "what they heard, keeping their own values elsewhere; 1: all",
+        "send only the largest-magnitude fraction P of the change since the peer's public copy (int32 indices "
+        "and values; dpsgd, dfedavg and choco need a static graph for the copies); 1: all",
     )
-    message = "the ceil(P D) largest-magnitude weights: int32 indices and float32 values"
+    message = "the ceil(P D) largest-magnitude coordinates of the change: int32 indices and float32 values"
     wire_bytes = "8 ceil(P D)"
     choco_gamma = 0.04  # CHOCO-SGD's experiments (ICML 2019): a ring of 9, 1% of 2,000 coordinates
 
@@ -131,8 +133,8 @@ class RandK(GossipCodec):
         "float",
         1.0,
         fraction,
-        "send a random fraction P of the weights, drawn from a key keyed by seed, round and sender (the message "
-        "carries the 8-byte key and the values); 1: all",
+        "send a random fraction P of the change since the peer's public copy, drawn from a key keyed by seed, "
+        "round and sender (the message carries the 8-byte key and the values); 1: all",
     )
     message = (
         "ceil(P D) weights at coordinates drawn from a key of (seed, round, sender): the 8-byte key and the "
@@ -171,12 +173,13 @@ class QSGD(GossipCodec):
         "int",
         0,
         bits,
-        "send every weight as a stochastic QSGD level of N bits (2^N - 1 levels), a sign bit and the row's norm; "
-        "0: off",
+        "send each coordinate of the change since the peer's public copy as a stochastic QSGD level of N bits "
+        "(2^N - 1 levels), a sign bit and the change's norm, scaled by 1/tau to a contraction as CHOCO-SGD's; 0: off",
     )
     message = (
-        "QSGD (Alistarh et al. 2017): each weight's stochastic level floor((2^N - 1) abs(x_i)/norm(x) + u), u "
-        "uniform from the sender's key, so the decoded row is unbiased; N bits a level, a sign bit, the float32 norm"
+        "QSGD (Alistarh et al. 2017) of the change x: each coordinate's stochastic level floor((2^N - 1) "
+        "abs(x_i)/norm(x) + u), u uniform from the sender's key, so the decoded change is unbiased (the copies "
+        "add it scaled by 1/tau, biased but contracting); N bits a level, a sign bit, the float32 norm"
     )
     wire_bytes = "4 + ceil(N D / 8) + ceil(D / 8)"
     choco_gamma = 0.34  # CHOCO-SGD's experiments: 16-level QSGD of 2,000 coordinates

@@ -20,22 +20,47 @@ def mixing_matrix(graph: nx.Graph, kind: str, sample_counts: Sequence[int] | Non
     return as_matrix(mixing_weights(graph, kind, sample_counts), graph.number_of_nodes())
 
 
-def spectral_gap(matrix: np.ndarray, directed: bool = False) -> float:
-    """1 - |lambda_2|, the second largest eigenvalue modulus of a row-stochastic W: how much one round
-    of averaging shrinks disagreement (0 for a disconnected graph, 1 for the complete graph's mean). A
-    directed graph's W need not be symmetric nor normal: 1 minus its second largest singular value."""
+def keeps_mean(matrix: np.ndarray) -> bool:
+    """Whether W is doubly stochastic (its columns sum to 1 too): only then does averaging keep the peers'
+    mean, and only then is a gap the rate any bound of the field states."""
+    return bool(np.abs(matrix.sum(0) - 1).max() <= 1e-9)
+
+
+def spectral_gap(matrix: np.ndarray, directed: bool = False) -> float | None:
+    """1 - ||W - 11^T/n||_2 for a doubly stochastic W: how much one round of averaging shrinks the peers'
+    disagreement at worst (0 for a disconnected graph, 1 for the complete graph's mean). For a symmetric W
+    (Metropolis, uniform on a regular graph, given weights on an undirected one) 1 - max(|lambda_2|, |lambda_n|),
+    else 1 minus W's second largest singular value: either equals 1 - ||W - 11^T/n||_2.
+    None for a W that is not doubly stochastic: it averages to a weighted mean, and no bound uses its rate."""
     if len(matrix) < 2:
         return 1.0
-    if directed:
+    if not keeps_mean(matrix):
+        return None
+    if directed or not np.array_equal(matrix, matrix.T):  # W's singular values: 1 and those of W - 11^T/n
         moduli = np.linalg.svd(matrix, compute_uv=False)
-    else:
+    else:  # symmetric: the second largest eigenvalue modulus
         moduli = np.sort(np.abs(np.linalg.eigvals(matrix)))[::-1]
     return float(f"{max(0.0, 1.0 - moduli[1]):.8g}")
 
 
-def graph_gap(graph: nx.Graph, mixing: str, sample_counts: Sequence[int] | None = None) -> float:
-    """The spectral gap of a graph's mixing matrix."""
+def graph_gap(graph: nx.Graph, mixing: str, sample_counts: Sequence[int] | None = None) -> float | None:
+    """The spectral gap of a graph's mixing matrix (None where it does not keep the mean)."""
     return spectral_gap(mixing_matrix(graph, mixing, sample_counts), graph.is_directed())
+
+
+def period_gap(graphs: Sequence[nx.Graph], mixing: str, sample_counts: Sequence[int] | None = None) -> float | None:
+    """For a graph that changes by design over a period of p rounds (the one-peer exponential graph):
+    1 - ||W_p ... W_1 - 11^T/n||_2^(1/p), the per-round rate of one period's product, comparable with a
+    static graph's gap (1 where a period averages exactly, as at a power of 2 peers). None where a round's
+    W does not keep the mean."""
+    n = graphs[0].number_of_nodes()
+    product = np.eye(n)
+    for graph in graphs:
+        matrix = mixing_matrix(graph, mixing, sample_counts)
+        if not keeps_mean(matrix):
+            return None
+        product = matrix @ product
+    return float(f"{max(0.0, 1.0 - np.linalg.norm(product - 1 / n, 2) ** (1 / len(graphs))):.8g}")
 
 
 def edge_bytes(graph: nx.Graph, links: dict[tuple[int, int], int]) -> dict[str, float]:

@@ -195,8 +195,9 @@ declare_metric(
 )
 declare_metric(
     "spectral_gap",
-    meaning="decentralized: 1 - abs(lambda_2) of the round's `--mixing` matrix W (0: disconnected; 1: one "
-    "averaging reaches consensus); on a directed graph, 1 minus W's second largest singular value",
+    meaning="decentralized: 1 - ||W - 11^T/n||_2 of the round's `--mixing` matrix W where it is doubly stochastic "
+    "(1 - max(|lambda_2|, |lambda_n|) for a symmetric W; 0: disconnected; 1: one averaging reaches consensus); "
+    "absent where W is not doubly stochastic (it averages to a weighted mean)",
     unit="number in [0, 1]",
     value=graph_only(lambda f: graph_gap(f.graph, f.mixing, f.sample_counts)),
 )

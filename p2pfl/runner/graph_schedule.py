@@ -9,6 +9,7 @@ from pathlib import Path
 
 from p2pfl.algorithms import REGISTRY
 from p2pfl.errors import UserError
+from p2pfl.measure.graph_diagnostics import keeps_mean, mixing_matrix
 from p2pfl.plugins import call_plugin, is_reference, load_object
 from p2pfl.seeding import graph_seeds
 from topologies import FAMILIES, Family, GraphError, GraphSpec, TopologySchedule, mixing_weights
@@ -122,7 +123,7 @@ def check_topology(cfg, peers: int) -> None:
         cfg.mixing = "uniform" if directed else cfg.algorithm.mixing
     if directed and not cfg.algorithm.push_sum:
         check_keeps_mean(cfg, schedule, family, where)
-    if cfg.algorithm.static_graph and schedule.varies:
+    if cfg.algorithm.needs_static_graph(cfg.settings) and schedule.varies:
         why = (
             "is new each round without --static"
             if family is not None and not family.by_round
@@ -131,7 +132,8 @@ def check_topology(cfg, peers: int) -> None:
             else "may change each round (write it to a --topology-file)"
         )
         raise UserError(
-            f"--algo {cfg.algo} keeps state over a fixed set of neighbours: it needs a static graph, and {where} {why}"
+            f"--algo {cfg.algo}{'' if cfg.algorithm.static_graph else ' with a gossip codec'} keeps state over a fixed "
+            f"set of neighbours: it needs a static graph, and {where} {why}"
         )
     if cfg.mixing == "given" and family is not None:
         raise UserError(f"--mixing given reads the weights on the edges of your own graph; {where}'s carry none")
@@ -159,6 +161,23 @@ def check_keeps_mean(cfg, schedule: TopologySchedule, family: Family | None, whe
         f"{cfg.algo} would average to a weighted mean, not the mean. Use --algo sgp (push-sum corrects it), or "
         "--mixing given with weights whose columns sum to 1"
     )
+
+
+def mixing_note(ctx) -> list[str]:
+    """The run header's line where round 1's W does not keep the peers' mean: no spectral gap is reported."""
+    if ctx.cfg.algorithm.centralized or keeps_mean(
+        mixing_matrix(ctx.schedule.graph(0), ctx.cfg.mixing, ctx.sample_counts)
+    ):
+        return []
+    return [
+        f"--mixing {ctx.cfg.mixing}: round 1's weights are not doubly stochastic on this graph, so no spectral_gap "
+        "is reported"
+        + (
+            ""
+            if ctx.cfg.algorithm.push_sum
+            else "; averaging reaches a weighted mean of the peers (metropolis keeps the mean)"
+        )
+    ]
 
 
 def _refusing(function, *args):

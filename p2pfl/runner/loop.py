@@ -18,6 +18,7 @@ from p2pfl.stopping import StopRequest
 from p2pfl.errors import Interrupted
 from p2pfl.runner.round_row import RoundMeasure, sum_rows
 from p2pfl.runner.run_folder import plot_rows, save_final, summary_line
+from p2pfl.measure.graph_diagnostics import period_gap
 from p2pfl.measure.tensorboard_log import TensorBoardLog
 
 
@@ -50,7 +51,7 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
             if k < cfg.rounds - 1:
                 saves.after_round(k, measure.log.rows, result.resumable, stop.requested)
         final = call_hook(algorithm, "finish", run_dir if rank == 0 else None)
-        gap = mean_gap(measure.log.rows) if rank == 0 else None
+        gap = final_gap(ctx, measure.log.rows) if rank == 0 else None
         if gap is not None:  # how fast the run's graph mixes: every bound of the field is stated in it
             final = {**(final or {}), "spectral_gap": gap}
         state = final_model(measure, ctx) if rank == 0 else None
@@ -76,6 +77,17 @@ def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work: a clock read before it on a GPU measures the launches only."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def final_gap(ctx, rows: list[dict]) -> float | None:
+    """final.json's spectral_gap: for a graph that changes by design (one-peer exponential) the per-round
+    rate of one period's product, which ranks it as it mixes (its single rounds mix little); else the rows'
+    mean."""
+    period = ctx.schedule.family.period
+    if period is not None and not ctx.cfg.algorithm.centralized:
+        graphs = [ctx.schedule.graph(k) for k in range(period(ctx.schedule.n))]
+        return period_gap(graphs, ctx.cfg.mixing, ctx.sample_counts)
+    return mean_gap(rows)
 
 
 def mean_gap(rows: list[dict]) -> float | None:

@@ -25,11 +25,11 @@ import torch
 
 from p2pfl.algorithms.base import Algorithm, Round
 from p2pfl.errors import UserError
-from p2pfl.gossip.codecs import CODECS, QSGD, Compressed, GossipCodec, decode_checked, dense_bytes
+from p2pfl.algorithms.public_copies import PublicCopies
+from p2pfl.gossip.codecs import CODECS, QSGD, GossipCodec
 from p2pfl.gossip.codec_settings import OWN, GossipSettings, gossip_codec
 from p2pfl.settings.fields import fraction, option
 from p2pfl.local.training import apply_step
-from topologies import mixing_weights
 
 PAPER_QSGD_TAU = 3.8  # 1 + min(d/s^2, sqrt(d)/s) at the paper's d = 2,000 and s = 16
 
@@ -53,7 +53,7 @@ class ChocoSGD(Algorithm):
     Settings = ChocoSettings
     setting_defaults = {"gossip_topk": 0.01}  # the paper's headline codec: top-k 1%
     training = {"lr": 0.1, "batch_size": 10, "momentum": 0.0}
-    state = {"estimate": "peer", "mixed": "peer"}
+    state = {"copies.estimate": "peer", "copies.mixed": "peer"}
 
     @classmethod
     def check(cls, cfg) -> None:
@@ -74,8 +74,7 @@ class ChocoSGD(Algorithm):
     def __init__(self, ctx, settings=None):
         super().__init__(ctx, settings)
         self.codec = gossip_codec(self.settings) or GossipCodec()
-        self.estimate = torch.zeros_like(ctx.flat)  # x_hat_i, the public copy of each peer's weights
-        self.mixed = torch.zeros_like(ctx.flat)  # s_i = sum_j W_ij x_hat_j
+        self.copies = PublicCopies(ctx, self.codec, torch.zeros_like(ctx.flat), torch.zeros_like(ctx.flat))
 
     def notes(self) -> list[str]:
         """QSGD's paper gamma was chosen where its rescaling was mild; say how far this model is from that."""
@@ -93,42 +92,11 @@ class ChocoSGD(Algorithm):
         ]
 
     def round(self, round_index: int) -> Round:
-        ctx, codec = self.ctx, self.codec
+        ctx = self.ctx
         opt = ctx.sgd()
         grad, losses, stepping = ctx.stochastic_gradients(round_index, opt)
         apply_step(ctx.flat, grad, stepping, opt, ctx.lr(round_index), None)
-        online = ctx.online_rows(round_index)
-        peers = [ctx.peers[i] for i in online]
-        rows = slice(None) if len(online) == len(ctx.peers) else online  # a slice copies nothing
-        messages = codec.encode_rows(ctx.flat[rows] - self.estimate[rows], ctx.cfg.seed, round_index, peers)
-        sends = {p: (message, dense_bytes(ctx.flat[0])) for p, message in zip(peers, messages)}
-        inbox = ctx.neighbour_exchange("gossip", round_index, Compressed, sends, receivers=set(peers))
-        weights = mixing_weights(ctx.schedule.graph(round_index), ctx.cfg.mixing, ctx.sample_counts)
-        decoded: dict[int, tuple] = {}  # each sender's q decoded once, however many of its receivers are here
-        for i in online:
-            p = ctx.peers[i]
-            heard = {p: sends[p][0], **inbox[p]}
-            for j, w in weights[p]:  # in peer order, so every layout adds alike
-                if j in heard:
-                    if j not in decoded:
-                        decoded[j] = self._difference(heard[j])
-                    index, q = decoded[j]
-                    if j == p:
-                        _add(self.estimate[i], index, q)
-                    _add(self.mixed[i], index, w * q)
-        ctx.flat[rows] += self.settings.choco_gamma * (self.mixed[rows] - self.estimate[rows])
+        online = self.copies.send(round_index, ctx.flat)  # q_i = Q(x_i - x_hat_i); x_hat and s move by it
+        rows = slice(None) if len(online) == len(ctx.peers) else online
+        ctx.flat[rows] += self.settings.choco_gamma * (self.copies.mixed[rows] - self.copies.estimate[rows])
         return Round(losses)
-
-    def _difference(self, message: Compressed) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """q_j as the codec decodes it, scaled to a contraction (QSGD's 1/tau, as the paper's)."""
-        size = self.ctx.flat.shape[1]
-        index, values = decode_checked(self.codec, message, size)
-        scale = self.codec.contraction(size)
-        return index, values * scale if scale != 1.0 else values
-
-
-def _add(row: torch.Tensor, index: torch.Tensor | None, values: torch.Tensor) -> None:
-    if index is None:
-        row += values
-    else:
-        row[index] += values

@@ -1,0 +1,90 @@
+"""Public copies for compressed gossip (CHOCO-SGD's memory-efficient form, Koloskova et al. 2019, and
+D-PSGD and DFedAvg with a codec, which send the change since their last message as the field's
+implementations do rather than compressing the weights themselves): each peer i keeps x_hat_i, the copy of its weights that its
+neighbours track, and s_i = sum_j W_ij x_hat_j over its neighbourhood. A peer sends only the compressed
+difference q_i = Q(target_i - x_hat_i) (scaled to a contraction, QSGD's 1/tau), and every copy moves by what
+was sent: x_hat_j <- x_hat_j + q_j, s_i <- s_i + sum_j W_ij q_j. Two rows a peer, whatever its degree.
+
+The sums run over one fixed set of neighbours: the graph is static. Under --drop-links a lost q_j is not
+resent and the receiver's s_i stays off by W_ij q_j; an offline peer neither sends nor hears.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from p2pfl.gossip.codecs import Compressed, GossipCodec, decode_checked, dense_bytes
+from p2pfl.models import initial_parameters
+from topologies import mixing_weights
+
+
+class PublicCopies:
+    """x_hat (estimate) and s (mixed) for this rank's peers, one row each, moved by compressed differences."""
+
+    def __init__(self, ctx, codec: GossipCodec, estimate: torch.Tensor, mixed: torch.Tensor):
+        self.ctx, self.codec = ctx, codec
+        self.estimate = estimate  # x_hat_i, the public copy of each peer's weights
+        self.mixed = mixed  # s_i = sum_j W_ij x_hat_j
+
+    def send(self, round_index: int, target: torch.Tensor) -> list[int]:
+        """Each online peer sends Q(target_i - x_hat_i) to its out-neighbours; every copy it reaches moves by
+        it. Returns the rows of the peers that took part."""
+        ctx, codec = self.ctx, self.codec
+        online = ctx.online_rows(round_index)
+        peers = [ctx.peers[i] for i in online]
+        rows = slice(None) if len(online) == len(ctx.peers) else online  # a slice copies nothing
+        messages = codec.encode_rows(target[rows] - self.estimate[rows], ctx.cfg.seed, round_index, peers)
+        sends = {p: (message, dense_bytes(target[0])) for p, message in zip(peers, messages)}
+        inbox = ctx.neighbour_exchange("gossip", round_index, Compressed, sends, receivers=set(peers))
+        weights = mixing_weights(ctx.schedule.graph(round_index), ctx.cfg.mixing, ctx.sample_counts)
+        decoded: dict[int, tuple] = {}  # each sender's q decoded once, however many of its receivers are here
+        for i in online:
+            p = ctx.peers[i]
+            heard = {p: sends[p][0], **inbox[p]}
+            for j, w in weights[p]:  # in peer order, so every layout adds alike
+                if j in heard:
+                    if j not in decoded:
+                        decoded[j] = self._difference(heard[j])
+                    index, q = decoded[j]
+                    if j == p:
+                        _add(self.estimate[i], index, q)
+                    _add(self.mixed[i], index, w * q)
+        return online
+
+    def _difference(self, message: Compressed) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """q_j as the codec decodes it, scaled to a contraction (QSGD's 1/tau, as CHOCO-SGD's)."""
+        size = self.ctx.flat.shape[1]
+        index, values = decode_checked(self.codec, message, size)
+        scale = self.codec.contraction(size)
+        return index, values * scale if scale != 1.0 else values
+
+
+def _add(row: torch.Tensor, index: torch.Tensor | None, values: torch.Tensor) -> None:
+    if index is None:
+        row += values
+    else:
+        row[index] += values
+
+
+def starting_copies(ctx, codec: GossipCodec) -> PublicCopies:
+    """Copies that start at the peers' initial weights, which every peer can draw from the run's seed
+    (--init: one shared model, or one keyed by each peer): x_hat_i = x_i and s_i = sum_j W_ij x_j at round 0,
+    with no message sent. CHOCO-SGD starts its copies at 0 instead, as its paper."""
+    graph = ctx.schedule.graph(0)
+    weights = mixing_weights(graph, ctx.cfg.mixing, ctx.sample_counts)
+    hood = sorted({j for p in ctx.peers for j, _ in weights[p]})
+    start = dict(zip(hood, initial_parameters(ctx.stack.model, hood, ctx.cfg.seed, ctx.cfg.init, ctx.device)))
+    mixed = torch.stack([sum(w * start[j] for j, w in weights[p]) for p in ctx.peers])
+    return PublicCopies(ctx, codec, ctx.flat.clone(), mixed)
+
+
+def average_over_copies(ctx, round_index: int, flat: torch.Tensor, copies: PublicCopies) -> torch.Tensor:
+    """D-PSGD's averaging x_i <- sum_j W_ij x_j with the neighbours' public copies for x_j: each peer first
+    sends the compressed change of its weights since its copy (x_hat_i moves toward x_i), then takes
+    s_i + W_ii (x_i - x_hat_i), its own weights exact. Offline peers keep theirs."""
+    online = copies.send(round_index, flat)
+    weights = mixing_weights(ctx.schedule.graph(round_index), ctx.cfg.mixing, ctx.sample_counts)
+    own = torch.tensor([dict(weights[ctx.peers[i]])[ctx.peers[i]] for i in online], dtype=flat.dtype)
+    out = flat.clone()
+    out[online] = copies.mixed[online] + own.to(flat.device)[:, None] * (flat[online] - copies.estimate[online])
+    return out
