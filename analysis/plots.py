@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 from p2pfl.measure.metrics import METRICS
@@ -46,7 +47,7 @@ def plot_comparison(
         ax.set_yscale("log")
     if target is not None:
         target_line(ax, scale * target, f"target {scale * target:g}{'%' if scale == 100 else ''}")
-    finish(fig, ax, path, "round", metric_label(key), title)
+    finish(fig, ax, path, "round", textwrap.fill(metric_label(key), 55), title)  # a long label on two lines
 
 
 def _metric(key: str):

@@ -6,10 +6,10 @@ The preset (TOML) has a [common] table of p2pfl settings for every run, one tabl
 settings; `lrs = [...]` makes a grid whose best final test accuracy is reported, as papers that tune
 the baselines' learning rate do) and a [columns] table naming each column's settings. An optional
 top-level `metrics = [...]` names the metrics.jsonl fields to tabulate (default ["test_acc"]; the
-first one picks the best lr). Every run gets its own run folder under OUT/<column>/<method>[-lr<lr>];
-a run whose metrics.jsonl already reaches its last round is not run again. Prints and writes
+first one picks the best lr: the largest, or the smallest for a loss or grad_norm). Every run gets its
+own run folder under OUT/<column>/<method>[-lr<lr>]; a run whose metrics.jsonl already reaches its last round is not run again. Prints and writes
 OUT/table.md (the final values, then every evaluated round of each column) and OUT/results.json
-(best and every lr), and OUT/<column>/comparison.png (test accuracy per round, each method's best run).
+(best and every lr), and OUT/<column>/comparison.png (the first metric per round, each method's best run).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from p2pfl import presets  # noqa: E402
-from analysis.plots import plot_comparison  # noqa: E402
+from analysis.plots import is_fraction, plot_comparison  # noqa: E402
 from analysis.toolkit import Parser, guarded, output_folder, read_toml, writable  # noqa: E402
 from p2pfl.errors import UserError  # noqa: E402
 from p2pfl.measure.metrics import read_metrics  # noqa: E402
@@ -153,6 +153,16 @@ def final_value(folder: Path, key: str = "test_acc") -> float | None:
     return rows[-1][key] if rows else None
 
 
+def lower_is_better(key: str) -> bool:
+    """Whether the grid's best lr is the one that makes this metric smallest (a loss, a gradient norm)."""
+    return "loss" in key or key in ("grad_norm", "consensus_distance")
+
+
+def cell(key: str, value: float) -> str:
+    """A table cell: a fraction (accuracy) as a percentage, any other metric (a loss, grad_norm) as it is."""
+    return f"{100 * value:.2f}%" if is_fraction(key) else f"{value:.3g}"
+
+
 def markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([f"| {' | '.join(header)} |", "|---" * len(header) + "|", *(f"| {' | '.join(r)} |" for r in rows)])
 
@@ -167,7 +177,7 @@ def per_round(results: dict, column: str, key: str) -> str:
     rounds = sorted({k for c in curves.values() for k in c})
     return markdown(
         ["round", *curves],
-        [[str(k), *(f"{100 * c[k]:.2f}%" if k in c else "" for c in curves.values())] for k in rounds],
+        [[str(k), *(cell(key, c[k]) if k in c else "" for c in curves.values())] for k in rounds],
     )
 
 
@@ -208,7 +218,8 @@ def _main(argv: list[str] | None) -> int:
         entry = results.setdefault(run["column"], {}).setdefault(run["method"], {"by_lr": {}})
         value = final_value(run["folder"], keys[0]) if code == 0 else None
         entry["by_lr"][str(run["lr"])] = value
-        if value is not None and value >= entry.get(keys[0], -1):
+        best = entry.get(keys[0])
+        if value is not None and (best is None or (value < best if lower_is_better(keys[0]) else value >= best)):
             entry.update(
                 {key: final_value(run["folder"], key) for key in keys}, lr=run["lr"], folder=str(run["folder"])
             )
@@ -219,7 +230,7 @@ def _main(argv: list[str] | None) -> int:
             [
                 method,
                 *(
-                    "failed" if results[c][method].get(key) is None else f"{100 * results[c][method][key]:.2f}%"
+                    "failed" if results[c][method].get(key) is None else cell(key, results[c][method][key])
                     for c in columns
                 ),
             ]

@@ -21,7 +21,7 @@ if "numpy" in sys.modules:  # numpy (or torch, which imports it) came first: its
 
     threadpool_limits(1, user_api="blas")
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _PUBLIC = {
     "simulate": "p2pfl.runner.simulation",

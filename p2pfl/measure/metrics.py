@@ -180,10 +180,10 @@ declare_metric(
 )
 declare_metric(
     "grad_norm",
-    meaning="evaluated rounds, with --grad-norm: the norm of the gradient of the peers' whole training objective "
-    "(the mean over peers of each one's mean loss over its whole shard, weight decay included) at the peers' "
-    "mean model; 0 at a convex problem's optimum",
-    unit="loss units per weight unit",
+    meaning="--grad-norm: the objective's gradient norm at the peers' mean model (the objective: the mean over "
+    "peers of each one's mean loss over its whole shard, weight decay included), in evaluated rounds; 0 at a "
+    "convex problem's optimum",
+    unit="loss per weight",
     value=lambda f: f.grad_norm,
 )
 declare_metric(
