@@ -73,7 +73,9 @@ def starting_copies(ctx, codec: GossipCodec) -> PublicCopies:
     graph = ctx.schedule.graph(0)
     weights = mixing_weights(graph, ctx.cfg.mixing, ctx.sample_counts)
     hood = sorted({j for p in ctx.peers for j, _ in weights[p]})
-    start = dict(zip(hood, initial_parameters(ctx.stack.model, hood, ctx.cfg.seed, ctx.cfg.init, ctx.device)))
+    drawn = hood[:1] if ctx.cfg.init == "same" else hood  # one shared model is drawn once
+    rows = initial_parameters(ctx.stack.model, drawn, ctx.cfg.seed, ctx.cfg.init, ctx.device)
+    start = {j: rows[0 if ctx.cfg.init == "same" else k] for k, j in enumerate(hood)}
     mixed = torch.stack([sum(w * start[j] for j, w in weights[p]) for p in ctx.peers])
     return PublicCopies(ctx, codec, ctx.flat.clone(), mixed)
 
