@@ -47,7 +47,8 @@ def plot_comparison(
         ax.set_yscale("log")
     if target is not None:
         target_line(ax, scale * target, f"target {scale * target:g}{'%' if scale == 100 else ''}")
-    finish(fig, ax, path, "round", textwrap.fill(metric_label(key), 55), title)  # a long label on two lines
+    label = metric_label(key)
+    finish(fig, ax, path, "round", label if len(label) <= 65 else textwrap.fill(label, 45), title)  # long: 2 lines
 
 
 def _metric(key: str):
