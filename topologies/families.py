@@ -32,6 +32,7 @@ class GraphSpec:
     torus_sides: str = ""  # "RxC", or "" for the sides nearest a square
     rewire: float = 0.1  # small-world: each lattice edge's rewiring probability
     exponential_form: str = "directed"
+    topology_window: int = 1  # a function's graphs: connected over each window of this many rounds, together
 
 
 @dataclass(frozen=True)

@@ -142,28 +142,14 @@ def _some(items: list, shown: int = 8) -> str:
     return ", ".join(map(str, items[:shown])) + (f" ... ({len(items)} in all)" if len(items) > shown else "")
 
 
-def function_family(
-    function: Callable[[int, int, int], nx.Graph],
-    where: str,
-    weighted: bool = False,
-    window: int = 1,
-    seed_of: Callable[[int], int] | None = None,
-) -> Family:
+def function_family(function: Callable[[int, int, int], nx.Graph], where: str, weighted: bool = False) -> Family:
     """A family of the user's function(peers, round, seed) -> graph, checked each time it is called;
-    weighted: its edges' weights are the mixing matrix (--mixing given). window: B > 1 takes graphs that
-    are connected only over each window of B rounds (their union), the B-connectivity that the analyses
-    of time-varying graphs assume (random matchings are disconnected every round): the round that ends a
-    window draws the window's other rounds again (seed_of(k): round k's seed) and checks their union."""
+    weighted: its edges' weights are the mixing matrix (--mixing given). With spec.topology_window > 1 a
+    graph need not be connected by itself: the schedule checks each window's union (TopologySchedule)."""
 
     def draw(n: int, round_index: int, spec: GraphSpec, seed: int) -> nx.Graph:
         said = f"{where} (round {round_index + 1})"
-        graph = check_graph_of(function(n, round_index, seed), n, said, weighted, connected=window == 1)
-        if window > 1 and (round_index + 1) % window == 0 and n > 1:
-            union = graph.copy()
-            for k in range(round_index + 1 - window, round_index):
-                union.add_edges_from(function(n, k, seed_of(k) if seed_of else seed).edges)
-            check_connected(union, f"{where} (rounds {round_index + 2 - window} to {round_index + 1} together)")
-        return graph
+        return check_graph_of(function(n, round_index, seed), n, said, weighted, connected=spec.topology_window == 1)
 
     return Family(where, "your own function", draw, by_round=True)
 

@@ -63,6 +63,17 @@ def period_gap(graphs: Sequence[nx.Graph], mixing: str, sample_counts: Sequence[
     return float(f"{max(0.0, 1.0 - np.linalg.norm(product - 1 / n, 2) ** (1 / len(graphs))):.8g}")
 
 
+def run_gap(rows: list[dict], period: Sequence[nx.Graph] | None, mixing: str, sample_counts=None) -> float | None:
+    """final.json's spectral_gap: for a graph that changes by design, given one period of its rounds (the
+    one-peer exponential graph), period_gap, which ranks it as it mixes (its single rounds mix little);
+    else the rows' mean (a static graph's gap, or the mean over a time-varying graph's rounds); None where
+    there is none (a star, a W that does not keep the mean)."""
+    if period is not None:
+        return period_gap(period, mixing, sample_counts)
+    gaps = [row["spectral_gap"] for row in rows if "spectral_gap" in row]
+    return float(f"{sum(gaps) / len(gaps):.8g}") if gaps else None
+
+
 def edge_bytes(graph: nx.Graph, links: dict[tuple[int, int], int]) -> dict[str, float]:
     """Bytes sent over each edge of the round's graph (both directions, every phase): min, mean and max.
     Like bytes_sent, a message lost on the way counts; an edge whose ends were both offline counts 0."""

@@ -45,7 +45,7 @@ def describe(cfg) -> str:
 
 
 def graph_spec(cfg) -> GraphSpec:
-    return GraphSpec(cfg.kappa, cfg.torus_sides, cfg.rewire, cfg.exponential_form)
+    return GraphSpec(cfg.kappa, cfg.torus_sides, cfg.rewire, cfg.exponential_form, cfg.topology_window)
 
 
 def family_of(cfg) -> Family:
@@ -57,13 +57,8 @@ def family_of(cfg) -> Family:
         function = load_object(cfg.topology, "--topology")
         if not callable(function):
             raise UserError(f"{where} is {type(function).__name__}; it names a function(peers, round, seed)")
-        seeds = graph_seeds(cfg.seed)
         return function_family(
-            lambda n, k, seed: call_plugin(where, function, n, k, seed),
-            where,
-            cfg.mixing == "given",
-            cfg.topology_window,
-            lambda k: seeds(0 if cfg.static else k),
+            lambda n, k, seed: call_plugin(where, function, n, k, seed), where, cfg.mixing == "given"
         )
     if cfg.topology == FROM_FILE:
         raise UserError("--topology file reads the graph of --topology-file PATH; give that file")
@@ -90,9 +85,9 @@ def settle(cfg) -> None:
         raise UserError(
             f"--topology-window applies to a function's graphs (--topology package.module:function), not {cfg.topology}"
         )
-    for f in dataclasses.fields(GraphSpec):  # --kappa is left out: every config.toml holds it
+    for f in dataclasses.fields(GraphSpec):  # --kappa: every config.toml holds it; the window: checked above
         unread = family is None or f.name not in family.reads
-        if f.name != "kappa" and getattr(cfg, f.name) != f.default and unread:
+        if f.name not in ("kappa", "topology_window") and getattr(cfg, f.name) != f.default and unread:
             readers = ", ".join(name for name, other in FAMILIES.items() if f.name in other.reads)
             raise UserError(f"--{f.name.replace('_', '-')} applies to --topology {readers}, not {cfg.topology}")
     if family is not None and family.kappa is not None and "kappa" not in cfg.given:
@@ -121,6 +116,8 @@ def check_topology(cfg, peers: int) -> None:
             raise UserError(f"--mixing metropolis needs an undirected graph; {where} is directed (use uniform)")
     if cfg.mixing is None:  # the algorithm's, where the graph allows it: metropolis is for undirected graphs
         cfg.mixing = "uniform" if directed else cfg.algorithm.mixing
+    if cfg.mixing == "given" and family is not None:
+        raise UserError(f"--mixing given reads the weights on the edges of your own graph; {where}'s carry none")
     if directed and not cfg.algorithm.push_sum:
         check_keeps_mean(cfg, schedule, family, where)
     if cfg.algorithm.needs_static_graph(cfg.settings) and schedule.varies:
@@ -135,8 +132,7 @@ def check_topology(cfg, peers: int) -> None:
             f"--algo {cfg.algo}{'' if cfg.algorithm.static_graph else ' with a gossip codec'} keeps state over a fixed "
             f"set of neighbours: it needs a static graph, and {where} {why}"
         )
-    if cfg.mixing == "given" and family is not None:
-        raise UserError(f"--mixing given reads the weights on the edges of your own graph; {where}'s carry none")
+    cfg.notes = mixing_notes(cfg, schedule, peers)
 
 
 def check_keeps_mean(cfg, schedule: TopologySchedule, family: Family | None, where: str) -> None:
@@ -163,21 +159,21 @@ def check_keeps_mean(cfg, schedule: TopologySchedule, family: Family | None, whe
     )
 
 
-def mixing_note(ctx) -> list[str]:
-    """The run header's line where round 1's W does not keep the peers' mean: no spectral gap is reported."""
-    if ctx.cfg.algorithm.centralized or keeps_mean(
-        mixing_matrix(ctx.schedule.graph(0), ctx.cfg.mixing, ctx.sample_counts)
-    ):
-        return []
-    return [
-        f"--mixing {ctx.cfg.mixing}: round 1's weights are not doubly stochastic on this graph, so no spectral_gap "
-        "is reported"
-        + (
-            ""
-            if ctx.cfg.algorithm.push_sum
-            else "; averaging reaches a weighted mean of the peers (metropolis keeps the mean)"
-        )
-    ]
+def mixing_notes(cfg, schedule: TopologySchedule, peers: int) -> tuple[str, ...]:
+    """The run header's line where round 1's W may not keep the peers' mean (then no spectral gap is
+    reported), from the graph drawn before any data is read."""
+    mean = (
+        ""
+        if cfg.algorithm.push_sum
+        else "; averaging then reaches a weighted mean of the peers (metropolis keeps the mean)"
+    )
+    if cfg.mixing == "sample-weighted":  # the counts are not known before the data is read
+        return (f"--mixing sample-weighted: W is not doubly stochastic where the peers' sample counts differ{mean}",)
+    if peers > 100_000 or keeps_mean(mixing_matrix(_refusing(schedule.graph, 0), cfg.mixing)):  # too large to draw
+        return ()
+    return (
+        f"--mixing {cfg.mixing}: round 1's W is not doubly stochastic on this graph, so no spectral_gap is reported{mean}",
+    )
 
 
 def _refusing(function, *args):

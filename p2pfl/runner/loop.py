@@ -18,7 +18,7 @@ from p2pfl.stopping import StopRequest
 from p2pfl.errors import Interrupted
 from p2pfl.runner.round_row import RoundMeasure, sum_rows
 from p2pfl.runner.run_folder import plot_rows, save_final, summary_line
-from p2pfl.measure.graph_diagnostics import period_gap
+from p2pfl.measure.graph_diagnostics import run_gap
 from p2pfl.measure.tensorboard_log import TensorBoardLog
 
 
@@ -51,7 +51,7 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
             if k < cfg.rounds - 1:
                 saves.after_round(k, measure.log.rows, result.resumable, stop.requested)
         final = call_hook(algorithm, "finish", run_dir if rank == 0 else None)
-        gap = final_gap(ctx, measure.log.rows) if rank == 0 else None
+        gap = run_gap(measure.log.rows, period_of(ctx), ctx.cfg.mixing, ctx.sample_counts) if rank == 0 else None
         if gap is not None:  # how fast the run's graph mixes: every bound of the field is stated in it
             final = {**(final or {}), "spectral_gap": gap}
         state = final_model(measure, ctx) if rank == 0 else None
@@ -79,22 +79,13 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def final_gap(ctx, rows: list[dict]) -> float | None:
-    """final.json's spectral_gap: for a graph that changes by design (one-peer exponential) the per-round
-    rate of one period's product, which ranks it as it mixes (its single rounds mix little); else the rows'
-    mean."""
+def period_of(ctx) -> list | None:
+    """One period of the rounds' graphs for a graph that changes by design (one-peer exponential), for
+    final.json's gap; None for any other graph and for a star."""
     period = ctx.schedule.family.period
-    if period is not None and not ctx.cfg.algorithm.centralized:
-        graphs = [ctx.schedule.graph(k) for k in range(period(ctx.schedule.n))]
-        return period_gap(graphs, ctx.cfg.mixing, ctx.sample_counts)
-    return mean_gap(rows)
-
-
-def mean_gap(rows: list[dict]) -> float | None:
-    """final.json's spectral_gap: the rows' mean (a static graph's gap, or the mean over a time-varying
-    graph's rounds); None where the rows hold none (a star)."""
-    gaps = [row["spectral_gap"] for row in rows if "spectral_gap" in row]
-    return float(f"{sum(gaps) / len(gaps):.8g}") if gaps else None
+    if period is None or ctx.cfg.algorithm.centralized:
+        return None
+    return [ctx.schedule.graph(k) for k in range(period(ctx.schedule.n))]
 
 
 def watching(ctx, run_dir: Path | None, first: int, write: bool) -> list:

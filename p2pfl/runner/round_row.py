@@ -80,15 +80,19 @@ class RoundMeasure:
         mean = self.peers_mean(k, self.graph_run or scored)
         deviations = squared_deviations(ctx.flat, mean) if mean is not None else None
         scores, variances = self.peer_scores.local_scores(ctx.flat) if scored else ({}, None)
-        summed = ctx.transport.reduce(deviations) if scored else None
-        slope = ctx.transport.reduce(self.objective_gradient(mean)) if scored and ctx.cfg.grad_norm else None
+        summed = slope = None
+        if scored:  # the deviations and --grad-norm's gradient summed over the ranks in one collective
+            parts = [deviations, *([self.objective_gradient(mean)] if ctx.cfg.grad_norm else [])]
+            total = ctx.transport.reduce(torch.cat(parts))
+            if total is not None:
+                summed, slope = total[: len(deviations)], total[len(deviations) :]
         facts = ctx.transport.gather(self.rank_facts(result, deviations, scores, variances))
         if facts is None:
             return None
         round_facts = self.round_facts(k, facts, times[0], eval_start, times[1])
         if scored:
             self.score_model(round_facts, model, summed)
-            if slope is not None:
+            if ctx.cfg.grad_norm:
                 round_facts.grad_norm = float((slope / ctx.cfg.peers).norm())
         elif evaluated:
             round_facts.aggregated, clients = result.scores

@@ -28,7 +28,7 @@ from p2pfl.errors import UserError
 from p2pfl.models import count_parameters
 from p2pfl.runner.paths import LOCK_NAME, ours, refuse_link
 from p2pfl.measure.figures import PLOT_FILES, plot_metric, plot_run_header
-from p2pfl.runner.graph_schedule import describe, mixing_note
+from p2pfl.runner.graph_schedule import describe
 
 
 class FolderLock:
@@ -147,7 +147,7 @@ def announce(ctx, algorithm, run_dir: Path | None, write: bool, devices: list | 
     notes = call_hook(algorithm, "notes")
     if ctx.transport.rank != 0:
         return
-    notes = [*notes, *mixing_note(ctx)]
+    notes = [*notes, *ctx.cfg.notes]
     placed = device_note([device for device, _ in devices])
     if write and not ctx.cfg.resume:  # a resumed run's header is the one it started with
         write_run_header(ctx, run_dir, [placed, *notes], [name for _, name in devices if name])

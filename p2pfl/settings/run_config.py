@@ -242,9 +242,10 @@ class RunConfig:
     settings: Any = None  # the algorithm's own settings (an instance of its Settings dataclass)
     given: frozenset = frozenset()  # the settings the user gave (flags or TOML), not defaults
     algorithm: Any = None  # the algorithm's class, resolved from algo once (p2pfl.runner.configure)
+    notes: tuple = ()  # facts of the resolved settings worth a line in the run header (a W that does not keep the mean)
 
 
-NOT_SETTINGS = ("settings", "given", "algorithm")
+NOT_SETTINGS = ("settings", "given", "algorithm", "notes")
 # Settings that change no number of a run: a resume may give them anew.
 RESULT_NEUTRAL = ("resume", "out", "overwrite", "comm_timeout", "progress", "checkpoint_every", "tensorboard")
 
