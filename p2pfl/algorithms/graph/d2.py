@@ -8,7 +8,8 @@ g is the gradient of the whole objective (minibatch loss plus --weight-decay). T
 and doubly stochastic with every eigenvalue above -1/3; on the plain ring with uniform weights (eigenvalue
 -1/3) it diverges. The condition is checked on the run's W before any work, and --d2-lazy mixes with
 (I + W)/2, whose eigenvalues are at least 0 (the lazy W of exact diffusion, Yuan et al. 2019, D²'s
-form for a general W). The graph is static: the recursion differences two rounds of one W.
+form for a general W). The graph is static: the recursion differences two rounds of one W, so --static is
+its default (a family drawn anew each round is drawn once), and a graph that changes by design is refused.
 
 Numerics: the recursion keeps the peers' mean moving by x^t - x^(t-1), so it adds up every rounding of the
 mixing sums: in float32 throughout, this convex check (docs/optimizers.md) falls to a gradient norm of 8e-5
@@ -55,6 +56,8 @@ class D2(Algorithm):
     @classmethod
     def check(cls, cfg) -> None:
         refuse_momentum(cls, cfg)
+        if "static" not in cfg.given:  # its W is one fixed matrix: one graph for the run unless told otherwise
+            cfg.static = True
 
     def __init__(self, ctx, settings=None):
         super().__init__(ctx, settings)
