@@ -32,11 +32,13 @@ CONVEX = dict(
 )
 
 
+@pytest.mark.slow  # 1,000 rounds each (about 6 s)
 @pytest.mark.parametrize("algo, extra", [("gt", {}), ("d2", {"d2_lazy": True})])
 def test_gradient_tracking_and_d2_reach_the_optimum_where_dpsgd_stalls(algo, extra):
     assert p2pfl.simulate(algo, out=None, **CONVEX, **extra).rows[-1]["grad_norm"] < 1e-5
 
 
+@pytest.mark.slow  # 1,000 rounds (about 6 s)
 def test_dpsgd_stalls_at_a_floor_on_the_convex_check():
     assert p2pfl.simulate("dpsgd", out=None, **CONVEX).rows[-1]["grad_norm"] > 1e-2
 

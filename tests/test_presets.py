@@ -76,7 +76,7 @@ def tiny(argv: list[str], data: Path) -> list[str]:
 
 
 HEAVY_ALGOS = {"ntk-dfl", "tct", "cyclic"}  # a tiny round still takes their NTK math or a pre-training stage
-HEAVY_MODELS = {"cnn-cifar"}  # the largest conv net (FedAvg-FT's, 3-10 s a tiny round here)
+HEAVY_MODELS = {"cnn-cifar", "resnet8"}  # the largest conv nets (FedAvg-FT's, the optimizers' paper scale: 3-10 s)
 
 
 def _heavy(settings: dict) -> bool:
