@@ -11,7 +11,7 @@ from p2pfl.local.gradients import gradients
 from p2pfl.local.training import padded_shards
 from p2pfl.models import PeerStack
 
-PEER_BLOCK = 32  # peers whose full shards are forwarded at once
+PEER_BLOCK = 1  # one peer at a time: the same shapes, so the same float32 gradient, on any layout of ranks
 
 
 def objective_gradient_sum(

@@ -93,7 +93,7 @@ class RoundMeasure:
         if scored:
             self.score_model(round_facts, model, summed)
             if ctx.cfg.grad_norm:
-                round_facts.grad_norm = float((slope / ctx.cfg.peers).norm())
+                round_facts.grad_norm = float(f"{float((slope / ctx.cfg.peers).norm()):.10g}")  # as the other sums
         elif evaluated:
             round_facts.aggregated, clients = result.scores
             round_facts.clients = {m: torch.as_tensor(v, dtype=torch.float64) for m, v in clients.items()}
