@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from p2pfl.algorithms.base import Algorithm, neighbour_average
+from p2pfl.gossip.codec_settings import GossipSettings, gossip_codec
 from p2pfl.gossip.codecs import Compressed, GossipCodec, decode_checked, dense_bytes
 from p2pfl.models import initial_parameters
 from topologies import mixing_weights
@@ -90,3 +92,37 @@ def average_over_copies(ctx, round_index: int, flat: torch.Tensor, copies: Publi
     out = flat.clone()
     out[online] = copies.mixed[online] + own.to(flat.device)[:, None] * (flat[online] - copies.estimate[online])
     return out
+
+
+class GossipAverager(Algorithm):
+    """What D-PSGD and DFedAvg share: averaging with the neighbours, dense, or over public copies moved by
+    a codec's compressed changes (--gossip-topk, --gossip-randk, --gossip-quant-bits), which need a static
+    graph. A subclass names itself and writes its round around self.average."""
+
+    directed_graphs = True  # averaging reads in-neighbours only
+    Settings = GossipSettings
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        gossip_codec(cfg.settings)
+
+    @classmethod
+    def needs_static_graph(cls, settings) -> bool:
+        return gossip_codec(settings) is not None  # the public copies sum one set of neighbours
+
+    def __init__(self, ctx, settings=None):
+        super().__init__(ctx, settings)
+        codec = gossip_codec(self.settings)  # built once; None: dense
+        self.copies = starting_copies(ctx, codec) if codec is not None else None
+
+    @property
+    def state(self) -> dict[str, str]:
+        return {"copies.estimate": "peer", "copies.mixed": "peer"} if self.copies is not None else {}
+
+    def average(self, round_index: int) -> None:
+        """ctx.flat averaged with the neighbours: dense, or over their public copies with a codec."""
+        ctx = self.ctx
+        if self.copies is None:
+            ctx.flat = neighbour_average(ctx, round_index, ctx.flat)
+        else:
+            ctx.flat = average_over_copies(ctx, round_index, ctx.flat, self.copies)

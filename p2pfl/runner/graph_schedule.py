@@ -12,7 +12,7 @@ from p2pfl.errors import UserError
 from p2pfl.measure.graph_diagnostics import keeps_mean, mixing_matrix
 from p2pfl.plugins import call_plugin, is_reference, load_object
 from p2pfl.seeding import graph_seeds
-from topologies import FAMILIES, Family, GraphError, GraphSpec, TopologySchedule, mixing_weights
+from topologies import FAMILIES, Family, GraphError, GraphSpec, TopologySchedule
 from topologies.given import file_family, function_family
 
 FROM_FILE = "file"  # --topology's value where --topology-file names the graph
@@ -143,15 +143,10 @@ def check_keeps_mean(cfg, schedule: TopologySchedule, family: Family | None, whe
         return
     why = "they follow the peers' sample counts"
     if cfg.mixing != "sample-weighted":
-        graph = _refusing(schedule.graph, 0)
-        columns = dict.fromkeys(graph.nodes, 0.0)
-        for row in mixing_weights(graph, cfg.mixing).values():
-            for j, w in row:
-                columns[j] += w
-        low, high = min(columns.values()), max(columns.values())
-        if high - low <= 1e-9:
+        matrix = mixing_matrix(_refusing(schedule.graph, 0), cfg.mixing)
+        if keeps_mean(matrix):
             return
-        why = f"W's columns sum to {low:.3g} .. {high:.3g}"
+        why = f"W's columns sum to {matrix.sum(0).min():.3g} .. {matrix.sum(0).max():.3g}"
     raise UserError(
         f"{where} is directed and its --mixing {cfg.mixing} weights are not doubly stochastic ({why}): --algo "
         f"{cfg.algo} would average to a weighted mean, not the mean. Use --algo sgp (push-sum corrects it), or "

@@ -48,7 +48,7 @@ class QGDSGDm(Algorithm):
         lr, trainable = ctx.lr(round_index), grad.shape[1]
         momentum = beta * self.buffer + grad
         step = grad + beta * momentum if self.settings.qg_nesterov else momentum
-        before = ctx.flat[:, :trainable].clone()
+        before = ctx.flat[:, :trainable]  # the rows before averaging: neighbour_average returns new ones
         sent = ctx.flat.clone()
         sent[:, :trainable] -= lr * step * stepping[:, None]
         ctx.flat = neighbour_average(ctx, round_index, sent)
