@@ -5,7 +5,10 @@ neighbours track, and s_i = sum_j W_ij x_hat_j over its neighbourhood. A peer se
 difference q_i = Q(target_i - x_hat_i) (scaled to a contraction, QSGD's 1/tau), and every copy moves by what
 was sent: x_hat_j <- x_hat_j + q_j, s_i <- s_i + sum_j W_ij q_j. Two rows a peer, whatever its degree.
 
-The sums run over one fixed set of neighbours: the graph is static. Under --drop-links a lost q_j is not
+Compared with decentralizepy (sharing/PartialModel.py, its TopK): it picks coordinates by their change
+since the last exchange too, but sends their current values and lets a receiver keep its own values
+elsewhere, with no copies and on any graph. The sums here run over one fixed set of neighbours: the
+graph is static. Under --drop-links a lost q_j is not
 resent and the receiver's s_i stays off by W_ij q_j; an offline peer neither sends nor hears.
 """
 
