@@ -109,3 +109,35 @@ def test_numpys_blas_runs_on_one_thread_even_when_numpy_was_imported_first():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
     assert result.returncode == 0 and result.stdout.strip() == "[1]", result.stdout + result.stderr
+
+
+def _graph_function_run(function: str) -> list[str]:
+    return [
+        "--dataset",
+        "synthetic",
+        "--peers",
+        "6",
+        "--rounds",
+        "3",
+        "--topology",
+        f"tests.graph_functions:{function}",
+        "--mixing",
+        "metropolis",
+        "--no-progress",
+    ]
+
+
+RANK_DEPENDENT = ("rank_local_edge", "unseeded")
+
+
+@ranked_cases({f: (3, _graph_function_run(f)) for f in RANK_DEPENDENT})
+@pytest.mark.parametrize("function", RANK_DEPENDENT)
+def test_a_graph_function_that_differs_between_ranks_stops_in_one_line(function, ranked_run):
+    """A difference inside rank 0's own peers ran on with wrong numbers; an unseeded one waited for
+    messages never sent until --comm-timeout. Both stop before round 1's exchanges, naming the function."""
+    stderr = ranked_run.result.stderr
+    assert ranked_run.result.returncode == 2, stderr[-1500:]
+    assert stderr.count("p2pfl: error:") == 1
+    assert f"--topology tests.graph_functions:{function} gave rank" in stderr
+    assert "other than rank 0's in round 1: each rank calls it" in stderr
+    assert not (ranked_run.out / "metrics.jsonl").exists() or not (ranked_run.out / "metrics.jsonl").read_text()

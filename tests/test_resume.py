@@ -245,3 +245,29 @@ def test_tct_interrupted_in_stage_2_resumes_from_the_end_of_stage_1(tmp_path):
     _same_run(tmp_path / "full", tmp_path / "cut")
     linear = [torch.load(tmp_path / run / "tct_linear.pt", weights_only=True) for run in ("full", "cut")]
     assert all(torch.equal(linear[0][k], linear[1][k]) for k in linear[0])
+
+
+def test_a_resume_refuses_a_graph_or_partition_file_changed_since_the_run_started(tmp_path):
+    """It continued on the new graph and exited 0, its next rounds other than the uninterrupted run's."""
+    graph, run = tmp_path / "ring.txt", tmp_path / "run"
+    graph.write_text("".join(f"{i} {(i + 1) % 6}\n" for i in range(6)))
+    args = ["--dataset", "synthetic", "--peers", "6", "--rounds", "2", "--checkpoint-every", "1", "--no-progress"]
+    cut = testing.run_in_process([*args, "--topology-file", str(graph), "--out", str(run)], stop_after_first_round=True)
+    assert cut.returncode == 130, cut.stderr
+    graph.write_text(graph.read_text() + "0 3\n")
+    changed = run_here("--resume", str(run), "--no-progress")
+    assert changed.returncode == 2, changed.stderr
+    assert f"--topology-file {graph} changed since the run started" in changed.stderr
+    assert len(metric_lines(run)) == 1  # the folder as it was
+    graph.write_text("".join(f"{i} {(i + 1) % 6}\n" for i in range(6)))
+    assert run_here("--resume", str(run), "--no-progress").returncode == 0
+    assert len(metric_lines(run)) == 2
+    shards, run = tmp_path / "shards.json", tmp_path / "partitioned"
+    shards.write_text(json.dumps([list(range(i * 30, i * 30 + 30)) for i in range(6)]))
+    cut = testing.run_in_process(
+        [*args, "--partition-file", str(shards), "--out", str(run)], stop_after_first_round=True
+    )
+    assert cut.returncode == 130, cut.stderr
+    shards.write_text(json.dumps([list(range(i * 30, i * 30 + 29)) for i in range(6)]))
+    changed = run_here("--resume", str(run), "--no-progress")
+    assert changed.returncode == 2 and f"--partition-file {shards} changed since" in changed.stderr

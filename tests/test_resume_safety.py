@@ -429,6 +429,12 @@ def _link_metrics_outside(run, tmp_path):
     return outside
 
 
+def _hard_link_metrics_outside(run, tmp_path):
+    outside = tmp_path / "outside.jsonl"
+    os.link(run / "metrics.jsonl", outside)
+    return outside
+
+
 def _pipe_for_latest(run, tmp_path):
     (run / "checkpoint" / "latest.json").unlink()
     os.mkfifo(run / "checkpoint" / "latest.json")
@@ -445,10 +451,16 @@ def _folder_for_a_slot(run, tmp_path):
     "damage,needle",
     [
         (_link_metrics_outside, "metrics.jsonl is a link; a run writes only inside its folder"),
+        (_hard_link_metrics_outside, "metrics.jsonl has another name (a hard link, 2 names in all)"),
         (_pipe_for_latest, "checkpoint/latest.json is not a file"),
         (_folder_for_a_slot, "is not a file (remove it to resume from the other checkpoint)"),
     ],
-    ids=["metrics.jsonl a link outside", "latest.json a named pipe", "the newest slot a folder"],
+    ids=[
+        "metrics.jsonl a link outside",
+        "metrics.jsonl hard-linked outside",
+        "latest.json a named pipe",
+        "the newest slot a folder",
+    ],
 )
 def test_a_resume_refused_for_its_files_changes_nothing(tmp_path, damage, needle):
     """Hostile cases of issue 40: the resume followed a link out of the folder (the outside file got the

@@ -70,3 +70,52 @@ def test_uniform_weights_are_one_over_degree_plus_one():
 def test_drawing_writes_png(tmp_path):
     draw_graph(build_graph("regular", 30, 5, seed=0), tmp_path / "g.png")
     assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_graphs_fingerprint_is_its_edges_and_weights_not_the_order_they_were_added():
+    from topologies import fingerprint
+
+    one = nx.Graph([(0, 1), (1, 2), (2, 0)])
+    other = nx.Graph([(2, 1), (0, 2), (1, 0)])
+    assert fingerprint(one) == fingerprint(other)
+    assert fingerprint(one) != fingerprint(nx.DiGraph(one))
+    other.add_node(3)
+    assert fingerprint(one) != fingerprint(other)
+    weighted = nx.Graph(one)
+    nx.set_edge_attributes(weighted, 0.5, "weight")
+    assert fingerprint(weighted) != fingerprint(one)
+    weighted[0][1]["weight"] = 0.25
+    assert len({fingerprint(weighted), fingerprint(one), fingerprint(nx.Graph(one))}) == 2
+
+
+class _Ranks:
+    """Three ranks' gather and broadcast as seen from rank 0, rank 2 holding `other`'s digest."""
+
+    size = 3
+
+    def __init__(self, other):
+        self.other = other
+
+    def gather(self, digest):
+        return [digest, digest, self.other]
+
+    def bcast(self, value):
+        return value
+
+
+def test_a_graph_file_read_otherwise_on_another_rank_names_the_file_and_the_round(tmp_path):
+    from types import SimpleNamespace
+
+    from p2pfl.algorithms import REGISTRY
+    from p2pfl.errors import UserError
+    from p2pfl.runner.graph_schedule import check_same_graph
+    from topologies import fingerprint
+
+    schedule = TopologySchedule(FAMILIES["ring"], 6, GraphSpec(), graph_seeds(0), static=True)
+    cfg = SimpleNamespace(algorithm=REGISTRY["dpsgd"], topology_file=str(tmp_path / "g.txt"), topology="file")
+    ctx = SimpleNamespace(cfg=cfg, schedule=schedule, transport=_Ranks(fingerprint(nx.path_graph(6))))
+    with pytest.raises(UserError, match=r"--topology-file .*g.txt gave rank 2 a graph other than rank 0's in round 4"):
+        check_same_graph(ctx, 3, 3)
+    check_same_graph(ctx, 4, 3)  # a static graph is compared in the run's first round only
+    ctx.transport.other = fingerprint(schedule.graph(3))
+    check_same_graph(ctx, 3, 3)

@@ -3,7 +3,7 @@ weights and drawings."""
 
 from topologies.families import EXPONENTIAL_FORMS, FAMILIES, Family, GraphError, GraphSpec, build_graph
 from topologies.mixing import MIXINGS, as_matrix, in_neighbours, lazy, mixing_weights, push_sum_weights
-from topologies.schedule import TopologySchedule
+from topologies.schedule import TopologySchedule, fingerprint
 
 __all__ = [
     "EXPONENTIAL_FORMS",
@@ -19,4 +19,5 @@ __all__ = [
     "lazy",
     "push_sum_weights",
     "TopologySchedule",
+    "fingerprint",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache
 from typing import Callable
 
@@ -47,3 +48,12 @@ class TopologySchedule:
     @lru_cache(maxsize=4)
     def _graph(self, key: int, round_index: int) -> nx.Graph:
         return self.family.graph(self.n, round_index, self.spec, self.graph_seed(key))
+
+
+def fingerprint(graph: nx.Graph) -> str:
+    """A digest of a graph's peers, edges and edge weights, equal for equal graphs on any machine: what
+    the ranks compare to know that each built the same graph (each draws its own copy)."""
+    directed = graph.is_directed()
+    edges = sorted(((u, v) if directed else tuple(sorted((u, v))), repr(w)) for u, v, w in graph.edges(data="weight"))
+    text = repr((directed, sorted(graph.nodes), edges))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()

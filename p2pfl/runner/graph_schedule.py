@@ -12,7 +12,7 @@ from p2pfl.errors import UserError
 from p2pfl.measure.graph_diagnostics import keeps_mean, mixing_matrix
 from p2pfl.plugins import call_plugin, is_reference, load_object
 from p2pfl.seeding import graph_seeds
-from topologies import FAMILIES, Family, GraphError, GraphSpec, TopologySchedule
+from topologies import FAMILIES, Family, GraphError, GraphSpec, TopologySchedule, fingerprint
 from topologies.given import file_family, function_family
 
 FROM_FILE = "file"  # --topology's value where --topology-file names the graph
@@ -169,6 +169,33 @@ def mixing_notes(cfg, schedule: TopologySchedule, peers: int) -> tuple[str, ...]
     return (
         f"--mixing {cfg.mixing}: round 1's W is not doubly stochastic on this graph, so no spectral_gap is reported{mean}",
     )
+
+
+def check_same_graph(ctx, round_index: int, first: int) -> None:
+    """Before round k's exchanges: every rank drew the same graph (each draws its own copy), or every rank
+    stops with one line. A user's function that reads the rank, the process or unseeded randomness, or a
+    file changed while the ranks started, would otherwise give wrong numbers or a wait for messages never
+    sent. Compared where a round's graph is new: each round where the graph may change, else the first."""
+    transport, schedule = ctx.transport, ctx.schedule
+    if transport.size == 1 or ctx.cfg.algorithm.centralized or (round_index > first and not schedule.varies):
+        return
+    digests = transport.gather(fingerprint(schedule.graph(round_index)))
+    differ = transport.bcast([r for r, d in enumerate(digests) if d != digests[0]] if digests is not None else None)
+    if differ:
+        cfg = ctx.cfg
+        where, why = (
+            (f"--topology-file {cfg.topology_file}", "was it changed while the ranks started?")
+            if cfg.topology_file
+            else (
+                f"--topology {cfg.topology}",
+                "each rank calls it, so it must return the same graph for the same (peers, round, seed): "
+                "no unseeded randomness, rank or process id",
+            )
+        )
+        raise UserError(
+            f"{where} gave rank{'s' if len(differ) > 1 else ''} {', '.join(map(str, differ[:5]))} a graph "
+            f"other than rank 0's in round {round_index + 1}: {why}"
+        )
 
 
 def _refusing(function, *args):

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from p2pfl.algorithms.base import call_hook, check_round_result
 from p2pfl.runner.checkpoint.policy import Checkpoints, resume_hint
+from p2pfl.runner.graph_schedule import check_same_graph
 from p2pfl.stopping import StopRequest
 from p2pfl.errors import Interrupted
 from p2pfl.runner.round_row import RoundMeasure, sum_rows
@@ -36,6 +37,7 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
     try:
         for k in range(first, cfg.rounds):
             ctx.transport.round_index = k
+            check_same_graph(ctx, k, first)
             synchronize(ctx.device)
             start = time.perf_counter()
             result = check_round_result(algorithm, ctx, k, call_hook(algorithm, "round", k), shape, dtype)

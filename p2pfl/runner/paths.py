@@ -3,6 +3,7 @@ through a run; files read only where they are regular files; a run folder to res
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -51,12 +52,32 @@ def read_regular(path: Path, limit: int | None = SMALL_FILE) -> bytes:
         return fh.read(limit + 1 if limit is not None else -1)
 
 
+def file_digest(path: Path) -> str:
+    """The SHA-256 of a file's content, read in blocks (a graph or partition file may be large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def refuse_link(path: Path, folder: Path, flag: str) -> None:
     """One line where a file the run would write is a link: a run writes only inside its folder."""
     if path.is_symlink():
         raise UserError(
             f"{flag}: {path.relative_to(folder)} is a link; a run writes only inside its "
             "folder, never through a link (replace it with the file, or remove it)"
+        )
+
+
+def refuse_shared(path: Path, folder: Path, flag: str) -> None:
+    """One line where a file a resume would append to or rewrite has a second name (a hard link): written
+    through, the other name would change too. (--overwrite removes a run's files first: no link is kept.)"""
+    if path.is_file() and path.stat().st_nlink > 1:
+        raise UserError(
+            f"{flag}: {path.relative_to(folder)} has another name (a hard link, {path.stat().st_nlink} names in "
+            "all); a run writes only inside its folder, never into a file shared with elsewhere (copy it, or "
+            "remove the other name)"
         )
 
 
@@ -69,6 +90,7 @@ def check_resumable(run_dir: Path, checkpoints: str) -> None:
         [*folder.iterdir(), *((folder / checkpoints).iterdir() if (folder / checkpoints).is_dir() else [])]
     ):
         refuse_link(path, folder, f"--resume {run_dir}")
+        refuse_shared(path, folder, f"--resume {run_dir}")
         if path.parent.name == checkpoints and not path.is_file():
             raise UserError(
                 f"--resume {run_dir}: {path.relative_to(folder)} is not a file (remove it to resume "

@@ -15,6 +15,7 @@ import torch
 
 from p2pfl.errors import Interrupted
 from p2pfl.runner.checkpoint.files import write
+from p2pfl.runner.paths import file_digest
 from p2pfl.settings.run_config import CHECKPOINT_SECONDS, FIELDS, RESULT_NEUTRAL, RunConfig
 
 
@@ -25,6 +26,13 @@ def result_settings(cfg: RunConfig) -> dict[str, Any]:
     if dataclasses.is_dataclass(cfg.settings):
         out.update({f"{k} (its own)": v for k, v in dataclasses.asdict(cfg.settings).items()})
     return out
+
+
+def input_digests(cfg: RunConfig) -> dict[str, str]:
+    """{flag and path: its content's digest} of each file the run reads beside its data (--topology-file,
+    --partition-file): a checkpoint keeps them, and a resume refuses a file changed since."""
+    named = {"--topology-file": cfg.topology_file, "--partition-file": cfg.partition_file}
+    return {f"{flag} {path}": file_digest(Path(path)) for flag, path in named.items() if path is not None}
 
 
 def state_names(algorithm, kind: str) -> list[str]:
@@ -42,10 +50,10 @@ def _cpu(value):
     return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
-def capture(ctx, algorithm, rows: list[dict], rounds_done: int, copy: bool = True) -> dict:
+def capture(ctx, algorithm, rows: list[dict], rounds_done: int, inputs: dict, copy: bool = True) -> dict:
     """This rank's part of a checkpoint after round `rounds_done` (1-based), on the CPU. With copy, its
     own copies: the next round changes the run's tensors in place, and a stop by SIGTERM writes the
-    last completed round's capture (run.py keeps one in memory)."""
+    last completed round's capture (run.py keeps one in memory). inputs: input_digests at the run's start."""
     take = (lambda v: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v) if copy else _cpu
     state = {
         "round": rounds_done,
@@ -59,12 +67,13 @@ def capture(ctx, algorithm, rows: list[dict], rounds_done: int, copy: bool = Tru
         state["global_weights"] = take(ctx.global_weights)
         state["rows"] = list(rows)
         state["settings"] = result_settings(ctx.cfg)  # whose checkpoint this is (a copied one is refused)
+        state["inputs"] = inputs
     return state
 
 
-def save(ctx, algorithm, rows: list[dict], rounds_done: int, run_dir: Path) -> None:
+def save(ctx, algorithm, rows: list[dict], rounds_done: int, run_dir: Path, inputs: dict) -> None:
     """Called on every rank after round `rounds_done` (1-based) is complete and its metrics recorded."""
-    state = capture(ctx, algorithm, rows, rounds_done, copy=False)
+    state = capture(ctx, algorithm, rows, rounds_done, inputs, copy=False)
     write(state, run_dir, ctx.transport)
 
 
@@ -90,6 +99,9 @@ class Checkpoints:
         self.ctx, self.algorithm, self.run_dir, self.write = ctx, algorithm, run_dir, write
         self.saved, self.last_save = saved, time.monotonic()
         self.held: list[dict] = []  # in-memory captures of the last completed rounds: what a stop at once saves
+        self.inputs = (
+            input_digests(ctx.cfg) if write and ctx.transport.rank == 0 else {}
+        )  # the files as the run read them
 
     def after_round(self, k: int, rows: list[dict], resumable: bool, stop_requested: bool) -> None:
         """After round k's row: every rank takes the same turn (a checkpoint, a stop: Interrupted)."""
@@ -97,7 +109,7 @@ class Checkpoints:
         due = checkpoint_due(ctx.cfg.checkpoint_every, done, time.monotonic() - self.last_save)
         stop, due = ctx.transport.agree(stop_requested, due)
         if (due or stop) and self.write and resumable:
-            save(ctx, self.algorithm, rows, done, self.run_dir)
+            save(ctx, self.algorithm, rows, done, self.run_dir, self.inputs)
             self.saved, self.last_save = done, time.monotonic()
         if stop:
             raise Interrupted(f"stopped after round {done}; {resume_hint(self.run_dir, self.saved)}")
@@ -109,7 +121,7 @@ class Checkpoints:
         if self.write and resumable and done > self.saved:
             # ranks may be a collective apart when a signal lands: under MPI keep two rounds
             kept = self.held[-1:] if self.ctx.transport.size > 1 else []
-            self.held = [*kept, capture(self.ctx, self.algorithm, rows, done)]
+            self.held = [*kept, capture(self.ctx, self.algorithm, rows, done, self.inputs)]
 
     def save_held(self) -> int:
         """After a stop at once: write the newest round every rank holds a capture of, if it is newer

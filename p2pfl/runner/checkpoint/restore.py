@@ -10,7 +10,7 @@ import torch
 
 from p2pfl.errors import UserError
 from p2pfl.runner.checkpoint.files import Snapshot
-from p2pfl.runner.checkpoint.policy import result_settings, state_names
+from p2pfl.runner.checkpoint.policy import input_digests, result_settings, state_names
 
 
 def _set(obj, dotted: str, value) -> None:
@@ -41,6 +41,13 @@ def restore(ctx, algorithm, snapshot: Snapshot, run_dir: Path) -> None:
             f"--resume {run_dir}: the checkpoint does not fit the run's config.toml: it was written with "
             f"{'; '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}; was config.toml edited, or the checkpoint "
             "copied from another run?"
+        )
+    now = input_digests(ctx.cfg)
+    changed = [name for name, digest in parts[0].get("inputs", {}).items() if now.get(name) != digest]
+    if changed:
+        raise UserError(
+            f"--resume {run_dir}: {changed[0]} changed since the run started (its rounds 1 to {snapshot.round} "
+            "were run on the file's earlier content); put that content back, or start a new run"
         )
     if snapshot.round >= ctx.cfg.rounds:
         raise UserError(
