@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from p2pfl.errors import UserError
-from p2pfl.runner.paths import checked_path
+from p2pfl.runner.paths import SMALL_FILE, checked_path, read_regular
 
 
 class Parser(argparse.ArgumentParser):
@@ -61,18 +61,41 @@ def writable(path: Path, what: str = "--out") -> None:
         raise UserError(f"{what} {path} is not writable")
 
 
-def read_toml(path: Path, what: str) -> dict:
+def read_text(path: Path, what: str, limit: int | None = SMALL_FILE) -> str:
+    """A regular file's text, or one line saying why not: a named pipe or a device would block the tool,
+    a file over `limit` bytes fill its memory, bytes that are not UTF-8 are no text file of p2pfl's."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{what} {path} {'is a folder' if path.is_dir() else 'does not exist'}; give a TOML file")
     try:
-        return tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{what} {path} is not valid TOML ({exc})")
+        return read_regular(path, limit).decode("utf-8-sig")
+    except FileNotFoundError:
+        raise UserError(f"{what} {path} does not exist")
+    except IsADirectoryError:
+        raise UserError(f"{what} {path} is a folder, not a file")
     except OSError as exc:
-        raise UserError(f"{what} {path} cannot be read ({exc.strerror or exc.__class__.__name__})")
+        raise UserError(f"{what} {path} cannot be read ({exc.strerror or exc})")
+    except UnicodeDecodeError:
+        raise UserError(f"{what} {path} is not text (not UTF-8)")
 
 
+def read_toml(path: Path, what: str) -> dict:
+    try:
+        return tomllib.loads(read_text(path, what))
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{what} {path} is not valid TOML ({exc})")
+
+
+def read_json(path: Path, what: str) -> dict:
+    """A JSON file holding an object (final.json), or one line."""
+    try:
+        value = json.loads(read_text(path, what))
+    except ValueError:
+        raise UserError(f"{what} {path} is not JSON")
+    if not isinstance(value, dict):
+        raise UserError(f"{what} {path} holds {type(value).__name__}, not an object")
+    return value
+
+
+METRICS_LIMIT = 1 << 30  # a metrics.jsonl of 300 peers' client metrics over thousands of rounds is ~100 MB
 MEASURES = ("test_", "bytes_sent", "round_s", "train_loss")  # what the tools read as numbers (test_*: scores)
 
 
@@ -83,12 +106,7 @@ def _number(value) -> bool:
 def read_rows(path: Path) -> list[dict]:
     """metrics.jsonl's rows, each checked to be a round's row: a JSON object with an integer round."""
     path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise UserError(f"{path} cannot be read ({exc.strerror or exc.__class__.__name__})")
-    except UnicodeDecodeError:
-        raise UserError(f"{path} is not text")
+    lines = read_text(path, "metrics", METRICS_LIMIT).splitlines()
     rows = []
     for number, line in enumerate(lines, 1):
         if not line.strip():

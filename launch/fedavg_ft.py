@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from p2pfl.measure.figures import plot_fine_tuning, plot_linear_run, plot_similarity  # noqa: E402
 from p2pfl import presets  # noqa: E402
 from launch.table import execute, flags, run_command  # noqa: E402
-from p2pfl.measure.metrics import read_metrics  # noqa: E402
+from analysis.toolkit import read_rows  # noqa: E402
 
 
 def cell(entry: dict, scale: float = 1, fmt: str = ".4g") -> str:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     linear = "final_rep_dist" in finals["fedavg"]
     lines = [f"{preset.get('title', out.name)}", ""]
     if linear:
-        rows = {m: [r for r in read_metrics(out / m / "metrics.jsonl")] for m in methods}
+        rows = {m: [r for r in read_rows(out / m / "metrics.jsonl")] for m in methods}
         plot_linear_run({labels[m]: (rows[m], finals[m]["fine_tuning"]) for m in methods}, out)
         lines += ["| n | " + " | ".join(f"{labels[m]} error (mean ± std)" for m in methods) + " |", "|---|---|---|"]
         lines += [f"| {n} | " + " | ".join(cell(finals[m]["fine_tuning"][n]) for m in methods) + " |" for n in fa]

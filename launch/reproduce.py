@@ -18,7 +18,6 @@ import json
 import re
 import statistics
 import sys
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,13 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis.toolkit import Parser, guarded  # noqa: E402
+from analysis.toolkit import Parser, guarded, read_json, read_rows, read_toml  # noqa: E402
 from launch.experiment import experiment_runs  # noqa: E402
 from launch.table import execute, run_command, run_state  # noqa: E402
 from p2pfl import presets  # noqa: E402
 from p2pfl.runner import provenance  # noqa: E402
 from p2pfl.errors import UserError  # noqa: E402
-from p2pfl.measure.metrics import read_metrics  # noqa: E402
 
 CLAIMS = ROOT / "launch" / "reproduce.toml"
 RUNS = ROOT / "runs" / "reproduce"
@@ -57,7 +55,11 @@ class Row:
     minutes: float | None = None  # a run's time where it is known before running it
 
     def folder(self, seed: int, root: Path) -> Path:
-        return root / self.claim / re.sub(r"[^a-z0-9]+", "-", self.method.lower()).strip("-") / f"seed{seed}"
+        return root / self.claim / self.slug(self.method) / f"seed{seed}"
+
+    @staticmethod
+    def slug(method: str) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", method.lower()).strip("-")
 
     @functools.cached_property
     def args(self) -> list[str]:
@@ -84,24 +86,56 @@ class Row:
         return run_command([*self.args, "--seed", str(seed)], self.folder(seed, root))
 
 
+TEXT_FIELDS = ("claim", "paper", "headline", "method", "paper_value", "preset", "metric", "take", "page", "scale")
+FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a claim names its runs' folder under --runs
+
+
 def load_rows(path: Path = CLAIMS) -> list[Row]:
-    """The rows, each claim's paper and headline carried down from its first row."""
+    """The rows, each claim's paper and headline carried down from its first row; each field checked for
+    its type, and a claim for a folder name that stays under --runs."""
     rows, first = [], {}
-    for i, entry in enumerate(tomllib.loads(path.read_text()).get("row", []), 1):
+    entries = read_toml(path, "--rows").get("row", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise UserError(f"--rows {path}: row is not a list of tables ([[row]])")
+    for i, entry in enumerate(entries, 1):
         where = f"{path.name}, row {i} ({entry.get('claim', 'no claim')}, {entry.get('method', 'no method')})"
         head = first.setdefault(entry.get("claim"), entry)
         try:
             row = Row(**{"paper": head.get("paper"), "headline": head.get("headline"), **entry})
         except TypeError as exc:  # a field missing or unknown
             raise UserError(f"{where}: {exc}") from None
-        if not (row.take in ("last", "best") or re.fullmatch(r"rounds_to:0?\.\d+", row.take)):
-            raise UserError(f"{where}: take is last, best or rounds_to:<fraction>, not {row.take!r}")
-        if row.paper is None or row.headline is None:
-            raise UserError(f"{where}: a claim's first row names its paper and headline")
+        check_row(row, where)
         rows.append(row)
     if not rows:
         raise UserError(f"{path.name}: no [[row]]")
     return rows
+
+
+def check_row(row: Row, where: str) -> None:
+    if row.paper is None or row.headline is None:
+        raise UserError(f"{where}: a claim's first row names its paper and headline")
+    wrong = next((name for name in TEXT_FIELDS if not isinstance(getattr(row, name), str)), None)
+    if wrong:
+        raise UserError(f"{where}: {wrong} is {getattr(row, wrong)!r}, not a string")
+    if not isinstance(row.seeds, list) or not row.seeds or not all(_integer(s) for s in row.seeds):
+        raise UserError(f"{where}: seeds is {row.seeds!r}, not a list of integers")
+    if not isinstance(row.select, dict):
+        raise UserError(f"{where}: select is {row.select!r}, not a table")
+    if not isinstance(row.flags, list) or not all(isinstance(f, str) for f in row.flags):
+        raise UserError(f"{where}: flags is {row.flags!r}, not a list of strings")
+    if row.minutes is not None and (not isinstance(row.minutes, int | float) or isinstance(row.minutes, bool)):
+        raise UserError(f"{where}: minutes is {row.minutes!r}, not a number")
+    if not FOLDER_NAME.fullmatch(row.claim) or not Row.slug(row.method):
+        raise UserError(
+            f"{where}: a claim is a folder name under --runs (letters, digits, '.', '_', '-'), and a method "
+            "holds a letter or digit"
+        )
+    if not (row.take in ("last", "best") or re.fullmatch(r"rounds_to:0?\.\d+", row.take)):
+        raise UserError(f"{where}: take is last, best or rounds_to:<fraction>, not {row.take!r}")
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def value_of(row: Row, records: list[dict], final: dict) -> float | None:
@@ -133,18 +167,25 @@ class Outcome:
 
 
 def outcomes(row: Row, root: Path) -> list[Outcome]:
-    """The seeds whose run finished."""
+    """The seeds whose run finished; a run folder the tool cannot read is one line naming it."""
     found = []
     for seed in row.seeds:
         folder = row.folder(seed, root)
         if run_state({"folder": folder, "argv": row.command(seed, root)}) != "done":
             continue
-        records = read_metrics(folder / "metrics.jsonl")
-        config = tomllib.loads((folder / "config.toml").read_text())
-        final = json.loads((folder / "final.json").read_text()) if (folder / "final.json").exists() else {}
+        records = read_rows(folder / "metrics.jsonl")
+        source = read_toml(folder / "config.toml", "run config").get(provenance.TABLE, {})
+        if not isinstance(source, dict) or not all(isinstance(v, str) for v in source.values()):
+            raise UserError(f"{folder}/config.toml: its [{provenance.TABLE}] table is not p2pfl's (strings only)")
+        final = read_json(folder / "final.json", "final") if (folder / "final.json").exists() else {}
         minutes = sum(r.get("round_s", 0.0) for r in records) / 60
-        best = max((r[row.metric] for r in records if r.get(row.metric) is not None), default=None)
-        found.append(Outcome(seed, value_of(row, records, final), minutes, config.get(provenance.TABLE, {}), best))
+        values = [r[row.metric] for r in records if r.get(row.metric) is not None]
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            raise UserError(f"{folder}/metrics.jsonl: {row.metric} holds a value that is not a number")
+        value = value_of(row, records, final)
+        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
+            raise UserError(f"{folder}: {row.metric} is {value!r}, not a number")
+        found.append(Outcome(seed, value, minutes, source, max(values, default=None)))
     return found
 
 
@@ -260,6 +301,7 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--out", type=Path, default=PAGE, help=f"the page (default {PAGE})")
     p.add_argument("--note", default="", help="a paragraph under the page's introduction (how the runs were made)")
     args = p.parse_args(argv)
+    args.runs = args.runs.resolve()  # from the working folder: the runs themselves start in the repository
     rows = load_rows(args.rows)
     if args.claims:
         wanted = set(args.claims.split(","))

@@ -20,7 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 from analysis.plots import plot_comparison  # noqa: E402
 from launch.table import mpi_prefix  # noqa: E402
-from p2pfl.measure.metrics import read_metrics, rounds_to_target  # noqa: E402
+from analysis.toolkit import read_rows  # noqa: E402
+from p2pfl.measure.metrics import rounds_to_target  # noqa: E402
 
 
 def run(algo: str, args, out: Path) -> list[dict]:
@@ -49,7 +50,7 @@ def run(algo: str, args, out: Path) -> list[dict]:
     cmd = [*mpi_prefix(args.ranks), *cmd]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     subprocess.run(cmd, check=True, cwd=ROOT, env=env)
-    return read_metrics(out / "metrics.jsonl")
+    return read_rows(out / "metrics.jsonl")
 
 
 def main() -> None:

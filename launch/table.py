@@ -26,9 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from p2pfl import presets  # noqa: E402
 from analysis.plots import is_fraction, plot_comparison  # noqa: E402
-from analysis.toolkit import Parser, guarded, output_folder, read_toml, writable  # noqa: E402
+from analysis.toolkit import Parser, guarded, output_folder, read_rows, read_toml, writable  # noqa: E402
 from p2pfl.errors import UserError  # noqa: E402
-from p2pfl.measure.metrics import read_metrics  # noqa: E402
 
 
 def flags(settings: dict) -> list[str]:
@@ -123,8 +122,8 @@ def run_state(run: dict) -> str:
             "in this plan); use another --out"
         )
     try:
-        rows = read_metrics(folder / "metrics.jsonl")
-    except (OSError, ValueError):
+        rows = read_rows(folder / "metrics.jsonl")  # never a pipe's endless wait
+    except UserError:  # unreadable rows: no finished run
         rows = []
     if rows and rows[-1].get("round") == stored["rounds"] and (folder / "model.pt").exists():
         return "done"
@@ -147,9 +146,7 @@ def execute(run: dict) -> int:
 
 
 def final_value(folder: Path, key: str = "test_acc") -> float | None:
-    rows = (
-        [r for r in read_metrics(folder / "metrics.jsonl") if key in r] if (folder / "metrics.jsonl").exists() else []
-    )
+    rows = [r for r in read_rows(folder / "metrics.jsonl") if key in r] if (folder / "metrics.jsonl").exists() else []
     return rows[-1][key] if rows else None
 
 
@@ -170,7 +167,7 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
 def per_round(results: dict, column: str, key: str) -> str:
     """Every evaluated round of a column: one row per round, one cell per method's best run."""
     curves = {
-        m: {r["round"]: r[key] for r in read_metrics(Path(e["folder"]) / "metrics.jsonl") if key in r}
+        m: {r["round"]: r[key] for r in read_rows(Path(e["folder"]) / "metrics.jsonl") if key in r}
         for m, e in results[column].items()
         if "folder" in e
     }
@@ -245,9 +242,7 @@ def _main(argv: list[str] | None) -> int:
     (out / "table.md").write_text(f"{title}\n\n{table}\n\n{rounds}\n")
     (out / "results.json").write_text(json.dumps(results, indent=1))
     for column in columns:
-        best = {
-            m: read_metrics(Path(e["folder"]) / "metrics.jsonl") for m, e in results[column].items() if "folder" in e
-        }
+        best = {m: read_rows(Path(e["folder"]) / "metrics.jsonl") for m, e in results[column].items() if "folder" in e}
         plot_comparison(best, out / column / "comparison.png", key=keys[0], title=f"{title}: {column}")
     print(f"{title}\n\n{table}\n\n{out / 'table.md'}")
     return 0 if all(c == 0 for c in codes) else 1

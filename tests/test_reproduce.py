@@ -4,6 +4,7 @@ folders (mean and spread, seeds, time, version)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 import pytest
@@ -51,11 +52,13 @@ minutes = 1
 
 
 @pytest.mark.subprocess
-def test_run_then_page_from_the_run_folders(tmp_path):
+def test_run_then_page_from_the_run_folders(tmp_path, monkeypatch):
     rows = tmp_path / "rows.toml"
     rows.write_text(ROWS)
-    common = ["--rows", str(rows), "--runs", str(tmp_path / "runs")]
+    monkeypatch.chdir(tmp_path)  # a relative --runs is the working folder's (the runs start in the repository)
+    common = ["--rows", str(rows), "--runs", "runs"]
     assert reproduce.main(["run", *common, "--max-minutes", "0.5"]) == 0  # the second row is skipped
+    assert (tmp_path / "runs" / "toy" / "dfedavg" / "seed1" / "model.pt").is_file()
     assert sorted(p.name for p in (tmp_path / "runs" / "toy").iterdir()) == ["dfedavg"]
     page = tmp_path / "reproduce.md"
     assert reproduce.main(["page", *common, "--out", str(page)]) == 0
@@ -71,6 +74,18 @@ def test_run_then_page_from_the_run_folders(tmp_path):
     assert f"| {p2pfl.__version__} |" in text
     assert "`python -m p2pfl.run --config dfedavg-fmnist300 --dataset synthetic" in text
     assert reproduce.main(["run", *common, "--max-minutes", "0.5"]) == 0  # done: nothing runs again
+    seed0 = tmp_path / "runs" / "toy" / "dfedavg" / "seed0"
+    config = (seed0 / "config.toml").read_text()
+    (seed0 / "config.toml").write_text(re.sub(r"(?m)^version = .*$", "version = 3", config))
+    assert reproduce.main(["page", *common, "--out", str(page)]) == 2
+    (seed0 / "config.toml").write_text(config)
+    (seed0 / "final.json").write_text("[1, 2]")
+    assert reproduce.main(["page", *common, "--out", str(page)]) == 2
+    (seed0 / "final.json").unlink()
+    (seed0 / "metrics.jsonl").unlink()
+    os.mkfifo(seed0 / "metrics.jsonl")  # read, it would wait forever: a run not finished
+    assert reproduce.main(["page", *common, "--out", str(page)]) == 0
+    assert "| 1 (0 not run) | tiny |" in page.read_text()
 
 
 @pytest.mark.parametrize(
@@ -80,6 +95,13 @@ def test_run_then_page_from_the_run_folders(tmp_path):
         (ROWS.replace('take = "last"', 'take = "final"', 1), "take is last, best or rounds_to"),
         (ROWS.replace('paper = "A toy paper"\n', "", 1), "names its paper and headline"),
         ("", "no [[row]]"),
+        (ROWS.replace("seeds = [0, 1]", 'seeds = "0"', 1), "seeds is '0', not a list of integers"),
+        (ROWS.replace("minutes = 1", 'minutes = "1"', 1), "minutes is '1', not a number"),
+        (ROWS.replace('scale = "tiny"', "scale = 2", 1), "scale is 2, not a string"),
+        (ROWS.replace('page = "cli.md"', 'page = "cli.md"\nselect = 3', 1), "select is 3, not a table"),
+        (ROWS.replace('claim = "toy"', 'claim = "/tmp/elsewhere"'), "a claim is a folder name under --runs"),
+        (ROWS.replace('claim = "toy"', 'claim = "../up"'), "a claim is a folder name under --runs"),
+        (ROWS.replace('method = "DFedAvg"', 'method = "../.."', 1), "a method holds a letter or digit"),
     ],
 )
 def test_a_bad_rows_file_is_one_line_naming_the_row(tmp_path, text, says):
@@ -89,6 +111,25 @@ def test_a_bad_rows_file_is_one_line_naming_the_row(tmp_path, text, says):
     rows.write_text(text)
     with pytest.raises(UserError, match=re.escape(says)):
         reproduce.load_rows(rows)
+
+
+@pytest.mark.parametrize("kind", ["missing", "not TOML", "binary", "a folder", "a named pipe", "/dev/zero"])
+def test_a_rows_file_that_cannot_be_read_is_one_line_and_never_a_wait(tmp_path, kind, capsys):
+    rows = tmp_path / "rows.toml"
+    if kind == "not TOML":
+        rows.write_text("x = [")
+    elif kind == "binary":
+        rows.write_bytes(b"\xff\xfe\x00")
+    elif kind == "a folder":
+        rows.mkdir()
+    elif kind == "a named pipe":
+        os.mkfifo(rows)
+    elif kind == "/dev/zero":
+        rows = "/dev/zero"
+    assert reproduce.main(["page", "--rows", str(rows), "--out", str(tmp_path / "page.md")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"launch.reproduce: error: --rows {rows}") and err.count("\n") == 1
+    assert not (tmp_path / "page.md").exists()
 
 
 def test_rounds_to_a_target_mean_with_a_decimal_seeds_whole_misses_with_their_best():
