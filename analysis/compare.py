@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.plots import AGGREGATED, MEAN_CLIENT, plt, save, target_line, whole_numbers
-from analysis.toolkit import Parser, guarded, output_file, read_run
-from p2pfl.runner import provenance
+from analysis.toolkit import Parser, guarded, output_file, provenance_of, read_run
 from p2pfl.errors import UserError
 
 # Settings that do not change a run's numbers: never a reason to split groups.
@@ -126,7 +125,7 @@ def load_run(folder: Path) -> Run:
             f"{folder} has no evaluated round yet ({len(rows)} rounds done"
             f"{f', --eval-every {every}' if isinstance(every, int) and every > 1 else ''})"
         )
-    return Run(Path(folder), config, rows, config.pop(provenance.TABLE, {}))
+    return Run(Path(folder), config, rows, provenance_of(config, folder))
 
 
 def group_runs(runs: list[Run], by: list[str] | None) -> list[Group]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from p2pfl.errors import UserError
+from p2pfl.runner import provenance
 from p2pfl.runner.paths import SMALL_FILE, checked_path, read_regular
 
 
@@ -122,6 +123,15 @@ def read_rows(path: Path) -> list[dict]:
             raise UserError(f"{path} line {number}: {wrong} is {row[wrong]!r}, not a number")
         rows.append(row)
     return rows
+
+
+def provenance_of(config: dict, folder: Path) -> dict:
+    """The [p2pfl] table of a run's config.toml (version, commit, machine: strings), taken out of the
+    settings, or one line where it is not p2pfl's."""
+    table = config.pop(provenance.TABLE, {})
+    if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+        raise UserError(f"{folder}/config.toml: its [{provenance.TABLE}] table is not p2pfl's (a table of strings)")
+    return table
 
 
 def read_run(folder: Path) -> tuple[dict, list[dict]]:

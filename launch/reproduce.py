@@ -25,11 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis.toolkit import Parser, guarded, read_json, read_rows, read_toml  # noqa: E402
+from analysis.toolkit import Parser, guarded, provenance_of, read_json, read_rows, read_toml  # noqa: E402
 from launch.experiment import experiment_runs  # noqa: E402
 from launch.table import execute, run_command, run_state  # noqa: E402
 from p2pfl import presets  # noqa: E402
-from p2pfl.runner import provenance  # noqa: E402
 from p2pfl.errors import UserError  # noqa: E402
 
 CLAIMS = ROOT / "launch" / "reproduce.toml"
@@ -174,9 +173,7 @@ def outcomes(row: Row, root: Path) -> list[Outcome]:
         if run_state({"folder": folder, "argv": row.command(seed, root)}) != "done":
             continue
         records = read_rows(folder / "metrics.jsonl")
-        source = read_toml(folder / "config.toml", "run config").get(provenance.TABLE, {})
-        if not isinstance(source, dict) or not all(isinstance(v, str) for v in source.values()):
-            raise UserError(f"{folder}/config.toml: its [{provenance.TABLE}] table is not p2pfl's (strings only)")
+        source = provenance_of(read_toml(folder / "config.toml", "run config"), folder)
         final = read_json(folder / "final.json", "final") if (folder / "final.json").exists() else {}
         minutes = sum(r.get("round_s", 0.0) for r in records) / 60
         values = [r[row.metric] for r in records if r.get(row.metric) is not None]

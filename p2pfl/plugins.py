@@ -5,6 +5,7 @@ through the 'p2pfl.algorithms' entry-point group."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 import traceback
 from importlib.metadata import entry_points
@@ -43,6 +44,24 @@ def _import(module_name: str, flag: str, reference: str):
                 f"{flag} {reference}: cannot import {module_name} ({exc}); is its folder on PYTHONPATH?"
             ) from None
         raise
+
+
+def check_signature(where: str, function, *parameters: str) -> None:
+    """One line where the user's function cannot be called with the arguments p2pfl passes (a TypeError
+    from inside it would look like a bug of theirs, or of ours)."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a built-in or C function shows none: its call says
+        return
+    try:
+        signature.bind(*parameters)
+    except TypeError:
+        name = getattr(function, "__name__", type(function).__name__)
+        signature = signature.replace(return_annotation=inspect.Signature.empty)
+        raise UserError(
+            f"{where}: {name}{signature} cannot be called as {name}({', '.join(parameters)}); write it to take "
+            f"those {len(parameters)} arguments"
+        ) from None
 
 
 def call_plugin(what: str, function, *args):

@@ -21,3 +21,8 @@ def unseeded(peers: int, round_index: int, seed: int) -> nx.Graph:
     graph = nx.cycle_graph(peers)
     graph.add_edge(0, random.SystemRandom().randrange(2, peers - 1))
     return graph
+
+
+def no_arguments() -> nx.Graph:
+    """A graph function of the wrong signature."""
+    return nx.cycle_graph(4)

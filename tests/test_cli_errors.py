@@ -118,6 +118,17 @@ HOSTILE = [
     (["--config", "{tmp}/resume-int.toml"], "--resume takes a run folder, not 3"),
     (["--config", "{tmp}/resume-table.toml"], "--resume takes a run folder, not {'a': 1}"),
     (["--resume", ""], "--resume takes a run folder, not ''"),
+    (["--config", ""], "--config is empty: give a TOML file or a preset's name"),
+    (["--config", "a" * 300], "--config " + "a" * 60 + "... (300 characters): File name too long"),
+    (["--config", "{tmp}/quant-float.toml"], "--gossip-quant-bits takes an integer, not 4.0"),
+    # graphs of the user's: files and functions
+    ([*SYN, "--peers", "4", "--topology-file", "{tmp}/superscript.txt"], "not peers: '²'"),
+    ([*SYN, "--peers", "4", "--topology-file", "{tmp}/dashes.txt"], "not peers: '--0'"),
+    ([*SYN, "--peers", "4", "--topology-file", "{tmp}/loop1.txt"], "loop1.txt cannot be found (Symlink loop"),
+    (
+        [*SYN, "--peers", "4", "--topology", "tests.graph_functions:no_arguments"],
+        "no_arguments() cannot be called as no_arguments(peers, round, seed)",
+    ),
     # data folders
     (["--dataset", "mnist", "--data-dir", "{tmp}/absent"], "is not a folder"),
     (["--dataset", "mnist", "--data-dir", "{tmp}/not-utf8.toml"], "is not a folder"),
@@ -148,6 +159,9 @@ FILES = {
     "hidden-text.toml": b'hidden = "abc"',
     "taus-other-algo.toml": b"ntk_taus = [100]",
     "finished/metrics.jsonl": b"{}",
+    "quant-float.toml": b"gossip_quant_bits = 4.0",
+    "superscript.txt": "0 1\n1 2\n2 3\n3 \u00b2\n".encode(),
+    "dashes.txt": b"0 1\n1 2\n2 3\n3 --0\n",
 }
 
 
@@ -160,6 +174,8 @@ def _hostile_tree(root):
     for name, raw in FILES.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(raw)
+    (root / "loop1.txt").symlink_to(root / "loop2.txt")
+    (root / "loop2.txt").symlink_to(root / "loop1.txt")
     rng = np.random.default_rng(0)
 
     def mnist(folder, test_shape=(28, 28), label_at=None, label_dtype=np.uint8, test_labels=20):

@@ -167,3 +167,30 @@ def test_the_api_reference_covers_every_public_name_and_is_current():
         assert f"### `{name}`" in block, name
         assert own_doc(getattr(p2pfl, name)), f"p2pfl.{name} has no docstring of its own"
     assert f"`compare{inspect.signature(compare)}`" in page  # the hand-written analysis.compare entry
+
+
+@pytest.mark.parametrize("kind", ["not UTF-8", "a folder", "a link to nothing", "a named pipe", "not TOML"])
+def test_a_broken_file_among_the_presets_is_one_line_naming_it(tmp_path, monkeypatch, kind):
+    """A traceback (or a wait forever on a pipe) from the listing and from --config NAME before."""
+    import os
+
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    monkeypatch.setattr(presets, "RUNS", tmp_path)
+    monkeypatch.setattr(presets, "EXPERIMENTS", experiments)
+    broken = experiments / "broken.toml"
+    if kind == "not UTF-8":
+        broken.write_bytes(b"# a \xff preset.\n[columns.a]\n")
+    elif kind == "a folder":
+        broken.mkdir()
+    elif kind == "a link to nothing":
+        broken.symlink_to(tmp_path / "nowhere")
+    elif kind == "a named pipe":
+        os.mkfifo(broken)
+    else:
+        broken.write_text("# an experiment.\n[columns\n")
+    with pytest.raises(UserError, match=f"preset {broken} (is not a file|cannot be read|is not valid TOML)"):
+        presets.listing()
+    if kind != "not TOML":  # found: the tool that reads it says where its TOML breaks
+        with pytest.raises(UserError, match=f"preset {broken} "):
+            presets.find("broken", "experiment")

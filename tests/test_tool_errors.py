@@ -46,14 +46,19 @@ def place(tmp_path):
     return tmp_path
 
 
-def _rows(folder, rows):
+def _rows(folder, rows, config='algo = "dfedavg"\nrounds = 9\neval_every = 5\n'):
     folder.mkdir(parents=True)
-    (folder / "config.toml").write_text('algo = "dfedavg"\nrounds = 9\neval_every = 5\n')
+    (folder / "config.toml").write_text(config)
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
 
 
+EVALUATED = [{"round": 1, "test_acc": 0.5}]
 CASES = [
+    ("compare", lambda t: [_rows(t / "s", EVALUATED, 'p2pfl = "0.3"\n')], "its [p2pfl] table is not p2pfl's"),
+    ("compare", lambda t: [_rows(t / "n", EVALUATED, "[p2pfl]\nversion = 3\n")], "its [p2pfl] table is not p2pfl's"),
+    ("compare", lambda t: [_rows(t / "c", EVALUATED, "[p2pfl]\ncommit = 1.5\n")], "its [p2pfl] table is not p2pfl's"),
+    ("compare", lambda t: [_rows(t / "b", [], "\xff")], "is not valid TOML"),
     ("compare", lambda t: [t / "a-file"], "is not a run folder (a file)"),
     ("compare", lambda t: [_rows(t / "list", [[1, 2]])], "line 1 is not a round's row"),
     ("compare", lambda t: [_rows(t / "noround", [{"test_acc": 0.5}])], "line 1 is not a round's row"),

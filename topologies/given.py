@@ -5,6 +5,7 @@ is wrong, before any data is read (the first round's) and again each round they 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -13,6 +14,7 @@ import networkx as nx
 from topologies.families import Family, GraphError, GraphSpec
 
 WEIGHT_SLACK = 1e-6  # how far a row of given weights may sum above 1 (decimal files round)
+FILE_LIMIT = 64 << 20  # bytes: ~5 million edges; networkx holds a graph in ~25 times its file's size
 
 
 def _read_edgelist(path: Path) -> nx.Graph:
@@ -52,6 +54,11 @@ def read_graph(path: Path) -> nx.Graph:
         raise GraphError(f"{where}: reads {', '.join(READERS)} files (edge list, adjacency list, GraphML, GML)")
     if not path.is_file():
         raise GraphError(f"{where}: no such file")
+    if path.stat().st_size > FILE_LIMIT:
+        raise GraphError(
+            f"{where}: {path.stat().st_size:,} bytes, more than the {FILE_LIMIT >> 20} MiB a graph file may hold "
+            "(a graph that large is drawn faster by a function: --topology package.module:function)"
+        )
     try:
         graph = reader(path)
     except GraphError as exc:
@@ -65,7 +72,7 @@ def read_graph(path: Path) -> nx.Graph:
 
 def _peer(label):
     """A label that names a whole number is that peer; any other stays as it is (and is refused)."""
-    if isinstance(label, str) and label.strip().lstrip("-").isdigit():
+    if isinstance(label, str) and re.fullmatch(r"-?[0-9]+", label.strip()):
         return int(label)
     if isinstance(label, float) and label.is_integer():
         return int(label)

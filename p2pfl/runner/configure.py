@@ -26,7 +26,7 @@ from p2pfl.models import MODELS, model_spec
 from p2pfl.settings.fields import add_flags, build, check, coerce
 from p2pfl import presets
 from p2pfl.runner import provenance
-from p2pfl.runner.paths import check_resumable, read_regular
+from p2pfl.runner.paths import check_resumable, read_regular, resolved
 from p2pfl.plugins import is_reference
 from p2pfl.measure.tensorboard_log import check_available
 from p2pfl.runner.graph_schedule import check_topology, choices_sentence, settle
@@ -134,7 +134,7 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     pre.add_argument("--algo")
     pre.add_argument("--resume")
     known, _ = pre.parse_known_args(argv)
-    values = load_toml(str(presets.find(known.config))) if getattr(known, "config", None) else {}
+    values = load_toml(str(presets.find(known.config))) if getattr(known, "config", None) is not None else {}
     resume = _run_folder(known.resume if hasattr(known, "resume") else values.get("resume"))
     stored = _stored_config(resume) if resume is not None else {}
     algo = getattr(known, "algo", values.get("algo", stored.get("algo", "dfedavg")))
@@ -304,7 +304,7 @@ def validate(cfg: RunConfig, writes: bool = True) -> None:
             raise UserError(f"--partition-file {cfg.partition_file}: no such file")
         if cfg.train_samples is not None:
             raise UserError("--partition-file indexes the whole training set; --train-samples would renumber it")
-        cfg.partition_file = str(Path(cfg.partition_file).resolve())  # a resumed run reads the same file
+        cfg.partition_file = resolved(cfg.partition_file, "--partition-file")
     if cfg.labels != "fine" and canonical != "cifar100":
         raise UserError(f"--labels {cfg.labels} applies to --dataset cifar100 only, not {canonical}")
     check_data_dir(cfg, spec)

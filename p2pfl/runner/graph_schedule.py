@@ -10,7 +10,8 @@ from pathlib import Path
 from p2pfl.algorithms import REGISTRY
 from p2pfl.errors import UserError
 from p2pfl.measure.graph_diagnostics import keeps_mean, mixing_matrix
-from p2pfl.plugins import call_plugin, is_reference, load_object
+from p2pfl.plugins import call_plugin, check_signature, is_reference, load_object
+from p2pfl.runner.paths import resolved
 from p2pfl.seeding import graph_seeds
 from topologies import FAMILIES, Family, GraphError, GraphSpec, TopologySchedule, fingerprint
 from topologies.given import file_family, function_family
@@ -57,6 +58,7 @@ def family_of(cfg) -> Family:
         function = load_object(cfg.topology, "--topology")
         if not callable(function):
             raise UserError(f"{where} is {type(function).__name__}; it names a function(peers, round, seed)")
+        check_signature(where, function, "peers", "round", "seed")
         return function_family(
             lambda n, k, seed: call_plugin(where, function, n, k, seed), where, cfg.mixing == "given"
         )
@@ -79,7 +81,7 @@ def settle(cfg) -> None:
         if cfg.algorithm.centralized:
             raise UserError(f"--topology-file: --algo {cfg.algo} runs on a star around its server; it takes no graph")
         cfg.topology = FROM_FILE
-        cfg.topology_file = str(Path(cfg.topology_file).resolve())  # a resumed run reads the same file
+        cfg.topology_file = resolved(cfg.topology_file, "--topology-file")
     family = FAMILIES.get(cfg.topology)
     if cfg.topology_window != 1 and not is_reference(cfg.topology):
         raise UserError(

@@ -37,6 +37,14 @@ def checked_path(path: Path, what: str) -> Path:
     return Path(path)
 
 
+def resolved(path: str, flag: str) -> str:
+    """An input file's absolute path (a resumed run reads the same file), or one line where its links loop."""
+    try:
+        return str(Path(path).resolve())
+    except (OSError, RuntimeError) as exc:  # Python raises RuntimeError for a loop of links
+        raise UserError(f"{flag} {path} cannot be found ({getattr(exc, 'strerror', None) or exc})")
+
+
 SMALL_FILE = 1 << 20  # a config file or latest.json is a few kB
 
 

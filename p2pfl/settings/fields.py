@@ -111,9 +111,9 @@ def coerce(f: dataclasses.Field, value: Any, strict: bool = True) -> Any:
             raise ValueError
         if kind == "ints":
             items = value if isinstance(value, (list, tuple)) else str(value).replace(" ", "").split(",")
-            return tuple(_integer(v) for v in items if v != "")
+            return tuple(_integer(v, strict) for v in items if v != "")
         if kind == "int":
-            return _integer(value)
+            return _integer(value, strict)
         if kind == "float|auto" and value == "auto":
             return value
         if kind in ("float", "float|auto"):
@@ -154,8 +154,10 @@ def _parses(f: dataclasses.Field, text: str) -> bool:
         return False
 
 
-def _integer(value: Any) -> int:
-    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+def _integer(value: Any, strict: bool) -> int:
+    """An int; strict (a TOML value): 4.0 is no integer (a count of bits or peers written as a float is
+    likely a setting mistaken for another)."""
+    if isinstance(value, bool) or (isinstance(value, float) and (strict or not value.is_integer())):
         raise ValueError
     return int(value)
 
