@@ -5,7 +5,9 @@
 # rank's non-zero status, and p2pfl hands the status back through $P2PFL_STATUS_FILE.
 # A SIGTERM or Ctrl-C to this script (a scheduler's stop, or the terminal's) reaches the ranks as SIGUSR1,
 # which mpirun forwards: they save the last completed round and exit 143 (mpirun itself answers SIGTERM
-# and SIGINT by killing the ranks at once).
+# and SIGINT by killing the ranks at once). A SIGHUP (the terminal closed) is passed on the same way, and
+# the script exits 129 as a hung-up process does: no rank runs on detached (mpirun answers SIGHUP by
+# ending at once, and the ranks' last line was lost).
 set -euo pipefail
 ranks=${1:?usage: launch/mpirun.sh RANKS [p2pfl flags...]}
 shift
@@ -19,13 +21,15 @@ trap 'rm -f "$P2PFL_STATUS_FILE"' EXIT
 # A rank ended by a signal before its run started (a user's kill, its node's OOM killer) ends the job:
 # mpirun stops the others, whose banner about it is left out here; p2pfl's own line says what happened.
 setsid "$here/.venv/bin/mpirun" --runtime-options error-nonzero-status=false -n "$ranks" --oversubscribe \
-    "$here/.venv/bin/python" -m p2pfl.run "$@" 2> >(awk '
+    "$here/.venv/bin/python" -m p2pfl.run "$@" 2> >(trap '' HUP; exec awk '
         /^--------------------+$/ { if (held) { held = held "\n" $0; if (held !~ /(noticed that process|exited on signal|prterun|mpirun)/) print held; held = ""; fflush() } else held = $0; next }
         held { held = held "\n" $0; next }
         { print; fflush() }
         END { if (held) print held }' >&2) &
 job=$!
 trap 'kill -USR1 "$job" 2>/dev/null' TERM INT
+hung_up=
+trap 'hung_up=1; kill -USR1 "$job" 2>/dev/null' HUP
 while kill -0 "$job" 2>/dev/null; do
     wait "$job" && status=0 || status=$?
 done
@@ -36,4 +40,8 @@ elif [ "$status" -gt 128 ] && [ -z "$recorded" ]; then
     # a signal ended the job before any rank's p2pfl could say so (killed while Python itself started)
     echo "p2pfl: stopped before the run started" >&2
 fi
-exit "${recorded:-$status}"
+status=${recorded:-$status}
+if [ -n "$hung_up" ] && [ "$status" = 143 ]; then
+    status=129  # the stop was the terminal's SIGHUP, forwarded as SIGUSR1
+fi
+exit "$status"

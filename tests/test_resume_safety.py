@@ -249,11 +249,14 @@ def test_sigterm_saves_the_last_completed_round_and_the_resume_equals_the_whole_
 
 
 @pytest.mark.mpi
-def test_ctrl_c_at_the_terminal_reaches_launch_mpiruns_ranks_and_saves(tmp_path):
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 143), (signal.SIGHUP, 129)], ids=["Ctrl-C", "SIGHUP"])
+def test_ctrl_c_at_the_terminal_reaches_launch_mpiruns_ranks_and_saves(tmp_path, signum, code):
     """mpirun answers SIGINT and SIGTERM by killing its ranks at once, without a word, but forwards
     SIGUSR1: launch/mpirun.sh runs mpirun in a session of its own, so that a terminal's Ctrl-C (SIGINT to
     the foreground process group) reaches the script alone, and turns it (and a SIGTERM, the same trap)
-    into SIGUSR1. The ranks save the last completed round and exit 143, within seconds."""
+    into SIGUSR1. The ranks save the last completed round and exit 143, within seconds. A closed terminal
+    (SIGHUP to the group) killed the script alone, and the ranks, in their own session, ran on to the end:
+    it is passed on, and the ranks exit 129."""
     run = tmp_path / "cut"
     terminal = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731 - as a shell's foreground job
     proc = subprocess.Popen(
@@ -266,11 +269,13 @@ def test_ctrl_c_at_the_terminal_reaches_launch_mpiruns_ranks_and_saves(tmp_path)
         preexec_fn=terminal,
     )
     _wait_for_rows(proc, run, 2)
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, signum)
     start = time.monotonic()
     _, err = proc.communicate(timeout=120)
     assert time.monotonic() - start < 10, err
-    assert proc.returncode == 143, err
+    assert proc.returncode == code, err
+    assert "checkpoint after round" in err and "continue with" in err, err
+    assert subprocess.run(["pgrep", "-f", str(run)], capture_output=True).stdout == b""  # no rank runs on
     assert (run / "checkpoint" / "latest.json").exists(), err
     assert json.loads((run / "checkpoint" / "latest.json").read_text())["round"] >= 2
 
