@@ -7,7 +7,8 @@
 # which mpirun forwards: they save the last completed round and exit 143 (mpirun itself answers SIGTERM
 # and SIGINT by killing the ranks at once). A SIGHUP (the terminal closed) is passed on the same way, and
 # the script exits 129 as a hung-up process does: no rank runs on detached (mpirun answers SIGHUP by
-# ending at once, and the ranks' last line was lost).
+# ending at once, and the ranks' last line was lost). The filter of mpirun's banners ignores these signals
+# (a terminal's Ctrl-C or hang-up reaches it too) and ends with mpirun's output: the ranks' line is printed.
 set -euo pipefail
 ranks=${1:?usage: launch/mpirun.sh RANKS [p2pfl flags...]}
 shift
@@ -21,7 +22,7 @@ trap 'rm -f "$P2PFL_STATUS_FILE"' EXIT
 # A rank ended by a signal before its run started (a user's kill, its node's OOM killer) ends the job:
 # mpirun stops the others, whose banner about it is left out here; p2pfl's own line says what happened.
 setsid "$here/.venv/bin/mpirun" --runtime-options error-nonzero-status=false -n "$ranks" --oversubscribe \
-    "$here/.venv/bin/python" -m p2pfl.run "$@" 2> >(trap '' HUP; exec awk '
+    "$here/.venv/bin/python" -m p2pfl.run "$@" 2> >(trap '' HUP INT TERM; exec awk '
         /^--------------------+$/ { if (held) { held = held "\n" $0; if (held !~ /(noticed that process|exited on signal|prterun|mpirun)/) print held; held = ""; fflush() } else held = $0; next }
         held { held = held "\n" $0; next }
         { print; fflush() }
