@@ -344,9 +344,9 @@ class MpiTransport(Transport):
         self._complete(sends, children, what, time.monotonic() + self.timeout)
         return total
 
-    def agree(self, flag, rank0_flag):
+    def agree(self, flag, rank0_value):
         flags = self.gather(bool(flag))
-        return self.bcast((any(flags), bool(rank0_flag)) if flags is not None else None)
+        return self.bcast((any(flags), rank0_value) if flags is not None else None)
 
     def barrier(self) -> None:
         self.gather(None)

@@ -234,9 +234,9 @@ class Transport:
         """The sum over ranks of each rank's float64 values, on every rank."""
         return values
 
-    def agree(self, flag: bool, rank0_flag: bool) -> tuple[bool, bool]:
-        """(flag on any rank, rank 0's rank0_flag) on every rank: one decision for all ranks."""
-        return flag, rank0_flag
+    def agree(self, flag: bool, rank0_value):
+        """(flag on any rank, rank 0's value) on every rank: one decision for all ranks."""
+        return flag, rank0_value
 
     def barrier(self) -> None:
         pass

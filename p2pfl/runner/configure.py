@@ -205,7 +205,11 @@ def _resume_values(run_dir: str, stored: dict[str, Any], given: dict[str, Any]) 
         raise UserError(f"--resume {run_dir}: the run has no checkpoint to continue from")
     values = {
         **stored,
-        **{k: given[k] for k in ("comm_timeout", "progress", "checkpoint_every", "tensorboard") if k in given},
+        **{
+            k: given[k]
+            for k in ("comm_timeout", "progress", "checkpoint_every", "tensorboard", "drift_stop")
+            if k in given
+        },
     }
     values.update(out=run_dir, resume=run_dir)
     return values

@@ -239,6 +239,11 @@ class RunConfig:
         None, "continue the run in this folder from its last checkpoint, with its config.toml", shown="none"
     )
     progress: bool = option(True, "a progress bar")
+    drift_stop: bool = option(
+        True,
+        "stop, as a diverging run (exit 3), where the peers drift apart: their consensus distance 10 times over "
+        "the last 50 rounds, rising in 45 of them (looked at from round 101)",
+    )
     settings: Any = None  # the algorithm's own settings (an instance of its Settings dataclass)
     given: frozenset = frozenset()  # the settings the user gave (flags or TOML), not defaults
     algorithm: Any = None  # the algorithm's class, resolved from algo once (p2pfl.runner.configure)
@@ -247,7 +252,16 @@ class RunConfig:
 
 NOT_SETTINGS = ("settings", "given", "algorithm", "notes")
 # Settings that change no number of a run: a resume may give them anew.
-RESULT_NEUTRAL = ("resume", "out", "overwrite", "comm_timeout", "progress", "checkpoint_every", "tensorboard")
+RESULT_NEUTRAL = (
+    "resume",
+    "out",
+    "overwrite",
+    "comm_timeout",
+    "progress",
+    "checkpoint_every",
+    "tensorboard",
+    "drift_stop",
+)
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig) if f.name not in NOT_SETTINGS}

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from p2pfl.errors import Interrupted
+from p2pfl.errors import DivergenceError, Interrupted
 from p2pfl.runner.checkpoint.files import write
 from p2pfl.runner.paths import file_digest
 from p2pfl.settings.run_config import CHECKPOINT_SECONDS, FIELDS, RESULT_NEUTRAL, RunConfig
@@ -103,11 +103,14 @@ class Checkpoints:
             input_digests(ctx.cfg) if write and ctx.transport.rank == 0 else {}
         )  # the files as the run read them
 
-    def after_round(self, k: int, rows: list[dict], resumable: bool, stop_requested: bool) -> None:
-        """After round k's row: every rank takes the same turn (a checkpoint, a stop: Interrupted)."""
+    def after_round(self, k: int, rows: list[dict], resumable: bool, stop_requested: bool, drift: str | None) -> None:
+        """After round k's row: every rank takes the same turn (a checkpoint, a stop: Interrupted; rank 0's
+        drift, the line of peers drifting apart: DivergenceError)."""
         ctx, done = self.ctx, k + 1
         due = checkpoint_due(ctx.cfg.checkpoint_every, done, time.monotonic() - self.last_save)
-        stop, due = ctx.transport.agree(stop_requested, due)
+        stop, (due, drift) = ctx.transport.agree(stop_requested, (due, drift))
+        if drift:
+            raise DivergenceError(drift)
         if (due or stop) and self.write and resumable:
             save(ctx, self.algorithm, rows, done, self.run_dir, self.inputs)
             self.saved, self.last_save = done, time.monotonic()
