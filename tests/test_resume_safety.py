@@ -544,6 +544,28 @@ def test_sighup_and_sigquit_save_the_last_round_as_sigterm_does(tmp_path, signum
     assert json.loads((run / "checkpoint" / "latest.json").read_text())["round"] >= 2
 
 
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
+def test_a_stop_as_a_rounds_row_is_written_saves_that_round(tmp_path, monkeypatch, signum):
+    """Issue 62: once, SIGHUP just after round 2's row reached metrics.jsonl saved round 1 (the row was
+    written before the round was captured for a stop). Here the signal lands exactly there, every time."""
+    from p2pfl.measure import metrics
+
+    write = metrics.append_line
+
+    def signalled_at_round_2(path, line):
+        write(path, line)
+        if json.loads(line)["round"] == 2:
+            os.kill(os.getpid(), signum)  # its handler runs before this returns
+
+    monkeypatch.setattr(metrics, "append_line", signalled_at_round_2)
+    run = tmp_path / "cut"
+    done = testing.run_in_process([*ARGS, "--checkpoint-every", "0", "--out", str(run)])
+    assert done.returncode == 128 + signum, done.stderr
+    assert "checkpoint after round 2" in done.stderr, done.stderr
+    assert json.loads((run / "checkpoint" / "latest.json").read_text())["round"] == 2
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+
+
 @pytest.mark.subprocess
 def test_a_second_signal_during_a_stop_still_ends_with_the_line_and_the_save(tmp_path):
     """Hostile case of issue 50: a second SIGTERM while the run stopped ended it without a word."""

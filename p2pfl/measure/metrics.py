@@ -275,11 +275,14 @@ declare_metric(
 
 
 class MetricsLog:
-    """The rows so far and metrics.jsonl (rank 0's; path None: no file)."""
+    """The rows so far and metrics.jsonl (rank 0's; path None: no file). A row is kept at once and written
+    by flush(), which the loop calls once the round is captured for a stop: a row a user reads in the file
+    is of a round a stop saves."""
 
     def __init__(self, path: Path | None):
         self.path = path
         self.rows: list[dict] = []
+        self.written = 0  # rows in the file
 
     def restore(self, rows: list[dict]) -> None:
         """The rows so far (a resumed run's; none for a new one, rank 0): metrics.jsonl rewritten to hold
@@ -287,11 +290,17 @@ class MetricsLog:
         self.rows = list(rows)
         if self.path is not None:
             self.path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        self.written = len(self.rows)
 
     def append(self, row: dict) -> None:
         self.rows.append(row)
-        if self.path is not None:
-            append_line(self.path, json.dumps(row))
+
+    def flush(self) -> None:
+        """The rows not yet in metrics.jsonl appended to it; counted as written first, so that a stop at
+        once during a write never writes a row twice (the checkpoint holds it; a resume rewrites the file)."""
+        while self.path is not None and self.written < len(self.rows):
+            self.written += 1
+            append_line(self.path, json.dumps(self.rows[self.written - 1]))
 
 
 def append_line(path: Path, line: str) -> None:

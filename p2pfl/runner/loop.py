@@ -4,6 +4,7 @@ summary line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -49,6 +50,7 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
             round_start = time.perf_counter()
             if k < cfg.rounds - 1:
                 saves.hold(k, measure.log.rows, result.resumable)
+            measure.log.flush()  # after the capture: a row in the file is of a round a stop saves
             for observer in observers:
                 observer.observe(k, row)
             if k < cfg.rounds - 1:
@@ -69,6 +71,8 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
         saved = saves.save_held()
         raise Interrupted(f"stopped in round {k + 1} by {stop.by}; {resume_hint(run_dir, saved)}", stop.code) from None
     finally:
+        with contextlib.suppress(OSError):  # a stop at once between a row and its write (a full disk says so above)
+            measure.log.flush()
         ctx.transport.stop_watching()
         stop.uninstall()
         for observer in observers:
