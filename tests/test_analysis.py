@@ -279,3 +279,20 @@ def test_a_tables_plot_draws_the_metric_it_ranks_by_with_a_label_in_words(tmp_pa
     assert drawn["ys"] == [[90.0]]
     assert drawn["ylabel"] == "accuracy (%): each peer's own model on its personal test set"
     assert plots.metric_label("test_loss") == "loss (cross-entropy in nats): the aggregated model on the whole test set"
+
+
+def test_topology_views_of_a_run_whose_graph_file_changed_are_refused(tmp_path, capsys):
+    """They described the file as it is now, not the graph the run used."""
+    from analysis import topology_views
+
+    graph = tmp_path / "square.txt"
+    graph.write_text("0 1\n1 2\n2 3\n3 0\n")
+    args = ["--dataset", "synthetic", "--peers", "4", "--rounds", "1", "--no-progress"]
+    assert (
+        testing.run_in_process([*args, "--topology-file", str(graph), "--out", str(tmp_path / "run")]).returncode == 0
+    )
+    assert topology_views.main([str(tmp_path / "run"), "--rounds", "1"]) == 0
+    graph.write_text("0 1\n1 2\n2 3\n3 0\n0 2\n")
+    capsys.readouterr()
+    assert topology_views.main([str(tmp_path / "run"), "--rounds", "1"]) == 2
+    assert f"--topology-file {graph} changed since the run read it" in capsys.readouterr().err

@@ -29,10 +29,11 @@ def result_settings(cfg: RunConfig) -> dict[str, Any]:
 
 
 def input_digests(cfg: RunConfig) -> dict[str, str]:
-    """{flag and path: its content's digest} of each file the run reads beside its data (--topology-file,
-    --partition-file): a checkpoint keeps them, and a resume refuses a file changed since."""
-    named = {"--topology-file": cfg.topology_file, "--partition-file": cfg.partition_file}
-    return {f"{flag} {path}": file_digest(Path(path)) for flag, path in named.items() if path is not None}
+    """{setting: its file's SHA-256} of each file the run reads beside its data (topology_file,
+    partition_file): a checkpoint keeps them, and a resume refuses a file changed since; config.toml's
+    [p2pfl] table keeps them for the tools that read the file again (analysis topology)."""
+    named = ("topology_file", "partition_file")
+    return {name: file_digest(Path(getattr(cfg, name))) for name in named if getattr(cfg, name) is not None}
 
 
 def state_names(algorithm, kind: str) -> list[str]:

@@ -45,8 +45,9 @@ def restore(ctx, algorithm, snapshot: Snapshot, run_dir: Path) -> None:
     now = input_digests(ctx.cfg)
     changed = [name for name, digest in parts[0].get("inputs", {}).items() if now.get(name) != digest]
     if changed:
+        flag = f"--{changed[0].replace('_', '-')} {getattr(ctx.cfg, changed[0], '?')}"
         raise UserError(
-            f"--resume {run_dir}: {changed[0]} changed since the run started (its rounds 1 to {snapshot.round} "
+            f"--resume {run_dir}: {flag} changed since the run started (its rounds 1 to {snapshot.round} "
             "were run on the file's earlier content); put that content back, or start a new run"
         )
     if snapshot.round >= ctx.cfg.rounds:
