@@ -119,3 +119,15 @@ def test_a_graph_file_read_otherwise_on_another_rank_names_the_file_and_the_roun
     check_same_graph(ctx, 4, 3)  # a static graph is compared in the run's first round only
     ctx.transport.other = fingerprint(schedule.graph(3))
     check_same_graph(ctx, 3, 3)
+
+
+def test_a_graph_file_over_its_bound_is_refused_before_it_is_parsed(tmp_path):
+    """A valid 100 MB edge list took 50 s and 2.5 GB; the bound is checked on the file's size."""
+    from topologies import GraphError
+    from topologies.given import FILE_LIMIT, read_graph
+
+    huge = tmp_path / "huge.txt"
+    with huge.open("wb") as fh:
+        fh.truncate(FILE_LIMIT + 1)  # sparse: nothing written
+    with pytest.raises(GraphError, match=r"67,108,865 bytes, more than the 64 MiB a graph file may hold"):
+        read_graph(huge)
