@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from analysis.toolkit import Parser, guarded, output_folder, provenance_of, read_toml
-from p2pfl.runner.paths import file_digest
+from p2pfl.runner import provenance
 from p2pfl.runner.configure import parse_config, resolve
 from p2pfl.measure.graph_diagnostics import graph_gap
 from p2pfl.errors import UserError
@@ -23,17 +23,6 @@ from topologies.drawing import draw_views
 
 
 MAX_ROUNDS = 1000  # every round's graph is built and measured: beyond this it takes minutes for nothing new
-
-
-def check_same_file(path: str, config: dict, where: Path) -> None:
-    """A run's graph file as the run read it (config.toml's [p2pfl] keeps its SHA-256), or one line: a
-    drawing of the file as it is now would be of another graph."""
-    recorded = provenance_of(config, where.parent).get("topology_file_sha256")
-    if recorded is not None and file_digest(Path(path)) != recorded:
-        raise UserError(
-            f"--topology-file {path} changed since the run read it (its SHA-256 is not the one config.toml "
-            "records): the views would be of another graph; put the run's file back"
-        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,8 +40,12 @@ def _main(argv: list[str] | None) -> int:
     if args.source.is_dir() and not config.is_file():
         raise UserError(f"{args.source} is not a run folder (no config.toml)")
     cfg = resolve(parse_config(["--config", str(config)]), 1)
-    if cfg.topology_file is not None and args.source.is_dir():
-        check_same_file(cfg.topology_file, read_toml(config, "run config"), config)
+    changed = provenance.changed_input(provenance_of(read_toml(config, "run config"), config.parent), cfg)
+    if changed and args.source.is_dir():
+        raise UserError(
+            f"{changed} changed since the run read it (its SHA-256 is not the one config.toml records): the "
+            "views would be of another graph; put the run's file back"
+        )
     if cfg.topology == "star":
         raise UserError("a centralized run's star has no rounds to compare; its topology.png shows it")
     rounds = args.rounds if args.rounds is not None else min(cfg.rounds, 100)

@@ -24,3 +24,15 @@ def drifting(rows: list[dict]) -> tuple[int, float, int, float] | None:
     if start > 0 and end >= GROWTH * start and rises >= RISING * WINDOW:
         return first, start, last, end
     return None
+
+
+def drift_line(rows: list[dict], step: str) -> str | None:
+    """The line that stops a run whose peers drift apart, naming the rounds and the setting to lower."""
+    window = drifting(rows)
+    if window is None:
+        return None
+    first, start, last, end = window
+    return (
+        f"round {last}: the peers drift apart: their consensus distance grew from {start:.3g} (round {first}) to "
+        f"{end:.3g}, rising in most rounds; lower {step}, or add --no-drift-stop to run on"
+    )

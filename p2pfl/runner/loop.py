@@ -20,7 +20,6 @@ from p2pfl.stopping import StopRequest
 from p2pfl.errors import Interrupted
 from p2pfl.runner.round_row import RoundMeasure, sum_rows
 from p2pfl.runner.run_folder import plot_rows, save_final, summary_line
-from p2pfl.measure.drift import drifting
 from p2pfl.measure.graph_diagnostics import run_gap
 from p2pfl.measure.tensorboard_log import TensorBoardLog
 
@@ -54,8 +53,7 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
             for observer in observers:
                 observer.observe(k, row)
             if k < cfg.rounds - 1:
-                drift = drift_line(cfg, measure.log.rows) if rank == 0 else None
-                saves.after_round(k, measure.log.rows, result.resumable, stop.requested, drift)
+                saves.after_round(k, measure.log.rows, result.resumable, stop.requested, measure.drift)
         final = call_hook(algorithm, "finish", run_dir if rank == 0 else None)
         gap = run_gap(measure.log.rows, period_of(ctx), ctx.cfg.mixing, ctx.sample_counts) if rank == 0 else None
         if gap is not None:  # how fast the run's graph mixes: every bound of the field is stated in it
@@ -79,19 +77,6 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
             observer.close()
         if rank == 0 and measure.log.rows and write:
             plot_rows(cfg, measure.log.rows, ctx.stack.task, run_dir)
-
-
-def drift_line(cfg, rows: list[dict]) -> str | None:
-    """Rank 0's line where the peers drift apart (p2pfl.measure.drift), naming the setting to lower."""
-    window = drifting(rows) if cfg.drift_stop else None
-    if window is None:
-        return None
-    first, start, last, end = window
-    step = "--choco-gamma (the consensus step) or --lr" if hasattr(cfg.settings, "choco_gamma") else "--lr"
-    return (
-        f"round {last}: the peers drift apart: their consensus distance grew from {start:.3g} (round {first}) to "
-        f"{end:.3g}, rising in most rounds; lower {step}, or add --no-drift-stop to run on"
-    )
 
 
 def synchronize(device: torch.device) -> None:

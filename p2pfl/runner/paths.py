@@ -3,7 +3,6 @@ through a run; files read only where they are regular files; a run folder to res
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from pathlib import Path
@@ -58,15 +57,6 @@ def read_regular(path: Path, limit: int | None = SMALL_FILE) -> bytes:
         raise OSError(f"{path} holds {info.st_size:,} bytes, more than a {limit:,}-byte file of its kind")
     with open(path, "rb") as fh:
         return fh.read(limit + 1 if limit is not None else -1)
-
-
-def file_digest(path: Path) -> str:
-    """The SHA-256 of a file's content, read in blocks (a graph or partition file may be large)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def refuse_link(path: Path, folder: Path, flag: str) -> None:

@@ -3,9 +3,11 @@ table), so that a result can be tied to the code and the hardware that gave it."
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
+import tomllib
 from pathlib import Path
 
 from p2pfl import __version__
@@ -49,6 +51,44 @@ def machine(gpus: list[str]) -> str:
     return f"{os.cpu_count() or 1}-core {cpu_name()}, {used}"
 
 
-def record(gpus: list[str]) -> dict[str, str]:
+def file_digest(path: Path) -> str:
+    """The SHA-256 of a file's content, read in blocks (a graph or partition file may be large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def input_digests(cfg) -> dict[str, str]:
+    """{setting: its file's SHA-256} of each file the run reads beside its data (topology_file,
+    partition_file), as the run started: config.toml's [p2pfl] table keeps them (as topology_file_sha256),
+    and a resume or a tool that reads the file again (analysis topology) refuses one changed since."""
+    named = ("topology_file", "partition_file")
+    return {name: file_digest(Path(getattr(cfg, name))) for name in named if getattr(cfg, name) is not None}
+
+
+def record(gpus: list[str], cfg) -> dict[str, str]:
     """config.toml's [p2pfl] table."""
-    return {"version": __version__, "commit": commit(), "machine": machine(gpus)}
+    inputs = {f"{name}_sha256": digest for name, digest in input_digests(cfg).items()}
+    return {"version": __version__, "commit": commit(), "machine": machine(gpus), **inputs}
+
+
+def changed_input(table: dict, cfg) -> str | None:
+    """The flag and path of an input file whose content is not the one config.toml's [p2pfl] table
+    records (a run folder written before 0.3.0 records none); None when all are."""
+    now = input_digests(cfg)
+    for name, digest in now.items():
+        recorded = table.get(f"{name}_sha256")
+        if recorded is not None and recorded != digest:
+            return f"--{name.replace('_', '-')} {getattr(cfg, name)}"
+    return None
+
+
+def recorded(config: Path) -> dict:
+    """A run's config.toml's [p2pfl] table ({} where it holds none, or none that is a table)."""
+    try:
+        table = tomllib.loads(Path(config).read_text(encoding="utf-8-sig")).get(TABLE, {})
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) else {}

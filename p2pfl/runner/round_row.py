@@ -10,6 +10,7 @@ import time
 import torch
 
 from p2pfl.errors import DivergenceError
+from p2pfl.measure.drift import drift_line
 from p2pfl.measure.optimality import objective_gradient_sum
 from p2pfl.measure.scoring import PeerScores
 from p2pfl.local.forward import evaluate
@@ -70,6 +71,10 @@ class RoundMeasure:
             (labels, ctx.data.n_classes) if labels is not None else None,
         )
         self.last_model: torch.Tensor | None = None  # rank 0
+        self.drift: str | None = None  # rank 0: the line of peers drifting apart, once they do
+        self.drift_step = (
+            "--choco-gamma (the consensus step) or --lr" if hasattr(ctx.cfg.settings, "choco_gamma") else "--lr"
+        )
 
     def record(self, k: int, result, model: torch.Tensor | None, times: tuple[float, float], evaluated: bool):
         """The row of round k from what it returned (a Round) and the model it reports (rank 0's, where
@@ -99,6 +104,7 @@ class RoundMeasure:
             round_facts.clients = {m: torch.as_tensor(v, dtype=torch.float64) for m, v in clients.items()}
         row = build_row(round_facts, result.fields)
         self.log.append(row)
+        self.drift = drift_line(self.log.rows, self.drift_step) if ctx.cfg.drift_stop else None
         return row
 
     def peers_mean(self, k: int, wanted: bool) -> torch.Tensor | None:

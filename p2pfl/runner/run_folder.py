@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from p2pfl.runner import provenance
-from p2pfl.runner.checkpoint.policy import input_digests
 from p2pfl.runner.checkpoint import files as checkpoint
 from p2pfl.algorithms import REGISTRY
 from p2pfl.algorithms.base import call_hook
@@ -177,13 +176,7 @@ def device_note(devices: list[str]) -> str:
 def write_run_header(ctx, run_dir: Path, notes: list[str], gpus: list[str]) -> None:
     cfg = ctx.cfg
     write_toml(
-        {
-            **resolved_dict(cfg),
-            provenance.TABLE: {
-                **provenance.record(gpus),
-                **{f"{name}_sha256": digest for name, digest in input_digests(cfg).items()},
-            },
-        },
+        {**resolved_dict(cfg), provenance.TABLE: provenance.record(gpus, cfg)},
         run_dir / "config.toml",
         (
             f"model {cfg.model}: {count_parameters(ctx.stack.model):,} parameters, "

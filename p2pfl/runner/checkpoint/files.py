@@ -156,7 +156,6 @@ def _check_part(part, name: str, root: bool) -> None:
             and isinstance(part.get("rows"), list)
             and all(isinstance(row, dict) for row in part["rows"])
             and len(part["rows"]) == part["round"]
-            and isinstance(part.get("inputs", {}), dict)
             and (part.get("global_weights") is None or isinstance(part.get("global_weights"), torch.Tensor))
         )
     if not ok:

@@ -15,7 +15,6 @@ import torch
 
 from p2pfl.errors import DivergenceError, Interrupted
 from p2pfl.runner.checkpoint.files import write
-from p2pfl.runner.paths import file_digest
 from p2pfl.settings.run_config import CHECKPOINT_SECONDS, FIELDS, RESULT_NEUTRAL, RunConfig
 
 
@@ -26,14 +25,6 @@ def result_settings(cfg: RunConfig) -> dict[str, Any]:
     if dataclasses.is_dataclass(cfg.settings):
         out.update({f"{k} (its own)": v for k, v in dataclasses.asdict(cfg.settings).items()})
     return out
-
-
-def input_digests(cfg: RunConfig) -> dict[str, str]:
-    """{setting: its file's SHA-256} of each file the run reads beside its data (topology_file,
-    partition_file): a checkpoint keeps them, and a resume refuses a file changed since; config.toml's
-    [p2pfl] table keeps them for the tools that read the file again (analysis topology)."""
-    named = ("topology_file", "partition_file")
-    return {name: file_digest(Path(getattr(cfg, name))) for name in named if getattr(cfg, name) is not None}
 
 
 def state_names(algorithm, kind: str) -> list[str]:
@@ -51,10 +42,10 @@ def _cpu(value):
     return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
-def capture(ctx, algorithm, rows: list[dict], rounds_done: int, inputs: dict, copy: bool = True) -> dict:
+def capture(ctx, algorithm, rows: list[dict], rounds_done: int, copy: bool = True) -> dict:
     """This rank's part of a checkpoint after round `rounds_done` (1-based), on the CPU. With copy, its
     own copies: the next round changes the run's tensors in place, and a stop by SIGTERM writes the
-    last completed round's capture (run.py keeps one in memory). inputs: input_digests at the run's start."""
+    last completed round's capture (run.py keeps one in memory)."""
     take = (lambda v: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v) if copy else _cpu
     state = {
         "round": rounds_done,
@@ -68,13 +59,12 @@ def capture(ctx, algorithm, rows: list[dict], rounds_done: int, inputs: dict, co
         state["global_weights"] = take(ctx.global_weights)
         state["rows"] = list(rows)
         state["settings"] = result_settings(ctx.cfg)  # whose checkpoint this is (a copied one is refused)
-        state["inputs"] = inputs
     return state
 
 
-def save(ctx, algorithm, rows: list[dict], rounds_done: int, run_dir: Path, inputs: dict) -> None:
+def save(ctx, algorithm, rows: list[dict], rounds_done: int, run_dir: Path) -> None:
     """Called on every rank after round `rounds_done` (1-based) is complete and its metrics recorded."""
-    state = capture(ctx, algorithm, rows, rounds_done, inputs, copy=False)
+    state = capture(ctx, algorithm, rows, rounds_done, copy=False)
     write(state, run_dir, ctx.transport)
 
 
@@ -100,9 +90,6 @@ class Checkpoints:
         self.ctx, self.algorithm, self.run_dir, self.write = ctx, algorithm, run_dir, write
         self.saved, self.last_save = saved, time.monotonic()
         self.held: list[dict] = []  # in-memory captures of the last completed rounds: what a stop at once saves
-        self.inputs = (
-            input_digests(ctx.cfg) if write and ctx.transport.rank == 0 else {}
-        )  # the files as the run read them
 
     def after_round(self, k: int, rows: list[dict], resumable: bool, stop_requested: bool, drift: str | None) -> None:
         """After round k's row: every rank takes the same turn (a checkpoint, a stop: Interrupted; rank 0's
@@ -113,7 +100,7 @@ class Checkpoints:
         if drift:
             raise DivergenceError(drift)
         if (due or stop) and self.write and resumable:
-            save(ctx, self.algorithm, rows, done, self.run_dir, self.inputs)
+            save(ctx, self.algorithm, rows, done, self.run_dir)
             self.saved, self.last_save = done, time.monotonic()
         if stop:
             raise Interrupted(f"stopped after round {done}; {resume_hint(self.run_dir, self.saved)}")
@@ -125,7 +112,7 @@ class Checkpoints:
         if self.write and resumable and done > self.saved:
             # ranks may be a collective apart when a signal lands: under MPI keep two rounds
             kept = self.held[-1:] if self.ctx.transport.size > 1 else []
-            self.held = [*kept, capture(self.ctx, self.algorithm, rows, done, self.inputs)]
+            self.held = [*kept, capture(self.ctx, self.algorithm, rows, done)]
 
     def save_held(self) -> int:
         """After a stop at once: write the newest round every rank holds a capture of, if it is newer

@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 
 from p2pfl.errors import UserError
+from p2pfl.runner import provenance
 from p2pfl.runner.checkpoint.files import Snapshot
-from p2pfl.runner.checkpoint.policy import input_digests, result_settings, state_names
+from p2pfl.runner.checkpoint.policy import result_settings, state_names
 
 
 def _set(obj, dotted: str, value) -> None:
@@ -42,12 +43,10 @@ def restore(ctx, algorithm, snapshot: Snapshot, run_dir: Path) -> None:
             f"{'; '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}; was config.toml edited, or the checkpoint "
             "copied from another run?"
         )
-    now = input_digests(ctx.cfg)
-    changed = [name for name, digest in parts[0].get("inputs", {}).items() if now.get(name) != digest]
+    changed = provenance.changed_input(provenance.recorded(run_dir / "config.toml"), ctx.cfg)
     if changed:
-        flag = f"--{changed[0].replace('_', '-')} {getattr(ctx.cfg, changed[0], '?')}"
         raise UserError(
-            f"--resume {run_dir}: {flag} changed since the run started (its rounds 1 to {snapshot.round} "
+            f"--resume {run_dir}: {changed} changed since the run started (its rounds 1 to {snapshot.round} "
             "were run on the file's earlier content); put that content back, or start a new run"
         )
     if snapshot.round >= ctx.cfg.rounds:
