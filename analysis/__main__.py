@@ -3,6 +3,7 @@
 python -m analysis compare RUN_DIR... [--by algo] [--out FILE]
 python -m analysis figures RUNS_DIR [--out DIR]
 python -m analysis topology RUN_DIR|CONFIG.toml [--out DIR]
+python -m analysis graph --topology NAME --peers N [graph flags of p2pfl.run] [--out DIR]
 """
 
 from __future__ import annotations
@@ -10,14 +11,20 @@ from __future__ import annotations
 import importlib
 import sys
 
-COMMANDS = {"compare": "analysis.compare", "figures": "analysis.figures", "topology": "analysis.topology_views"}
+COMMANDS = {  # command: (module, its function)
+    "compare": ("analysis.compare", "main"),
+    "figures": ("analysis.figures", "main"),
+    "topology": ("analysis.topology_views", "main"),
+    "graph": ("analysis.topology_views", "graph_main"),
+}
 
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in COMMANDS:
         print(__doc__.strip(), file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+    module, function = COMMANDS[argv[0]]
+    return getattr(importlib.import_module(module), function)(argv[1:])
 
 
 if __name__ == "__main__":

@@ -296,3 +296,30 @@ def test_topology_views_of_a_run_whose_graph_file_changed_are_refused(tmp_path, 
     capsys.readouterr()
     assert topology_views.main([str(tmp_path / "run"), "--rounds", "1"]) == 2
     assert f"--topology-file {graph} changed since the run read it" in capsys.readouterr().err
+
+
+def test_a_graph_is_inspected_without_a_run(tmp_path, capsys):
+    """W, its spectral gap and the views from the run's own graph flags (BlueFog's users compute them
+    before training); a time-varying family's rate over one period."""
+    from analysis import topology_views
+
+    args = ["--topology", "torus", "--peers", "16", "--rounds", "3", "--out", str(tmp_path / "t")]
+    assert topology_views.graph_main(args) == 0
+    assert "spectral gap of the metropolis mixing matrix over 3 rounds: 0.4\n" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == [
+        "W.csv",
+        "adjacency.png",
+        "neighbourhood.png",
+        "rounds.png",
+        "statistics.png",
+    ]
+    import numpy as np
+
+    w = np.loadtxt(tmp_path / "t" / "W.csv", delimiter=",")
+    assert w.shape == (16, 16) and np.allclose(w.sum(0), 1) and np.allclose(w.sum(1), 1)
+    args = ["--topology", "one-peer-exponential", "--peers", "16", "--algo", "sgp", "--rounds", "4"]
+    args += ["--out", str(tmp_path / "e")]
+    assert topology_views.graph_main(args) == 0
+    assert "one period of 4 rounds mixes at a per-round rate of 1 " in capsys.readouterr().out
+    assert topology_views.graph_main(["--peers", "16"]) == 2
+    assert "name the graph: --topology NAME" in capsys.readouterr().err
