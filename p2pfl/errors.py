@@ -1,11 +1,12 @@
 """Errors that are the user's to fix: the CLI prints them as one line and exits with status 2."""
 
 
-class UserError(Exception):
-    """Bad input (flags, config file, data files): reported without a traceback."""
+class ConfigError(Exception):
+    """Bad input (flags, config file, data files): reported without a traceback. Its one name, which a
+    script catches and sees printed (p2pfl.ConfigError); p2pfl's own code raises it as UserError."""
 
 
-ConfigError = UserError  # its public name (p2pfl.ConfigError): what simulate() raises for a bad setting
+UserError = ConfigError
 
 
 class DivergenceError(Exception):

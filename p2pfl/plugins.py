@@ -20,8 +20,24 @@ def is_reference(name: str) -> bool:
     return ":" in str(name)
 
 
+GIVEN: dict[str, object] = {}  # objects handed to p2pfl.simulate by value, by the reference that names them
+
+
+def reference_to(obj) -> str:
+    """The 'module:qualname' reference of a function or class given by value (simulate(topology=f)), kept
+    so that load_object finds it even where its module cannot be imported (a notebook's __main__, a
+    function defined inside another). A second object of the same name gets its id appended."""
+    name = f"{getattr(obj, '__module__', None) or '__main__'}:{getattr(obj, '__qualname__', type(obj).__name__)}"
+    if GIVEN.get(name, obj) is not obj:
+        name = f"{name}#{id(obj)}"
+    GIVEN[name] = obj
+    return name
+
+
 def load_object(reference: str, flag: str):
     """The object a 'package.module:attribute' reference names, or one UserError line saying why not."""
+    if reference in GIVEN:
+        return GIVEN[reference]
     module_name, _, attribute = str(reference).partition(":")
     if not module_name or not attribute:
         raise UserError(f"{flag} {reference}: a reference reads package.module:name")

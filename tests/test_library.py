@@ -698,3 +698,37 @@ def test_a_plug_in_that_fails_to_import_shows_its_own_frames(tmp_path, monkeypat
     frames = done.stderr.split("traceback:", 1)[-1]
     assert done.returncode == 2 and needle in done.stderr and theirs in frames, done.stderr
     assert "p2pfl/" not in frames and "importlib" not in frames, frames
+
+
+def test_simulate_takes_a_graph_and_a_model_function_as_a_notebook_defines_them():
+    """It said "--topology takes a name, not <function ...>": the function had to live in a module on the
+    path. Functions defined in place (here inside the test: not importable) run, and a second function of
+    the same name is told apart from the first."""
+    import math
+
+    import networkx as nx
+    from torch import nn
+
+    import p2pfl
+
+    def graph(peers, round_index, seed):
+        g = nx.cycle_graph(peers)
+        g.add_edge(0, peers // 2)
+        return g
+
+    def model(input_shape, n_classes):
+        return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), n_classes))
+
+    common = dict(peers=6, rounds=1, dataset="synthetic", out=None, progress=False)
+    result = p2pfl.simulate("dpsgd", topology=graph, model=model, **common)
+    assert result.config.topology.endswith("graph") and result.config.model.endswith("model")
+    assert len(result.rows) == 1 and result.model_state["1.weight"].shape[0] == 10
+
+    def graph(peers, round_index, seed):  # noqa: F811 - another function of the same name
+        return nx.path_graph(peers)
+
+    again = p2pfl.simulate("dpsgd", topology=graph, **common)
+    assert (
+        again.config.topology != result.config.topology
+        and again.rows[0]["spectral_gap"] < result.rows[0]["spectral_gap"]
+    )

@@ -25,6 +25,7 @@ from p2pfl.runner.assemble import build, gpu_memory_in_one_line
 from p2pfl.comm import mpi_world
 from p2pfl.settings.run_config import RunConfig
 from p2pfl import presets
+from p2pfl.plugins import reference_to
 from p2pfl.runner.configure import config_from_values, load_toml, resolve
 from p2pfl.errors import UserError
 from p2pfl.runner.loop import run_rounds
@@ -45,12 +46,17 @@ def simulate(
     with the CLI's one-line message. algo: a name, or an Algorithm subclass. out: the run folder (None:
     write nothing). config: a TOML file the keywords override. Under mpirun every rank calls it and
     gets the same Result. It never exits the interpreter: a diverged, interrupted or failed run
-    raises. resume=folder continues a run from its checkpoint, with its own settings."""
+    raises. resume=folder continues a run from its checkpoint, with its own settings. topology, model,
+    dataset and gossip_codec also take the function (or class) itself, as a notebook defines it; the run
+    folder's config.toml names it by module and name."""
     for name, path in (("config", config), ("out", out)):
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise UserError(f"{name} takes a path (a str or a Path), not {path!r}")
     values = load_toml(str(presets.find(config))) if config is not None else {}
     values.update({key.replace("-", "_"): value for key, value in settings.items()})
+    for key in BY_VALUE:  # a function given by value: named by a reference that finds it again
+        if callable(values.get(key)):
+            values[key] = reference_to(values[key])
     if algo is not None:
         values["algo"] = algorithm_name(algo)
     if out is not None:
@@ -59,6 +65,9 @@ def simulate(
     writes = out is not None or bool(values.get("resume"))
     cfg = resolve(config_from_values(values, writes), size)
     return execute(cfg, rank, size, local_rank, write=writes, everywhere=True)
+
+
+BY_VALUE = ("topology", "model", "dataset", "gossip_codec")  # settings that name the user's own code
 
 
 def algorithm_name(algo: str | type[Algorithm]) -> str:
