@@ -184,7 +184,13 @@ def plot_final_averaging(result: dict, path: Path, caption: str = "") -> None:
     for name, curve in result["orders"].items():
         ax.plot(result["n"], [100 * a for a in curve["test_acc"]], AGGREGATED, color=styles.get(name), label=name)
     sel = result["selected"]
-    ax.plot([sel["peers"]], [100 * sel["test_acc"]], "k*", ms=10, label=f"selected (n={sel['peers']})")
+    ax.plot(
+        [sel["peers"]],
+        [100 * sel["test_acc"]],
+        "k*",
+        ms=10,
+        label=f"selected on the validation half (n={sel['peers']})",
+    )
     own = [100 * a for a in result["client_val_acc"]]
     hist.hist(own, bins=min(30, max(5, len(own) // 3)), orientation="horizontal", color="grey", alpha=0.6)
     whole_numbers(hist.xaxis)

@@ -82,6 +82,7 @@ def settle(cfg) -> None:
             raise UserError(f"--topology-file: --algo {cfg.algo} runs on a star around its server; it takes no graph")
         cfg.topology = FROM_FILE
         cfg.topology_file = resolved(cfg.topology_file, "--topology-file")
+        cfg.static = True  # a file is one graph: config.toml says so
     family = FAMILIES.get(cfg.topology)
     if cfg.topology_window != 1 and not is_reference(cfg.topology):
         raise UserError(

@@ -4,6 +4,8 @@ plot and the summary line. Algorithms add their own products in finish()."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import fcntl
 import json
 import os
@@ -193,7 +195,8 @@ def write_run_header(ctx, run_dir: Path, notes: list[str], gpus: list[str]) -> N
         )
     else:
         title = (
-            f"{describe(cfg)} ({'static' if cfg.static else 'round 1 of a new graph each round'}), {cfg.peers} peers"
+            f"{describe(cfg)} ({'round 1 of a new graph each round' if ctx.schedule.varies else 'static'}), "
+            f"{cfg.peers} peers"
         )
     plot_run_header(parts, ctx.data.class_names, ctx.schedule.graph(0), title, run_dir)
 
@@ -211,8 +214,14 @@ def save_final(run_dir: Path, final: dict | None, state: dict[str, torch.Tensor]
 def plot_rows(cfg: RunConfig, rows: list[dict], task, run_dir: Path) -> None:
     """The headline metric over the rounds; a failure to draw it is a line, not the run's error."""
     graph = "star" if cfg.topology == "star" else describe(cfg)
-    title = f"{cfg.algo}: {cfg.peers} peers, {graph}, {cfg.model} on {cfg.dataset} {cfg.partition}" + (
-        f" alpha={cfg.alpha:g}" if cfg.partition == "dirichlet" else ""
+    own = (  # the algorithm's settings the user gave: a codec, CHOCO's gamma
+        [f"{f.name}={getattr(cfg.settings, f.name)}" for f in dataclasses.fields(cfg.settings) if f.name in cfg.given]
+        if dataclasses.is_dataclass(cfg.settings)
+        else []
+    )
+    title = (
+        f"{cfg.algo}{' (' + ', '.join(own) + ')' if own else ''}: {cfg.peers} peers, {graph}, {cfg.model} on "
+        f"{cfg.dataset} {cfg.partition}" + (f" alpha={cfg.alpha:g}" if cfg.partition == "dirichlet" else "")
     )
     try:
         plot_metric(rows, task, run_dir, title)
