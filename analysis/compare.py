@@ -15,12 +15,15 @@ import csv
 import math
 import os
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from analysis.plots import AGGREGATED, MEAN_CLIENT, plt, save, target_line, whole_numbers
+from matplotlib.ticker import MaxNLocator
+
+from analysis.plots import AGGREGATED, MEAN_CLIENT, plt, target_line, whole_numbers
 from analysis.toolkit import Parser, guarded, output_file, provenance_of, read_run
 from p2pfl.errors import UserError
 
@@ -148,14 +151,50 @@ def group_runs(runs: list[Run], by: list[str] | None) -> list[Group]:
         k for k in sorted({k for run in runs for k in run.config} - NOT_RESULTS) if all(k in r.config for r in runs)
     ]
     also = [k for k in shared if k not in varying and len({_same(r.config.get(k)) for r in runs}) > 1]
+    also = [k for k in also if not all(own_default(run, k) for run in runs)]  # each algorithm's own: fair
     for group in groups.values():
         config = group.runs[0].config
         group.settings, group.also = list(varying), also
         group.mixed = [k for k in shared if len({_same(r.config.get(k)) for r in group.runs}) > 1]
-        group.label = ", ".join(  # a setting its algorithm does not have (None) says nothing of the group
-            f"{k}={_short(config.get(k))}" for k in varying if config.get(k) is not None
-        ) or str(config.get("algo", "runs"))
+        named = [k for k in varying if config.get(k) is not None]  # a setting its algorithm lacks says nothing
+        told = [k for k in named if k == "algo" or by or not own_default(group.runs[0], k)] or named  # nor a default
+        group.label = ", ".join(f"{k}={_short(config.get(k))}" for k in told) or str(config.get("algo", "runs"))
     return list(groups.values())
+
+
+OWN_DEFAULTS = ("lr", "lr_decay", "batch_size", "local_epochs", "momentum", "weight_decay", "mixing")
+
+
+def own_default(run: Run, key: str) -> bool:
+    """Whether the run's value of a setting is its algorithm's default for it; a training setting (lr,
+    batch size, local epochs...) or the mixing that each algorithm sets its own way at its default is a fair
+    comparison, as a paper runs each method with its own settings."""
+    defaults = setting_defaults(run.config.get("algo"))
+    return (
+        key in defaults
+        and _same(run.config.get(key)) == _same(defaults[key])
+        and (key in OWN_DEFAULTS or key not in ("peers", "rounds", "dataset", "model"))
+    )
+
+
+def relabel(groups: list[Group], labels: str | None) -> None:
+    """--labels folder: each group by its runs' folder (the one that holds them all, for several seeds);
+    --labels A,B,...: by name, in the groups' order."""
+    if labels is None:
+        return
+    if labels == "folder":
+        for group in groups:
+            common = Path(os.path.commonpath([str(run.folder.resolve()) for run in group.runs]))
+            group.label = common.name if len(group.runs) == 1 or common.parent != common else str(common)
+        return
+    names = [name.strip() for name in labels.split(",")]
+    if len(names) != len(groups):
+        raise UserError(
+            f"--labels names {len(names)} groups, and the runs form {len(groups)}: "
+            + "; ".join(group.label for group in groups)
+        )
+    for group, name in zip(groups, names):
+        group.label = name
 
 
 def caveats(groups: list[Group]) -> list[str]:
@@ -181,10 +220,16 @@ def setting_defaults(algo: str | None) -> dict:
     from p2pfl.settings.run_config import RunConfig
     from p2pfl.settings.fields import declared, default_of, defaults_of
 
+    from p2pfl.runner.configure import algorithm_defaults
+
     cls = REGISTRY.get(algo)
     if cls is None:
         return {}
-    return {**{f.name: default_of(f) for f in declared(RunConfig)}, **defaults_of(cls.Settings, cls.setting_defaults)}
+    return {
+        **{f.name: default_of(f) for f in declared(RunConfig)},
+        **algorithm_defaults(cls),
+        **defaults_of(cls.Settings, cls.setting_defaults),
+    }
 
 
 def label_keys(runs: list[Run], keys: list[str]) -> list[str]:
@@ -254,6 +299,11 @@ def table(groups: list[Group], metric: str, targets: list[float]) -> list[dict]:
             "s_per_round": float(np.mean([np.mean([round_seconds(r) for r in run.rows]) for run in group.runs])),
             "s_counts": "training" if any(run.training_time_only for run in group.runs) else "whole round",
             "spectral_gap": group.gap(),
+            "final_consensus_distance": (
+                float(np.mean([run.final("consensus_distance") for run in group.runs]))
+                if all(run.curve("consensus_distance") for run in group.runs)
+                else None
+            ),
             **{f"setting_{k}": group.value(k) for k in group.also},  # what differs beside the label
             "p2pfl": ", ".join(sorted({run.made_by for run in group.runs})),
         }
@@ -297,63 +347,123 @@ def markdown(rows: list[dict], metric: str, notes: list[str] = ()) -> str:
     )
 
 
-def draw(groups: list[Group], metric: str, band: str, path: Path, title: str, targets: list[float] = ()) -> None:
-    """Three panels: the metric against rounds, against MiB sent, against wall time; per group the mean
-    over its runs (aggregated solid, mean client dotted: p2pfl.measure.figures's vocabulary) and a band over runs
-    where a group has several; a grey line at each target."""
-    key, scale = f"test_{metric}", 100 if metric == "acc" else 1
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), sharey=True)
+PANEL_IN = (4.6, 4.2)  # inches a panel takes (width, height)
+LEGEND_COLUMNS = 2
+LABEL_CHARACTERS = 70  # a legend entry wider than this wraps
+
+
+def draw(
+    groups: list[Group], metric: str, band: str, path: Path, title: str, targets: list[float] = (), y: str | None = None
+) -> None:
+    """The y quantity (the test metric, or a metrics.jsonl field such as consensus_distance) against rounds,
+    MiB sent and wall time, and, where the groups ran on graphs, its final value against the spectral gap
+    (the view topology papers draw); per group the mean over its runs (aggregated solid, mean client
+    dotted: p2pfl.measure.figures's vocabulary) and a band over its runs where it has several; a grey line
+    at each target. One legend under the panels, its entries wrapped to fit."""
+    key = y or f"test_{metric}"
+    scale = 100 if key == "test_acc" else 1
+    gapped = [g for g in groups if g.gap() is not None and g.rounds(key)]
+    fig, axes = plt.subplots(1, 3 + bool(gapped), figsize=(PANEL_IN[0] * (3 + bool(gapped)), PANEL_IN[1]))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    handles, values = [], []
     for i, group in enumerate(groups):
         color = colors[i % len(colors)]
         rounds = group.rounds(key)
         if not rounds:
             continue
-        values = scale * group.stack(key, rounds)
-        mean = values.mean(0)
-        if band == "std":
-            low, high = mean - values.std(0), mean + values.std(0)
-        else:
-            low, high = values.min(0), values.max(0)
+        stacked = scale * group.stack(key, rounds)
+        mean = stacked.mean(0)
+        low, high = (
+            (mean - stacked.std(0), mean + stacked.std(0)) if band == "std" else (stacked.min(0), stacked.max(0))
+        )
+        values += list(stacked.ravel())
         xs = [
             np.array(rounds, dtype=float),
             group.stack("bytes_sent", rounds, True).mean(0) / MIB,
             group.stack("round_s", rounds, True).mean(0),
         ]
-        client_rounds = group.rounds(f"client_{metric}_mean")
+        client = f"client_{metric}_mean" if y is None else None
         for ax, x in zip(axes, xs):
-            ax.plot(x, mean, AGGREGATED, color=color, label=group.legend())
+            (line,) = ax.plot(x, mean, AGGREGATED, color=color)
             if len(group.runs) > 1:
                 ax.fill_between(x, low, high, color=color, alpha=0.18)
-            if client_rounds == rounds:
-                ax.plot(
-                    x, scale * group.stack(f"client_{metric}_mean", rounds).mean(0), MEAN_CLIENT, color=color, lw=1.2
-                )
-    names = {"acc": "test accuracy (%)", "loss": "test loss"}
+            if client and group.rounds(client) == rounds:
+                ax.plot(x, scale * group.stack(client, rounds).mean(0), MEAN_CLIENT, color=color, lw=1.2)
+        handles.append((line, group.legend()))
+        if group in gapped:  # the final value of each run: its mean, and the band's bar
+            finals = stacked[:, -1]
+            centre = finals.mean()
+            low, high = (
+                (finals.min(), finals.max()) if band == "minmax" else (centre - finals.std(), centre + finals.std())
+            )
+            axes[3].errorbar(
+                [group.gap()], [centre], yerr=[[centre - low], [high - centre]], fmt="o", color=color, capsize=3
+            )
     older = any(run.training_time_only for group in groups for run in group.runs)
     clock = "wall time (s, cumulative" + ("; training only for runs without round_s)" if older else ")")
-    for ax, xlabel in zip(axes, ["round", "MiB sent (all peers, cumulative)", clock]):
-        for target in targets:
+    for ax, xlabel in zip(axes, ["round", "MiB sent (all peers, cumulative)", clock, "spectral gap (log scale)"]):
+        for target in targets if y is None else ():
             target_line(ax, scale * target, f"target {scale * target:g}" + ("%" if metric == "acc" else ""))
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-        if metric != "acc":
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
+        if metric != "acc" or (values and min(values) > 0 and max(values) / min(values) > 1e3):
             ax.set_yscale("log")
     whole_numbers(axes[0].xaxis)
+    if gapped:
+        axes[3].set_xscale("log")
+        axes[3].set_title(
+            f"final value against the graph's gap (bar: {'min-max' if band == 'minmax' else '+-1 std'})", fontsize=9
+        )
     sent = [group.stack("bytes_sent", group.rounds(key), True).mean(0)[-1] for group in groups if group.rounds(key)]
     if sent and min(sent) > 0 and max(sent) / min(sent) > BYTES_SPREAD:  # codecs, or rounds of unequal cost
         axes[1].set_xscale("log")
         axes[1].set_xlabel("MiB sent (all peers, cumulative; log scale)")
-    axes[0].set_ylabel(names.get(metric, f"test {metric}"))
-    axes[0].legend(loc="best", fontsize=8)
-    axes[2].plot([], [], "k" + AGGREGATED, label="aggregated model")
-    axes[2].plot([], [], "k" + MEAN_CLIENT, lw=1.2, label="mean client")
-    axes[2].legend(loc="best", fontsize=8)
-    fig.suptitle(f"{title}\n{subtitle(groups, metric, band)}" if title else subtitle(groups, metric, band))
-    save(fig, path, "\n".join(f"Not like with like: {note}." for note in caveats(groups)))  # under the panels
+    names = {"test_acc": "test accuracy (%)", "test_loss": "test loss"}
+    for ax in axes:
+        ax.set_ylabel(names.get(key, key.replace("_", " ")))
+    if y is None:
+        handles += [(plt.Line2D([], [], color="k", ls=AGGREGATED), "aggregated model")]
+        handles += [(plt.Line2D([], [], color="k", ls=MEAN_CLIENT, lw=1.2), "mean client")]
+    heading = f"{title}\n{subtitle(groups, metric, band, key)}" if title else subtitle(groups, metric, band, key)
+    caption = "\n".join(f"Not like with like: {note}." for note in caveats(groups))
+    lay_out(fig, handles, heading, caption, path)
 
 
-def subtitle(groups: list[Group], metric: str, band: str) -> str:
+def lay_out(fig, handles: list, heading: str, caption: str, path: Path) -> None:
+    """The panels on top, one legend under them (entries wrapped), the caption under it: each in room of
+    its own, measured in lines, so that no label leaves the figure or covers a panel."""
+    labels = [textwrap.fill(label, LABEL_CHARACTERS) for _, label in handles]
+    rows = sum(
+        max(label.count("\n") + 1 for label in labels[i : i + LEGEND_COLUMNS])
+        for i in range(0, len(labels), LEGEND_COLUMNS)
+    )
+    caption = textwrap.fill(caption, 180) if caption else ""
+    line_in = 0.19  # inches a line of 8-point text takes
+    legend_in = rows * line_in + 0.3
+    caption_in = (caption.count("\n") + 1) * 0.15 + 0.1 if caption else 0.0
+    heading_in = (heading.count("\n") + 1) * 0.22 + 0.1
+    width, panels_in = fig.get_size_inches()
+    height = panels_in + legend_in + caption_in + heading_in
+    fig.set_size_inches(width, height)
+    fig.suptitle(heading, fontsize=11, y=1 - 0.05 / height)
+    fig.legend(
+        [h for h, _ in handles],
+        labels,
+        loc="upper center",
+        bbox_to_anchor=(0.5, (legend_in + caption_in) / height),
+        ncol=LEGEND_COLUMNS,
+        fontsize=8,
+        frameon=False,
+    )
+    if caption:
+        fig.text(0.01, 0.05 / height, caption, fontsize=7, color="dimgrey", va="bottom")
+    fig.tight_layout(rect=(0, (legend_in + caption_in) / height, 1, 1 - heading_in / height))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def subtitle(groups: list[Group], metric: str, band: str, key: str | None = None) -> str:
     """What the figure compares: the metric, the settings that tell the groups apart, what all runs share,
     and what the band is (none where every group is one run)."""
     runs = [run for group in groups for run in group.runs]
@@ -363,7 +473,11 @@ def subtitle(groups: list[Group], metric: str, band: str) -> str:
         for k in ("algo", "dataset", "peers", "model")
         if k not in told_apart and len({_same(r.config.get(k)) for r in runs}) == 1 and k in runs[0].config
     }
-    what = f"test {'accuracy' if metric == 'acc' else metric}"
+    what = (
+        f"test {'accuracy' if metric == 'acc' else metric}"
+        if key in (None, f"test_{metric}")
+        else key.replace("_", " ")
+    )
     what += f" of {len(groups)} groups by {', '.join(told_apart)}" if told_apart else f" of {len(groups)} group(s)"
     if shared:
         what += " (" + ", ".join(f"{k} {_short(v)}" for k, v in shared.items()) + ")"
@@ -382,12 +496,16 @@ def compare(
     band: str = "minmax",
     out: Path = Path("comparison.png"),
     title: str = "",
+    labels: str | None = None,
+    y: str | None = None,
 ) -> list[dict]:
     """Compare run folders: group them (by the settings in `by`, else by every setting in which they
     differ, seeds apart), draw each group's test accuracy (or loss) against rounds, bytes and time into
     out (PNG, band "minmax" or "std" over a group's seeds), and write out.md and out.csv: per group the
     final and best values, and the rounds and bytes to reach each of `targets` (default 0.8 for
-    accuracy). Every setting the groups differ in is named beside them. Returns the table's rows."""
+    accuracy). Every setting the groups differ in is named beside them. labels: "folder", or the groups'
+    names in order (default: the settings that tell them apart); y: a metrics.jsonl field drawn instead of
+    the test metric (consensus_distance). Returns the table's rows."""
     runs = [load_run(f) for f in folders]
     metric = headline(runs)
     kinds = {headline([run]): run for run in runs}
@@ -400,12 +518,15 @@ def compare(
     if lacking:
         raise UserError(f"{lacking[0]} has no test_{metric} in any round; compare runs of one task")
     groups = group_runs(runs, by)
+    relabel(groups, labels)
+    if y is not None and not any(run.curve(y) for run in runs):
+        raise UserError(f"--y {y}: no run has it in metrics.jsonl (docs/cli.md lists the metrics)")
     if targets is None:
         targets = [0.8] if metric == "acc" else []
     rows = table(groups, metric, targets)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    draw(groups, metric, band, out, title, targets)
+    draw(groups, metric, band, out, title, targets, y)
     notes = caveats(groups)
     for note in notes:
         print(f"analysis compare: not like with like: {note}", file=sys.stderr)
@@ -456,6 +577,10 @@ def _main(argv: list[str] | None) -> int:
         "folder that holds all the runs, as a sweep writes it)",
     )
     p.add_argument("--title", default="")
+    p.add_argument(
+        "--labels", help="the groups' names: 'folder' (their runs' folder), or comma-separated in the table's order"
+    )
+    p.add_argument("--y", help="a metrics.jsonl field to draw instead of the test metric (e.g. consensus_distance)")
     args = p.parse_args(argv)
     try:
         targets = [float(t) for t in args.target.split(",")] if args.target else None
@@ -465,7 +590,8 @@ def _main(argv: list[str] | None) -> int:
         p.error(f"--target takes finite numbers, got {args.target!r}")
     folders = run_folders(args.runs)
     out = output_file(args.out if args.out is not None else beside_runs(folders))
-    rows = compare(folders, args.by.split(",") if args.by else None, targets, args.band, out, args.title)
+    by = args.by.split(",") if args.by else None
+    rows = compare(folders, by, targets, args.band, out, args.title, args.labels, args.y)
     print(out.with_suffix(".md").read_text(), end="")
     print(f"figure: {out}; table: {out.with_suffix('.md')}, {out.with_suffix('.csv')} ({len(rows)} groups)")
     return 0

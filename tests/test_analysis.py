@@ -62,8 +62,9 @@ def test_compare_names_every_setting_the_groups_differ_in_and_mixed_groups(tmp_p
         return folder
 
     captions = []
-    monkeypatch.setattr(module, "save", lambda fig, path, caption="": captions.append(caption) or fig.savefig(path))
-    runs = [run("a", "dfedavg", 0, [0.3, 0.5, 0.6, 0.7], 30, 0.1), run("b", "ntk-dfl", 0, [0.5, 0.8], 12, 0.01)]
+    monkeypatch.setattr(module, "lay_out", lambda fig, handles, heading, caption, path: captions.append(caption))
+    # DFedAvg off its own lr (0.1): flagged; NTK-DFL at its own (0.01) would not be alone
+    runs = [run("a", "dfedavg", 0, [0.3, 0.5, 0.6, 0.7], 30, 0.05), run("b", "ntk-dfl", 0, [0.5, 0.8], 12, 0.01)]
     rows = compare(runs, out=tmp_path / "cmp.png")
     assert [r["group"] for r in rows] == ["algo=dfedavg", "algo=ntk-dfl"]
     assert (rows[0]["setting_peers"], rows[1]["setting_peers"], rows[1]["setting_rounds"]) == ("30", "12", "2")
@@ -230,7 +231,7 @@ def test_compare_draws_a_line_at_each_target_on_every_panel(tmp_path, monkeypatc
     import analysis.compare as module
 
     drawn = []
-    monkeypatch.setattr(module, "save", lambda fig, path, caption="": drawn.append(fig))
+    monkeypatch.setattr(module, "lay_out", lambda fig, handles, heading, caption, path: drawn.append(fig))
     runs = [fake_run(tmp_path / f"a{s}", "ntk-dfl", s, [0.5, 0.7, 0.9]) for s in range(2)]
     compare(runs, targets=[0.8, 0.85], out=tmp_path / "cmp.png")
     for ax in drawn[0].axes:
@@ -323,3 +324,99 @@ def test_a_graph_is_inspected_without_a_run(tmp_path, capsys):
     assert "one period of 4 rounds mixes at a per-round rate of 1 " in capsys.readouterr().out
     assert topology_views.graph_main(["--peers", "16"]) == 2
     assert "name the graph: --topology NAME" in capsys.readouterr().err
+
+
+def _six_groups(root):
+    """A compression study's six groups (CHOCO-SGD with three codecs, D-PSGD on three graphs), 2 seeds each."""
+    specs = [
+        ("choco-topk", 'algo = "choco"\nchoco_gamma = 0.04\ngossip_topk = 0.01\n', 0.296),
+        ("choco-q4", 'algo = "choco"\nchoco_gamma = 0.1\ngossip_quant_bits = 4\ngossip_topk = 0\n', 0.296),
+        ("choco-q1", 'algo = "choco"\nchoco_gamma = 0.01\ngossip_quant_bits = 1\ngossip_topk = 0\n', 0.296),
+        ("dpsgd-ring", 'algo = "dpsgd"\ntopology = "ring"\n', 0.02),
+        ("dpsgd-torus", 'algo = "dpsgd"\ntopology = "torus"\n', 0.1),
+        ("dpsgd-full", 'algo = "dpsgd"\ntopology = "full"\n', 1.0),
+    ]
+    folders = []
+    for i, (name, config, gap) in enumerate(specs):
+        for seed in range(2):
+            folder = root / name / f"seed{seed}"
+            folder.mkdir(parents=True)
+            (folder / "config.toml").write_text(config + f"peers = 32\nrounds = 300\nseed = {seed}\n")
+            rows = [
+                {
+                    "round": k + 1,
+                    "test_acc": 0.1 + (0.8 - 0.05 * i) * (1 - 0.99**k) - 0.01 * seed,
+                    "client_acc_mean": 0.1 + 0.7 * (1 - 0.99**k),
+                    "bytes_sent": 1e6,
+                    "round_s": 0.3,
+                    "spectral_gap": gap,
+                    "consensus_distance": (1 + i) / (k + 1),
+                }
+                for k in range(300)
+            ]
+            (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            folders.append(folder)
+    return folders
+
+
+def test_a_comparison_of_six_groups_reads_labels_fit_and_the_metric_meets_the_gap(tmp_path, monkeypatch):
+    """The legend squeezed the panels, spilled into the next one and was cut off, and was drawn twice; no
+    panel tied the metric to the spectral gap; the labels named settings at their algorithm's default."""
+    import analysis.compare as module
+
+    figures = []
+    close = module.plt.close
+    monkeypatch.setattr(module.plt, "close", lambda fig: figures.append(fig))
+    rows = compare(_six_groups(tmp_path), out=tmp_path / "cmp.png")
+    monkeypatch.setattr(module.plt, "close", close)
+    assert [r["group"] for r in rows][3:] == [
+        "algo=dpsgd, topology=ring",
+        "algo=dpsgd, topology=torus",
+        "algo=dpsgd, topology=full",
+    ]
+    assert "gossip_topk" not in rows[3]["group"] and rows[0]["final_consensus_distance"] == pytest.approx(1 / 300)
+    (fig,) = figures
+    renderer = fig.canvas.get_renderer()
+    page = fig.bbox
+    axes = fig.axes
+    assert len(axes) == 4 and axes[3].get_xlabel() == "spectral gap (log scale)"
+    assert len(fig.legends) == 1 and not any(ax.get_legend() for ax in axes)  # one legend, under the panels
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert len(fig.legends[0].get_texts()) == 6 + 2
+    assert page.x0 <= legend.x0 and legend.x1 <= page.x1 and page.y0 <= legend.y0
+    assert not any(legend.overlaps(ax.get_window_extent(renderer)) for ax in axes)
+    for ax in axes:
+        box = ax.get_tightbbox(renderer)  # the panel with its tick labels and axis labels
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
+        assert not any(box.overlaps(other.get_window_extent(renderer)) for other in axes if other is not ax)
+    close(fig)
+    again = compare(_six_groups(tmp_path / "b"), out=tmp_path / "b.png", labels="folder", y="consensus_distance")
+    assert [r["group"] for r in again] == [
+        "choco-topk",
+        "choco-q4",
+        "choco-q1",
+        "dpsgd-ring",
+        "dpsgd-torus",
+        "dpsgd-full",
+    ]
+
+
+def test_like_with_like_spares_each_algorithms_own_training_defaults(tmp_path, capsys):
+    """NTK-DFL against DFedAvg, each at its own defaults (the reproduce page's headline), was flagged for
+    batch size, local epochs and lr; a run-level difference, or an lr off its algorithm's default, is."""
+    from analysis.compare import setting_defaults
+
+    runs = []
+    for algo, peers in (("ntk-dfl", 12), ("dfedavg", 12)):
+        own = setting_defaults(algo)
+        folder = fake_run(tmp_path / algo, algo, 0, [0.5, 0.7], lr=own["lr"])
+        with (folder / "config.toml").open("a") as fh:
+            fh.write("".join(f"{k} = {own[k]}\n" for k in ("batch_size", "local_epochs") if own.get(k) is not None))
+        runs.append(folder)
+    compare(runs, out=tmp_path / "fair.png")
+    assert "not like with like" not in capsys.readouterr().err
+    config = runs[1] / "config.toml"
+    config.write_text(config.read_text().replace("peers = 4", "peers = 30"))
+    compare(runs, out=tmp_path / "unfair.png")
+    err = capsys.readouterr().err
+    assert "not like with like: the groups also differ in peers" in err and "lr" not in err
