@@ -26,6 +26,7 @@ LIMIT=${GPU_CHECK_SECONDS:-540}
 START=$SECONDS
 DEVICE=${GPU_CHECK_DEVICE:-cuda}
 QUICK=${GPU_CHECK_QUICK:-}
+STEPS_ONLY=${GPU_CHECK_STEPS:-}  # space-separated step names: run these alone (the rehearsal's tests of one step)
 CARRY=${GPU_CHECK_CARRY:-$PWD/.gpu-carry}
 DEST=${OUT:-$PWD/runs/gpu-check}
 WORK=$(mktemp -d)  # logs and results, archived into $DEST at the end
@@ -92,6 +93,9 @@ fi
 step() {
     local name=$1 limit=$2 left=$((LIMIT - (SECONDS - START))) began=$SECONDS code
     shift 2
+    if [ -n "$STEPS_ONLY" ] && [[ " $STEPS_ONLY " != *" $name "* ]]; then
+        return 0
+    fi
     if [ "$left" -lt 20 ]; then
         printf '%s\t%s\t0\tno time left\n' "$name" 125 >> "$WORK/steps.tsv"
         return 125
