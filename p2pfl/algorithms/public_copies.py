@@ -18,7 +18,7 @@ import torch
 
 from p2pfl.algorithms.base import Algorithm, neighbour_average
 from p2pfl.gossip.codec_settings import GossipSettings, gossip_codec
-from p2pfl.gossip.codecs import Compressed, GossipCodec, decode_checked, dense_bytes
+from p2pfl.gossip.codecs import Compressed, GossipCodec, decode_rows_checked, dense_bytes
 from p2pfl.models import initial_parameters
 from topologies import mixing_weights
 
@@ -42,26 +42,25 @@ class PublicCopies:
         sends = {p: (message, dense_bytes(target[0])) for p, message in zip(peers, messages)}
         inbox = ctx.neighbour_exchange("gossip", round_index, Compressed, sends, receivers=set(peers))
         weights = mixing_weights(ctx.schedule.graph(round_index), ctx.cfg.mixing, ctx.sample_counts)
-        decoded: dict[int, tuple] = {}  # each sender's q decoded once, however many of its receivers are here
+        heard = {ctx.peers[i]: {ctx.peers[i]: sends[ctx.peers[i]][0], **inbox[ctx.peers[i]]} for i in online}
+        senders = {j: heard[p][j] for p in heard for j, _ in weights[p] if j in heard[p]}
+        decoded = self._differences(senders)  # each sender's q decoded once, all in one call
         for i in online:
             p = ctx.peers[i]
-            heard = {p: sends[p][0], **inbox[p]}
             for j, w in weights[p]:  # in peer order, so every layout adds alike
-                if j in heard:
-                    if j not in decoded:
-                        decoded[j] = self._difference(heard[j])
+                if j in heard[p]:
                     index, q = decoded[j]
                     if j == p:
                         _add(self.estimate[i], index, q)
                     _add(self.mixed[i], index, w * q)
         return online
 
-    def _difference(self, message: Compressed) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """q_j as the codec decodes it, scaled to a contraction (QSGD's 1/tau, as CHOCO-SGD's)."""
-        size = self.ctx.flat.shape[1]
-        index, values = decode_checked(self.codec, message, size)
+    def _differences(self, messages: dict[int, Compressed]) -> dict[int, tuple[torch.Tensor | None, torch.Tensor]]:
+        """Each sender's q_j as the codec decodes it, scaled to a contraction (QSGD's 1/tau, as CHOCO-SGD's)."""
+        size, order = self.ctx.flat.shape[1], sorted(messages)
         scale = self.codec.contraction(size)
-        return index, values * scale if scale != 1.0 else values
+        answers = decode_rows_checked(self.codec, [messages[j] for j in order], size) if order else []
+        return {j: (index, values * scale if scale != 1.0 else values) for j, (index, values) in zip(order, answers)}
 
 
 def _add(row: torch.Tensor, index: torch.Tensor | None, values: torch.Tensor) -> None:
@@ -92,8 +91,11 @@ def average_over_copies(ctx, round_index: int, flat: torch.Tensor, copies: Publi
     online = copies.send(round_index, flat)
     weights = mixing_weights(ctx.schedule.graph(round_index), ctx.cfg.mixing, ctx.sample_counts)
     own = torch.tensor([dict(weights[ctx.peers[i]])[ctx.peers[i]] for i in online], dtype=flat.dtype)
+    own = own.to(flat.device)[:, None]
+    if len(online) == len(flat):  # every peer online: in place, no copies of the rows picked
+        return (flat - copies.estimate).mul_(own).add_(copies.mixed)
     out = flat.clone()
-    out[online] = copies.mixed[online] + own.to(flat.device)[:, None] * (flat[online] - copies.estimate[online])
+    out[online] = copies.mixed[online] + own * (flat[online] - copies.estimate[online])
     return out
 
 

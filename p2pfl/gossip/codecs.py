@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from p2pfl.gossip.bitpack import pack_bits, pack_mask, unpack_bits, unpack_mask
+from p2pfl.gossip.bitpack import pack_mask_rows, pack_rows, unpack_mask_rows, unpack_rows
 from p2pfl.comm import Payload
 from p2pfl.errors import UserError
 from p2pfl.seeding import derive_seed, torch_generator
@@ -80,6 +80,10 @@ class GossipCodec:
     def decode(self, message: Compressed, size: int) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(the coordinates sent, or None for all of them; their values)."""
         return None, message.parts[0]
+
+    def decode_rows(self, messages: list[Compressed], size: int) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
+        """Each message decoded, as decode would one by one (a codec may decode many at once)."""
+        return [self.decode(message, size) for message in messages]
 
     def contraction(self, size: int) -> float:
         """The factor that makes the codec a contraction, E|Q(x) - x|^2 <= (1 - delta)|x|^2, as CHOCO-SGD's
@@ -188,18 +192,29 @@ class QSGD(GossipCodec):
         self.bits, self.levels = bits, 2**bits - 1
 
     def encode(self, x, seed, round_index, peer):
-        norm = x.norm()
-        u = torch.rand(x.numel(), generator=torch_generator(seed, "gossip-qsgd", round_index, peer)).to(x.device)
-        scaled = x.abs() / norm.clamp(min=torch.finfo(x.dtype).tiny) * self.levels
-        level = torch.floor(scaled + u).clamp(max=self.levels).to(torch.uint8).cpu().numpy()
-        packed = torch.from_numpy(pack_bits(level, self.bits)).to(x.device)
-        return Compressed((norm.reshape(1).float(), packed, pack_mask(x < 0)))
+        return self.encode_rows(x[None], seed, round_index, [peer])[0]
+
+    def encode_rows(self, rows, seed, round_index, peers):
+        """Every row at once but its norm and its draws (each row's own, keyed by its peer): a round's 32
+        messages cost about what one did row by row."""
+        norms = torch.stack([x.norm() for x in rows])
+        u = torch.stack(
+            [torch.rand(rows.shape[1], generator=torch_generator(seed, "gossip-qsgd", round_index, p)) for p in peers]
+        ).to(rows.device)
+        scaled = rows.abs().div_(norms.clamp(min=torch.finfo(rows.dtype).tiny)[:, None]).mul_(self.levels)
+        level = scaled.add_(u).floor_().clamp_(max=self.levels).to(torch.uint8)  # in place: one buffer, same values
+        packed, signs = pack_rows(level, self.bits), pack_mask_rows(rows < 0)
+        return [Compressed((n.reshape(1).float(), q, m)) for n, q, m in zip(norms, packed, signs)]
 
     def decode(self, message, size):
-        norm, packed, signs = message.parts
-        level = torch.from_numpy(unpack_bits(packed.cpu().numpy(), self.bits, size)).to(norm.device).float()
-        sign = 1 - 2 * unpack_mask(signs, size).float()
-        return None, sign * level * (norm / self.levels)
+        return self.decode_rows([message], size)[0]
+
+    def decode_rows(self, messages, size):
+        norms = torch.cat([m.parts[0] for m in messages])
+        level = unpack_rows(torch.stack([m.parts[1] for m in messages]), self.bits, size).float()
+        negative = unpack_mask_rows(torch.stack([m.parts[2] for m in messages]), size)
+        values = torch.where(negative, -level, level).mul_((norms / self.levels)[:, None])  # a sign is exact
+        return [(None, v) for v in values]
 
     def contraction(self, size):
         """1/tau, tau = 1 + min(d/s^2, sqrt(d)/s): CHOCO-SGD's rescaled (biased) QSGD."""
@@ -209,7 +224,19 @@ class QSGD(GossipCodec):
 def decode_checked(codec: GossipCodec, message: Compressed, size: int) -> tuple[torch.Tensor | None, torch.Tensor]:
     """codec.decode, its answer checked (a codec of one's own enters here): (None, size values) or
     (indices, one value each)."""
-    index, values = codec.decode(message, size)
+    return decoded_checked(codec, codec.decode(message, size), size)
+
+
+def decode_rows_checked(codec: GossipCodec, messages: list[Compressed], size: int) -> list[tuple]:
+    """codec.decode_rows, each answer checked as decode_checked checks one."""
+    decoded = codec.decode_rows(messages, size)
+    if not isinstance(decoded, list) or len(decoded) != len(messages):
+        raise UserError(f"the gossip codec {codec.name}'s decode_rows returned no list of one answer a message")
+    return [decoded_checked(codec, answer, size) for answer in decoded]
+
+
+def decoded_checked(codec: GossipCodec, answer, size: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+    index, values = answer
     fits = values.shape == (size,) if index is None else index.dim() == 1 and values.shape == index.shape
     if not fits:
         got = f"{'no indices' if index is None else f'indices of shape {tuple(index.shape)}'}"
