@@ -43,9 +43,18 @@ def spectral_gap(matrix: np.ndarray, directed: bool = False) -> float | None:
     return float(f"{max(0.0, 1.0 - moduli[1]):.8g}")
 
 
+_LAST_GAP: list = []  # [(graph, mixing, sample counts, gap)] of the last call
+
+
 def graph_gap(graph: nx.Graph, mixing: str, sample_counts: Sequence[int] | None = None) -> float | None:
-    """The spectral gap of a graph's mixing matrix (None where it does not keep the mean)."""
-    return spectral_gap(mixing_matrix(graph, mixing, sample_counts), graph.is_directed())
+    """The spectral gap of a graph's mixing matrix (None where it does not keep the mean). The same graph
+    object as the last call's (a static graph's, which the schedule keeps) gets the last answer: at 300
+    peers an eigendecomposition takes about 55 ms, a round's metrics otherwise a few."""
+    if _LAST_GAP and _LAST_GAP[0][0] is graph and _LAST_GAP[0][1:3] == (mixing, sample_counts):
+        return _LAST_GAP[0][3]
+    gap = spectral_gap(mixing_matrix(graph, mixing, sample_counts), graph.is_directed())
+    _LAST_GAP[:] = [(graph, mixing, sample_counts, gap)]
+    return gap
 
 
 def period_gap(graphs: Sequence[nx.Graph], mixing: str, sample_counts: Sequence[int] | None = None) -> float | None:

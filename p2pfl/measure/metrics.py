@@ -189,7 +189,8 @@ declare_metric(
 declare_metric(
     "consensus_distance",
     meaning="decentralized, every round: the mean over peers of the squared distance of a peer's weights to "
-    "their average, after the round",
+    "their average, after the round (one pass over the peers' weights beside the sum every round takes to find "
+    "NaN; the drift stop reads it)",
     unit="squared weight units",
     value=graph_only(lambda f: consensus_distance(sum(r.spread for r in f.ranks), f.peers)),
 )
@@ -197,7 +198,8 @@ declare_metric(
     "spectral_gap",
     meaning="decentralized: 1 - ||W - 11^T/n||_2 of the round's `--mixing` matrix W where it is doubly stochastic "
     "(1 - max(|lambda_2|, |lambda_n|) for a symmetric W; 0: disconnected; 1: one averaging reaches consensus); "
-    "absent where W is not doubly stochastic (it averages to a weighted mean)",
+    "absent where W is not doubly stochastic (it averages to a weighted mean); computed once for a graph that "
+    "does not change",
     unit="number in [0, 1]",
     value=graph_only(lambda f: graph_gap(f.graph, f.mixing, f.sample_counts)),
 )
