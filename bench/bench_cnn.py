@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from common import devices, gpu_peak_gb, reset_gpu_peak, timed
+from common import devices, gpu_peak_gb, reset_gpu_peak, timed, load_average
 from p2pfl.runner.configure import make_config, resolve
 from p2pfl.models import count_parameters
 from p2pfl.runner.assemble import build
@@ -90,6 +90,7 @@ def main() -> None:
                 f"  {device} vmap against the cpu's one-at-a-time: {reference[0] / batched:.1f}x "
                 f"(max weight difference {float((w_batched - reference[1]).abs().max()):.2e})"
             )
+    print(f"  {load_average()} at the end")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from common import run_rounds, timed
+from common import load_average, run_rounds, timed
 from p2pfl.runner.assemble import build
 from p2pfl.runner.configure import make_config, resolve
 
@@ -49,11 +49,10 @@ def main() -> None:
             seconds = timed(lambda: algo.round(k), "cpu")
             if k:  # round 1 warms the codec's buffers
                 times[name].append(seconds)
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     weights = built["dense"][0].flat.shape[1]
     print(
         f"D-PSGD, {args.peers} peers, {args.dataset}, {weights:,} weights, {torch.get_num_threads()} threads; "
-        f"load average {load} (1, 5, 15 min)"
+        f"{load_average()}"
     )
     dense = min(times["dense"])
     for name, seconds in times.items():

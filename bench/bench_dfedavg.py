@@ -10,7 +10,7 @@ import argparse
 
 import torch
 
-from common import devices, gpu_peak_gb, reset_gpu_peak, run_rounds, timed
+from common import devices, gpu_peak_gb, reset_gpu_peak, run_rounds, timed, load_average
 from p2pfl.runner.configure import make_config, resolve
 from p2pfl.measure.facts import peak_rss_kib
 from p2pfl.runner.assemble import build
@@ -104,6 +104,7 @@ def main() -> None:
                 f"s/round ({one / shared:.2f}x)"
             )
     print(f"  peak memory of this process (all runs): {peak_rss_kib() / 2**20:.2f} GB")
+    print(f"  {load_average()} at the end")
 
 
 if __name__ == "__main__":

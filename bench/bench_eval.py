@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import run_rounds  # noqa: E402
+from bench.common import load_average, run_rounds  # noqa: E402
 
 
 def mean(rows: list[dict], key: str) -> float:
@@ -57,6 +57,7 @@ def main() -> None:
                 f"{mean(rows, 'eval_s'):.2f} s ({mean(rows, 'eval_s') / mean(rows, 'train_s'):.2f}x the training), "
                 f"round {mean(rows, 'round_s'):.2f} s; largest client_acc_se {100 * se:.2f} points"
             )
+    print(f"  {load_average()} at the end")
 
 
 if __name__ == "__main__":

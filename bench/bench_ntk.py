@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import p2pfl  # noqa: F401  (first: it keeps numpy's BLAS on one thread, which torch's import would start)
 import torch
 
-from common import devices, gpu_peak_gb, reset_gpu_peak, run_rounds, timed
+from common import devices, gpu_peak_gb, reset_gpu_peak, run_rounds, timed, load_average
 from p2pfl.runner.configure import make_config, resolve
 from p2pfl.ntk import DenseJacobian, FactoredJacobian
 from p2pfl.models import MLPShape
@@ -363,6 +363,7 @@ def main() -> None:
                 seconds[device, ranks] = round_seconds(args, ranks, device)
         if ("cuda", 1) in seconds:
             print(f"  fastest round, cuda against cpu (1 rank each): {seconds['cpu', 1] / seconds['cuda', 1]:.1f}x")
+    print(f"  {load_average()} at the end")
 
 
 if __name__ == "__main__":

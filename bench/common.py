@@ -15,6 +15,11 @@ import torch
 from p2pfl.testing import mpirun
 
 
+def load_average() -> str:
+    """The machine's load beside a bench's ratios: a side measured while something else ran is told."""
+    return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg()) + " (1, 5, 15 min)"
+
+
 def devices(choice: str) -> list[str]:
     """'all': the CPU, and the GPU where CUDA is present; 'gpu': the GPU, or nothing (said) without CUDA;
     else the one named."""

@@ -13,7 +13,10 @@ training time alone (train_s) is set beside Flower's training (fit) time.
     python bench/vs_flower.py [--clients 100,300] [--rounds 5]
 
 A round's time is the median over the rounds after the first (Ray's start and the first round's
-one-off costs left out on both sides).
+one-off costs left out on both sides). Each side runs with the other stopped: p2pfl's runs first, before
+Ray starts in this process (Ray's processes once took a quarter of a core beside a p2pfl child run after
+it, and p2pfl's training read 2.1-2.4 s a round where it takes 0.4 s alone), then Flower's, Ray shut
+down after each; the load average is printed beside each side's times.
 """
 
 from __future__ import annotations
@@ -131,15 +134,24 @@ def main() -> None:
         "p2pfl beside Flower (flwr + Ray), FedAvg, MLP, 200 samples x 5 epochs a client, all clients a round; "
         "median seconds a round after the first:"
     )
-    for clients in [int(c) for c in args.clients.split(",")]:
+    counts = [int(c) for c in args.clients.split(",")]
+    ours = {}
+    for clients in counts:  # before Ray starts in this process: nothing of Flower's runs beside them
+        load = os.getloadavg()[0]
+        ours[clients] = (*p2pfl_round_times(clients, args.rounds), load)
+    med = lambda v: statistics.median(v[1:])  # noqa: E731
+    for clients in counts:
+        load = os.getloadavg()[0]
         f_whole, f_fit = flower_round_times(clients, args.rounds)
-        p_whole, p_train = p2pfl_round_times(clients, args.rounds)
-        med = lambda v: statistics.median(v[1:])  # noqa: E731
+        import ray
+
+        ray.shutdown()  # its actors and workers gone before the next side's runs
+        p_whole, p_train, p_load = ours[clients]
         print(
             f"  {clients} clients: training: Flower {med(f_fit):.2f} s, p2pfl {med(p_train):.2f} s "
             f"({med(f_fit) / med(p_train):.1f}x); whole round: Flower {med(f_whole):.2f} s (its server's "
             f"evaluation of the aggregated model), p2pfl {med(p_whole):.2f} s (its default evaluation) "
-            f"({med(f_whole) / med(p_whole):.1f}x)"
+            f"({med(f_whole) / med(p_whole):.1f}x); load average before: p2pfl {p_load:.2f}, Flower {load:.2f}"
         )
 
 
