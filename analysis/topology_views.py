@@ -5,7 +5,7 @@
 
 Takes a run folder (its config.toml) or a run config (TOML, e.g. p2pfl/presets/*.toml) and draws, for
 the graphs of its rounds (a pure function of seed and round, so nothing needs to have run): the
-adjacency matrix of round 1 ordered by peer, the first rounds as small multiples, the degree and
+adjacency matrix of round 1 (a built-in family's ordered by placement, a user's by peer), the first rounds as small multiples, the degree and
 spectral-gap histograms over the rounds, and one peer's neighbourhood across rounds. `graph` takes the
 graph's flags themselves (a family, --topology-file, a function; --mixing, --algo for its default mixing)
 and prints its mixing matrix W and spectral gap, and a time-varying family's per-round rate over one

@@ -131,3 +131,21 @@ def test_a_graph_file_over_its_bound_is_refused_before_it_is_parsed(tmp_path):
         fh.truncate(FILE_LIMIT + 1)  # sparse: nothing written
     with pytest.raises(GraphError, match=r"67,108,865 bytes, more than the 64 MiB a graph file may hold"):
         read_graph(huge)
+
+
+def test_a_placed_family_is_drawn_by_its_placement(tmp_path):
+    """A ring's adjacency, ordered by peer id, was dots scattered by the seeded labels; by placement it is
+    the band along the diagonal, and a torus knows its grid."""
+    from topologies.drawing import draw_graph
+
+    ring = build_graph("ring", 12, seed=3)
+    order = ring.graph["placement"]
+    matrix = nx.to_numpy_array(ring, nodelist=order)
+    assert all(matrix[t, (t + 1) % 12] == 1 for t in range(12)) and matrix.sum() == 24
+    torus = build_graph("torus", 16, seed=3)
+    assert torus.graph["grid"] == (4, 4)
+    weighted = nx.Graph(ring)
+    nx.set_edge_attributes(weighted, 0.3, "weight")
+    for graph, name in ((torus, "torus.png"), (weighted, "weighted.png")):
+        draw_graph(graph, tmp_path / name)
+        assert (tmp_path / name).stat().st_size > 0

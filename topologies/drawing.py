@@ -24,13 +24,13 @@ def _pyplot():
 
 def draw_graph(graph: nx.Graph, path: Path, title: str = "") -> None:
     """A run folder's topology.png: nodes and edges up to DRAWN_UP_TO peers (and any star), else the
-    adjacency matrix ordered by peer beside the degree histogram."""
+    adjacency matrix (ordered by placement where a family placed the peers) beside the degree histogram."""
     n = graph.number_of_nodes()
     kind = graph.graph.get("kind")
     title = title or f"{kind or 'graph'}: {n} peers, {graph.number_of_edges()} edges"
     if n > DRAWN_UP_TO and kind != "star":
         fig, (left, right) = _pyplot().subplots(1, 2, figsize=(11, 5), gridspec_kw={"width_ratios": [1.2, 1]})
-        adjacency_panel(left, graph, "adjacency, ordered by peer")
+        adjacency_panel(left, graph, f"adjacency, ordered by {'placement' if 'placement' in graph.graph else 'peer'}")
         degree_panel(right, [graph])
         fig.suptitle(title)
         _save(fig, path)
@@ -38,13 +38,26 @@ def draw_graph(graph: nx.Graph, path: Path, title: str = "") -> None:
     hub = max(graph.nodes, key=graph.degree) if kind == "star" else None
     if hub is not None:  # the hub (a centralized run's server) in the middle
         layout = nx.shell_layout(graph, [[hub], [v for v in graph.nodes if v != hub]])
+    elif "grid" in graph.graph:  # a torus on its grid, each peer at its position
+        columns = graph.graph["grid"][1]
+        layout = {
+            peer: np.array([t % columns, -(t // columns)], float) for t, peer in enumerate(graph.graph["placement"])
+        }
+    elif "placement" in graph.graph:  # a ring, an exponential graph, a hypercube: its positions around a circle
+        order = graph.graph["placement"]
+        layout = {
+            peer: np.array([np.cos(2 * np.pi * t / n), np.sin(2 * np.pi * t / n)]) for t, peer in enumerate(order)
+        }
     elif kind in ("ring", "regular", "full") or n > DRAWN_UP_TO:
         layout = nx.circular_layout(graph)
     else:
         layout = nx.spring_layout(graph, seed=0)
     fig, ax = _pyplot().subplots(figsize=(6, 6))
     size = max(8, 300 // max(1, n // 10))
-    nx.draw_networkx_edges(graph, layout, ax=ax, alpha=0.35, width=0.6)
+    weights = [w for _, _, w in graph.edges(data="weight")]
+    given = weights and all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights)
+    widths = [0.6 + 6 * w for w in weights] if given else 0.6  # --mixing given: each edge as thick as its weight
+    nx.draw_networkx_edges(graph, layout, ax=ax, alpha=0.35, width=widths)
     peers = [v for v in graph.nodes if v != hub]
     nx.draw_networkx_nodes(
         graph,
@@ -69,10 +82,14 @@ def draw_graph(graph: nx.Graph, path: Path, title: str = "") -> None:
 
 
 def adjacency_panel(ax, graph: nx.Graph, title: str) -> None:
+    """The adjacency matrix, a built-in family's ordered by placement (a ring's a band along the diagonal,
+    not dots scattered by the peers' seeded labels), a user's by peer."""
     n = graph.number_of_nodes()
-    ax.spy(nx.to_numpy_array(graph, nodelist=range(n)), markersize=max(1.0, min(4.0, 400 / n)), color="black")
+    order = graph.graph.get("placement", range(n))
+    ax.spy(nx.to_numpy_array(graph, nodelist=order), markersize=max(1.0, min(4.0, 400 / n)), color="black")
     ax.xaxis.set_ticks_position("bottom")
-    ax.set(title=title, xlabel="peer", ylabel="peer")
+    axis = "position" if "placement" in graph.graph else "peer"
+    ax.set(title=title, xlabel=axis, ylabel=axis)
 
 
 def degree_panel(ax, graphs: list[nx.Graph]) -> None:

@@ -96,6 +96,7 @@ def placed(n: int, edges, seed: int, directed: bool = False) -> nx.Graph:
     graph = nx.DiGraph() if directed else nx.Graph()
     graph.add_nodes_from(range(n))
     graph.add_edges_from((order[a], order[b]) for a, b in edges)
+    graph.graph["placement"] = order  # for drawings: a ring drawn around its positions, not as a tangle
     return graph
 
 
@@ -270,7 +271,9 @@ def torus_sides(n: int, spec: GraphSpec) -> tuple[int, int]:
 def torus(n: int, round_index: int, spec: GraphSpec, seed: int) -> nx.Graph:
     rows, columns = torus_sides(n, spec)
     grid = nx.grid_2d_graph(rows, columns, periodic=True)
-    return placed(n, ((a * columns + b, c * columns + d) for (a, b), (c, d) in grid.edges), seed)
+    graph = placed(n, ((a * columns + b, c * columns + d) for (a, b), (c, d) in grid.edges), seed)
+    graph.graph["grid"] = (rows, columns)  # position t at row t // columns, column t % columns
+    return graph
 
 
 def _check_hypercube(n: int, spec: GraphSpec) -> None:
