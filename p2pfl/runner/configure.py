@@ -351,11 +351,22 @@ def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
     that --config on a run's config.toml never writes into that run's folder."""
     out = {k: v for k in FIELDS if (v := getattr(cfg, k)) is not None and k not in ("out", "overwrite", "resume")}
     out.update({k: v for k, v in dataclasses.asdict(cfg.settings).items() if v is not None})  # TOML has no None
+    for name, applies in APPLIES.items():  # a setting at its default where it takes no part: not written
+        if name in out and not applies(cfg) and out[name] == FIELDS[name].default:
+            out.pop(name)
     if cfg.partition_file is not None:  # the file is the partition: these settings take no part in the run
         for name in REPLACED_BY_PARTITION_FILE:
             if not (name == "samples_per_peer" and cfg.dataset == "linear-rep"):  # it draws that many samples
                 out.pop(name, None)
     return out
+
+
+APPLIES = {  # settings that take part in some runs only: where each does
+    "labels": lambda cfg: "cifar100" in str(cfg.dataset).lower().replace("-", ""),
+    "norm": lambda cfg: str(cfg.model).startswith("resnet"),
+    "classes_style": lambda cfg: cfg.partition == "classes",
+    "dirichlet_style": lambda cfg: cfg.partition == "dirichlet",
+}
 
 
 REPLACED_BY_PARTITION_FILE = (
