@@ -732,3 +732,15 @@ def test_simulate_takes_a_graph_and_a_model_function_as_a_notebook_defines_them(
         again.config.topology != result.config.topology
         and again.rows[0]["spectral_gap"] < result.rows[0]["spectral_gap"]
     )
+
+
+def test_the_own_graph_example_sets_a_function_and_a_weighted_file_beside_the_families(on_path, capsys):
+    import own_graph
+
+    rows = own_graph.main(["--peers", "8", "--rounds", "2"])
+    by = {row["graph"]: row for row in rows}
+    assert len(rows) == 5 and all(0 < row["gap"] <= 1 and 0 <= row["acc"] <= 1 for row in rows)
+    assert (
+        by["torus"]["gap"] > by["ring"]["gap"] and "weighted ring (a file, --mixing given)" in capsys.readouterr().out
+    )
+    sys.modules.pop("own_graph", None)
