@@ -5,8 +5,8 @@
 Runs whose settings are equal but for the seed form a group, drawn as the mean over its runs with a
 min-max (or +-1 std) band: test accuracy against rounds, against bytes sent and against wall time, the
 aggregated model solid and the mean client dotted. A table (Markdown and CSV) gives each group's final
-accuracy and the rounds and bytes it took to reach each target. Only config.toml and metrics.jsonl of
-each folder are read.
+accuracy and the rounds and bytes it took to reach each target. Only config.toml, metrics.jsonl and
+final.json (its spectral gap) of each folder are read.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from analysis.plots import AGGREGATED, MEAN_CLIENT, plt, target_line, whole_numbers
-from analysis.toolkit import Parser, guarded, output_file, provenance_of, read_run
+from analysis.toolkit import Parser, guarded, output_file, provenance_of, read_json, read_run
 from p2pfl.errors import UserError
 
 # Settings that do not change a run's numbers: never a reason to split groups.
@@ -51,6 +51,7 @@ class Run:
     config: dict
     rows: list[dict]
     source: dict = field(default_factory=dict)  # config.toml's [p2pfl]: version, commit, machine
+    final_gap: float | None = None  # final.json's spectral_gap: a time-varying family's period rate
 
     @property
     def made_by(self) -> str:
@@ -101,7 +102,11 @@ class Group:
         return values.pop() if len(values) == 1 else "mixed"
 
     def gap(self) -> float | None:
-        """The mean spectral gap of the runs' graphs over their rounds (None: a star, no graph rows)."""
+        """The runs' spectral gap: final.json's where every run has one (the rate of one period's product
+        for a graph that changes by design, as the one-peer exponential graph), else the mean over their
+        rows' (None: a star, no graph rows)."""
+        if all(run.final_gap is not None for run in self.runs):
+            return float(np.mean([run.final_gap for run in self.runs]))
         gaps = [row["spectral_gap"] for run in self.runs for row in run.rows if "spectral_gap" in row]
         return float(np.mean(gaps)) if gaps else None
 
@@ -128,7 +133,9 @@ def load_run(folder: Path) -> Run:
             f"{folder} has no evaluated round yet ({len(rows)} rounds done"
             f"{f', --eval-every {every}' if isinstance(every, int) and every > 1 else ''})"
         )
-    return Run(Path(folder), config, rows, provenance_of(config, folder))
+    final = read_json(Path(folder) / "final.json", "final") if (Path(folder) / "final.json").exists() else {}
+    gap = final.get("spectral_gap")
+    return Run(Path(folder), config, rows, provenance_of(config, folder), gap if isinstance(gap, int | float) else None)
 
 
 def group_runs(runs: list[Run], by: list[str] | None) -> list[Group]:
