@@ -36,14 +36,18 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5, help="rounds timed per codec (the best is reported)")
     p.add_argument("--dataset", default="fashion-mnist")
     p.add_argument("--samples-per-peer", type=int, default=None)
+    p.add_argument("--codecs", default=",".join(CODECS), help=f"comma-separated, of {', '.join(CODECS)}")
     args = p.parse_args()
+    chosen = {name: CODECS[name] for name in args.codecs.split(",")}
+    if "dense" not in chosen or "qsgd-4" not in chosen:
+        p.error("--codecs needs dense and qsgd-4 (the ratio the bench is for)")
     built = {}
-    for name, codec in CODECS.items():
+    for name, codec in chosen.items():
         values = {"algo": "dpsgd", "peers": args.peers, "static": True, "dataset": args.dataset, "progress": False}
         if args.samples_per_peer:
             values["samples_per_peer"] = args.samples_per_peer
         built[name] = build(resolve(make_config({**values, **codec}), 1), 0, 1, 0)
-    times = {name: [] for name in CODECS}
+    times = {name: [] for name in chosen}
     for k in range(args.rounds + 1):  # interleaved: a load that comes and goes hits every codec alike
         for name, (ctx, algo) in built.items():
             seconds = timed(lambda: algo.round(k), "cpu")
@@ -58,7 +62,7 @@ def main() -> None:
     for name, seconds in times.items():
         print(f"  {name:8s} {min(seconds):.3f} s a round (best of {len(seconds)}), {min(seconds) / dense:.2f}x dense")
     whole = {}
-    for name, codec in CODECS.items():
+    for name, codec in chosen.items():
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in codec.items()]
         extra = ["--samples-per-peer", str(args.samples_per_peer)] if args.samples_per_peer else []
         rows, _ = run_rounds(

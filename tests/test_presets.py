@@ -51,17 +51,7 @@ def runs_of(preset: presets.Preset, out: Path) -> list[dict]:
 
 def tiny(argv: list[str], data: Path) -> list[str]:
     """argv at tiny scale, on small files in the dataset's layout under data."""
-    argv = list(argv)
-    for i, token in enumerate(argv[:-1]):
-        flag = token.removeprefix("--")
-        if flag in TINY:
-            argv[i + 1] = TINY[flag]
-        elif flag == "peers":
-            argv[i + 1] = str(min(16, int(argv[i + 1])))
-    if "--cyclic-rounds" in argv:  # phase 1, then one round of phase 2
-        argv += ["--rounds", "2"]
-    if "--algo" in argv and argv[argv.index("--algo") + 1] == "tct":
-        argv += ["--tct-lr", "auto"]
+    argv = shrunk(argv)
     dataset = argv[argv.index("--dataset") + 1] if "--dataset" in argv else "fashion-mnist"
     if dataset.startswith("cifar"):
         folder = write_cifar(data / dataset, dataset, n_train=400, n_test=100)
@@ -73,6 +63,22 @@ def tiny(argv: list[str], data: Path) -> list[str]:
     else:
         return argv
     return [*argv, "--data-dir", str(folder)]
+
+
+def shrunk(argv: list[str]) -> list[str]:
+    """argv with the TINY sizes, at most 16 peers."""
+    argv = list(argv)
+    for i, token in enumerate(argv[:-1]):
+        flag = token.removeprefix("--")
+        if flag in TINY:
+            argv[i + 1] = TINY[flag]
+        elif flag == "peers":
+            argv[i + 1] = str(min(16, int(argv[i + 1])))
+    if "--cyclic-rounds" in argv:  # phase 1, then one round of phase 2
+        argv += ["--rounds", "2"]
+    if "--algo" in argv and argv[argv.index("--algo") + 1] == "tct":
+        argv += ["--tct-lr", "auto"]
+    return argv
 
 
 HEAVY_ALGOS = {"ntk-dfl", "tct", "cyclic"}  # a tiny round still takes their NTK math or a pre-training stage
@@ -88,12 +94,18 @@ def _settings(argv: list[str]) -> dict:
 
 
 def cases():
-    """Each preset's tiny round; a heavy one (its algorithm or model) is marked slow, the rest run in
-    make test-fast (1-3.5 s each here)."""
-    out = []
+    """Each preset's tiny round, once where two presets' runs shrink to the same command (a paper preset
+    and its reduced one differ in scale only); a heavy one (its algorithm or model) is marked slow, the rest
+    run in make test-fast (1-3.5 s each here)."""
+    out, seen = [], set()
     for preset in presets.presets():
         if preset.path.parent == presets.EXPERIMENTS:
             for method, argv in runs_of(preset, Path("x")):
+                shrunk_argv = shrunk(argv)
+                del shrunk_argv[shrunk_argv.index("--out") : shrunk_argv.index("--out") + 2]
+                if tuple(shrunk_argv) in seen:  # a paper preset's twin of its reduced one's: one tiny run does
+                    continue
+                seen.add(tuple(shrunk_argv))
                 marks = [pytest.mark.slow] if _heavy(_settings(argv)) else []
                 out.append(pytest.param(preset, method, id=f"{preset.name}:{method}", marks=marks))
         else:
