@@ -17,10 +17,8 @@ def rank_local_edge(peers: int, round_index: int, seed: int) -> nx.Graph:
 
 
 def unseeded(peers: int, round_index: int, seed: int) -> nx.Graph:
-    """A ring with one chord drawn from an unseeded generator: a different graph on each rank."""
-    graph = nx.cycle_graph(peers)
-    graph.add_edge(0, random.SystemRandom().randrange(2, peers - 1))
-    return graph
+    """A random 3-regular graph from an unseeded generator: another graph on each rank, almost always."""
+    return nx.random_regular_graph(3, peers, seed=random.SystemRandom().randrange(2**32))
 
 
 def no_arguments() -> nx.Graph:

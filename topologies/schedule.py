@@ -50,10 +50,14 @@ class TopologySchedule:
         return self.family.graph(self.n, round_index, self.spec, self.graph_seed(key))
 
 
-def fingerprint(graph: nx.Graph) -> str:
-    """A digest of a graph's peers, edges and edge weights, equal for equal graphs on any machine: what
-    the ranks compare to know that each built the same graph (each draws its own copy)."""
+def fingerprint(graph: nx.Graph, weighted: bool = False) -> str:
+    """A digest of a graph's peers and edges (and their weights, where weighted: --mixing given reads
+    them), equal for equal graphs on any machine: what the ranks compare to know that each built the same
+    graph (each draws its own copy)."""
     directed = graph.is_directed()
-    edges = sorted(((u, v) if directed else tuple(sorted((u, v))), repr(w)) for u, v, w in graph.edges(data="weight"))
+    edges = sorted(
+        ((u, v) if directed else tuple(sorted((u, v))), repr(w) if weighted else "")
+        for u, v, w in graph.edges(data="weight")
+    )
     text = repr((directed, sorted(graph.nodes), edges))
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
