@@ -12,6 +12,7 @@ final.json (its spectral gap) of each folder are read.
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import os
 import sys
@@ -169,19 +170,15 @@ def group_runs(runs: list[Run], by: list[str] | None) -> list[Group]:
     return list(groups.values())
 
 
-OWN_DEFAULTS = ("lr", "lr_decay", "batch_size", "local_epochs", "momentum", "weight_decay", "mixing")
+RUN_LEVEL = ("peers", "rounds", "dataset", "model")  # what a comparison holds fixed, whatever its defaults
 
 
 def own_default(run: Run, key: str) -> bool:
-    """Whether the run's value of a setting is its algorithm's default for it; a training setting (lr,
-    batch size, local epochs...) or the mixing that each algorithm sets its own way at its default is a fair
-    comparison, as a paper runs each method with its own settings."""
+    """Whether the run's value of a setting is its algorithm's default for it (not a run-level one): a
+    training setting (lr, batch size, local epochs...) or the mixing each algorithm sets its own way, at its
+    default, is a fair comparison, as a paper runs each method with its own settings."""
     defaults = setting_defaults(run.config.get("algo"))
-    return (
-        key in defaults
-        and _same(run.config.get(key)) == _same(defaults[key])
-        and (key in OWN_DEFAULTS or key not in ("peers", "rounds", "dataset", "model"))
-    )
+    return key not in RUN_LEVEL and key in defaults and _same(run.config.get(key)) == _same(defaults[key])
 
 
 def relabel(groups: list[Group], labels: str | None) -> None:
@@ -224,14 +221,17 @@ def caveats(groups: list[Group]) -> list[str]:
 def setting_defaults(algo: str | None) -> dict:
     """Every setting's default for a run of algo, as config.toml writes it (none for an unknown algo)."""
     from p2pfl.algorithms import REGISTRY
-    from p2pfl.settings.run_config import RunConfig
-    from p2pfl.settings.fields import declared, default_of, defaults_of
-
-    from p2pfl.runner.configure import algorithm_defaults
 
     cls = REGISTRY.get(algo)
-    if cls is None:
-        return {}
+    return _defaults_of(cls) if cls is not None else {}
+
+
+@functools.lru_cache(maxsize=None)  # asked for each run and setting; a class's defaults are fixed
+def _defaults_of(cls) -> dict:
+    from p2pfl.runner.configure import algorithm_defaults
+    from p2pfl.settings.fields import declared, default_of, defaults_of
+    from p2pfl.settings.run_config import RunConfig
+
     return {
         **{f.name: default_of(f) for f in declared(RunConfig)},
         **algorithm_defaults(cls),
@@ -397,15 +397,9 @@ def draw(
             if client and group.rounds(client) == rounds:
                 ax.plot(x, scale * group.stack(client, rounds).mean(0), MEAN_CLIENT, color=color, lw=1.2)
         handles.append((line, group.legend()))
-        if group in gapped:  # the final value of each run: its mean, and the band's bar
-            finals = stacked[:, -1]
-            centre = finals.mean()
-            low, high = (
-                (finals.min(), finals.max()) if band == "minmax" else (centre - finals.std(), centre + finals.std())
-            )
-            axes[3].errorbar(
-                [group.gap()], [centre], yerr=[[centre - low], [high - centre]], fmt="o", color=color, capsize=3
-            )
+        if group in gapped:  # the final value: the curves' last point and the band's bar there
+            centre, bar = mean[-1], [[mean[-1] - low[-1]], [high[-1] - mean[-1]]]
+            axes[3].errorbar([group.gap()], [centre], yerr=bar, fmt="o", color=color, capsize=3)
     older = any(run.training_time_only for group in groups for run in group.runs)
     clock = "wall time (s, cumulative" + ("; training only for runs without round_s)" if older else ")")
     for ax, xlabel in zip(axes, ["round", "MiB sent (all peers, cumulative)", clock, "spectral gap (log scale)"]):

@@ -47,8 +47,12 @@ def _main(argv: list[str] | None) -> int:
     if args.source.is_dir() and not config.is_file():
         raise UserError(f"{args.source} is not a run folder (no config.toml)")
     cfg = resolve(parse_config(["--config", str(config)]), 1)
-    changed = provenance.changed_input(provenance_of(read_toml(config, "run config"), config.parent), cfg)
-    if changed and args.source.is_dir():
+    changed = (  # a run folder's config.toml records its graph file's digest; a preset's does not
+        provenance.changed_input(provenance_of(read_toml(config, "run config"), config.parent), cfg)
+        if args.source.is_dir()
+        else None
+    )
+    if changed:
         raise UserError(
             f"{changed} changed since the run read it (its SHA-256 is not the one config.toml records): the "
             "views would be of another graph; put the run's file back"

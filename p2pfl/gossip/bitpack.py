@@ -19,20 +19,14 @@ def unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     return np.packbits(np.pad(planes, ((0, 0), (8 - bits, 0))), axis=1)[:, 0]
 
 
-_BITS = (128, 64, 32, 16, 8, 4, 2, 1)  # numpy's packbits order: the first element is the highest bit
-
-
 def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     """A boolean vector as bits: numel/8 bytes (uint8), on the mask's device (no trip to the host)."""
-    bits = mask.detach().reshape(-1).to(torch.uint8)
-    bits = torch.cat([bits, bits.new_zeros(-len(bits) % 8)]).view(-1, 8)
-    return (bits * torch.tensor(_BITS, dtype=torch.uint8, device=bits.device)).sum(1).to(torch.uint8)
+    return pack_mask_rows(mask.detach().reshape(1, -1))[0]
 
 
 def unpack_mask(packed: torch.Tensor, numel: int) -> torch.Tensor:
     """pack_mask's inverse: the first numel bits as a boolean vector, on packed's device."""
-    bits = packed[:, None] & torch.tensor(_BITS, dtype=torch.uint8, device=packed.device)
-    return (bits != 0).reshape(-1)[:numel]
+    return unpack_mask_rows(packed[None], numel)[0]
 
 
 def pack_rows(values: torch.Tensor, bits: int) -> torch.Tensor:

@@ -106,7 +106,7 @@ def check_topology(cfg, peers: int) -> None:
     directed = family.directed(graph_spec(cfg)) if family is not None else _refusing(schedule.graph, 0).is_directed()
     if cfg.topology_window > 1 and (cfg.rounds or cfg.topology_window) >= cfg.topology_window:  # the first window
         _refusing(schedule.graph, cfg.topology_window - 1)
-    where = f"--topology-file {cfg.topology_file}" if cfg.topology_file else f"--topology {cfg.topology}"
+    where = graph_source(cfg)
     if directed:
         if not cfg.algorithm.directed_graphs:
             able = ", ".join(name for name, cls in REGISTRY.items() if cls.directed_graphs)
@@ -136,6 +136,11 @@ def check_topology(cfg, peers: int) -> None:
             f"set of neighbours: it needs a static graph, and {where} {why}"
         )
     cfg.notes = mixing_notes(cfg, schedule, peers)
+
+
+def graph_source(cfg) -> str:
+    """The flag and value the run's graph comes from, for its error lines."""
+    return f"--topology-file {cfg.topology_file}" if cfg.topology_file else f"--topology {cfg.topology}"
 
 
 def check_keeps_mean(cfg, schedule: TopologySchedule, family: Family | None, where: str) -> None:
@@ -189,18 +194,14 @@ def check_same_graph(ctx, round_index: int, first: int) -> None:
     digests = transport.gather(fingerprint(schedule.graph(round_index), ctx.cfg.mixing == "given"))
     differ = transport.bcast([r for r, d in enumerate(digests) if d != digests[0]] if digests is not None else None)
     if differ:
-        cfg = ctx.cfg
-        where, why = (
-            (f"--topology-file {cfg.topology_file}", "was it changed while the ranks started?")
-            if cfg.topology_file
-            else (
-                f"--topology {cfg.topology}",
-                "each rank calls it, so it must return the same graph for the same (peers, round, seed): "
-                "no unseeded randomness, rank or process id",
-            )
+        why = (
+            "was it changed while the ranks started?"
+            if ctx.cfg.topology_file
+            else "each rank calls it, so it must return the same graph for the same (peers, round, seed): "
+            "no unseeded randomness, rank or process id"
         )
         raise UserError(
-            f"{where} gave rank{'s' if len(differ) > 1 else ''} {', '.join(map(str, differ[:5]))} a graph "
+            f"{graph_source(ctx.cfg)} gave rank{'s' if len(differ) > 1 else ''} {', '.join(map(str, differ[:5]))} a graph "
             f"other than rank 0's in round {round_index + 1}: {why}"
         )
 

@@ -5,7 +5,6 @@ plot and the summary line. Algorithms add their own products in finish()."""
 from __future__ import annotations
 
 import dataclasses
-
 import fcntl
 import json
 import os
