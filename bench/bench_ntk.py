@@ -35,6 +35,7 @@ from p2pfl.models import MLPShape
 from p2pfl.ntk import evolution
 from p2pfl.ntk.batched_evolution import evolve_ce_batched
 from p2pfl.ntk.evolution import evolve_ce, tight_ce_sums
+from p2pfl.ntk import pixels as pixel_codes
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.ntk.step import ntk_step
 from p2pfl.runner.assemble import build
@@ -185,7 +186,21 @@ def kernel_and_selection(args) -> None:
     single = FactoredJacobian(stacked.acts, stacked.gates)
     index = torch.cat([ctx.shards[j] for j in hood])
     x, y = ctx.data.train_x[index], ctx.data.train_y[index]
-    pixels = PixelInputs.encode(x, ctx.data.pixel_levels)
+    runs_take_codes = pixel_codes.int8_products_fast()
+    print(
+        "  this CPU "
+        + (
+            "has 8-bit dot-product instructions: runs take the pixel codes"
+            if runs_take_codes
+            else "lacks 8-bit "
+            "dot-product instructions: runs take float32 products (the codes are timed here all the same)"
+        )
+    )
+    here, pixel_codes.int8_products_fast = pixel_codes.int8_products_fast, lambda: True
+    try:
+        pixels = PixelInputs.encode(x, ctx.data.pixel_levels)
+    finally:
+        pixel_codes.int8_products_fast = here
     coded = FactoredJacobian.cat(parts, pixels=pixels)
     kernels = {
         "one product": lambda: single.kernel(shape, w),

@@ -74,6 +74,15 @@ def cpu_unless_marked_cuda(request, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
 
 
+@pytest.fixture
+def int8_codes(monkeypatch):
+    """The NTK's 8-bit pixel codes taken on this CPU, whether or not it has 8-bit dot-product instructions
+    (without them the runs take float32 products, which are faster there)."""
+    from p2pfl.ntk import pixels
+
+    monkeypatch.setattr(pixels, "int8_products_fast", lambda: True)
+
+
 LAUNCH_MARKS = {"mpi": "starts mpirun", "subprocess": "starts a fresh interpreter or a script"}
 
 

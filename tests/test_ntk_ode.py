@@ -51,9 +51,9 @@ def test_evolution_matches_a_tight_ode_solution(peers, kappa, samples, peer, bat
     shape = MLPShape.of(ctx.stack.model, ctx.stack.layout)
     w = ctx.flat[0]
     jac, f0 = FactoredJacobian.compute(shape, w, x)
-    # ours: the run's path, its products with the pixels in integer arithmetic; theirs: float32 products
+    # ours: the run's path (its products with the pixels in integer arithmetic, on a CPU with 8-bit dot
+    # products); theirs: float32 products
     pixels = PixelInputs.encode(x, ctx.data.pixel_levels)
-    assert pixels is not None
     fast = FactoredJacobian.cat([jac], pixels=pixels)
     Y, eta = F.one_hot(y, 10).float(), 0.01
     kernel = fast.kernel(shape, w)
@@ -87,7 +87,7 @@ def test_evolution_matches_a_tight_ode_solution(peers, kappa, samples, peer, bat
 @pytest.mark.parametrize(
     "algo", [pytest.param("ntk-dfl", marks=pytest.mark.slow), "ntk-fl"]
 )  # ntk-fl takes the same path
-def test_ntk_on_pixels_takes_integer_products_with_the_float_results(algo):
+def test_ntk_on_pixels_takes_integer_products_with_the_float_results(algo, int8_codes):
     """On Fashion-MNIST, the NTK algorithms take their kernel, weights and selection through the inputs'
     pixel codes (NTK-DFL keeps each peer's): the weights of two rounds match a run with float32 products."""
 

@@ -11,6 +11,7 @@ from p2pfl.models import MLPShape
 from p2pfl.ntk.pixels import PixelInputs
 from p2pfl.local.forward import candidate_losses
 
+pytestmark = pytest.mark.usefixtures("int8_codes")
 LEVELS = (1 / (255 * 0.3530), -0.2860 / 0.3530)  # Fashion-MNIST's
 
 
@@ -88,3 +89,24 @@ def test_kernel_transpose_and_candidate_outputs_with_pixels_equal_the_float_ones
     assert torch.allclose(
         candidate_losses(stack, candidates, x, y, pixels=pixels), candidate_losses(stack, candidates, x, y), rtol=1e-5
     )
+
+
+def test_without_8_bit_dot_products_the_runs_take_float_products(monkeypatch):
+    """On a CPU without 8-bit dot-product instructions torch's int8 product is 25-33x slower than float32's
+    (an AVX2-only EPYC), so encode declines and the NTK products stay float32."""
+    from p2pfl.ntk import pixels
+
+    monkeypatch.setattr(pixels, "int8_products_fast", lambda: False)
+    assert PixelInputs.encode(pixel_inputs(8), LEVELS) is None
+
+
+@pytest.mark.parametrize(
+    "flags, fast", [("fpu avx2 avx512f", False), ("fpu avx2 avx_vnni", True), ("fpu avx512f avx512_vnni", True)]
+)
+def test_the_cpus_8_bit_dot_products_are_read_from_its_flags(tmp_path, flags, fast):
+    from p2pfl.ntk.pixels import has_int8_dot_products
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nmodel name\t: some cpu\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+    assert has_int8_dot_products(str(info)) is fast
+    assert has_int8_dot_products(str(tmp_path / "absent")) is False

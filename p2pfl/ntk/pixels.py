@@ -4,7 +4,9 @@ Fashion-MNIST and MNIST inputs are an affine image of 8-bit pixel levels: x = al
 The NTK step's largest products all have the inputs X as one factor: the inputs' Gram X X^T (the
 kernel), the candidates' first layer W X^T (selection) and the backprop's A X (their weights). An
 int8 product runs about five times as fast as a float32 one on a CPU with 8-bit dot-product
-instructions, and the pixels are exact int8 numbers (k - 128). The other, float, factor is written as
+instructions, and the pixels are exact int8 numbers (k - 128). Without those instructions it is the
+slower one (25-33x slower than float32 on an AVX2-only EPYC), so the codes are taken only on a CPU that
+has them. The other, float, factor is written as
 three int8 digits per entry, q1 + q2/254 + q3/254^2 times one scale per row, which holds it to about
 6e-8 of the row's largest entry, float32's own precision. Every integer product is exact, so the
 results are also the same on any number of threads.
@@ -12,12 +14,34 @@ results are also the same on any number of threads.
 
 from __future__ import annotations
 
+import functools
+import sys
 from dataclasses import dataclass
 
 import torch
 
 BASE = 254  # a digit's range: rounding a remainder in [-1/2, 1/2] times BASE stays within int8
 MAX_ROWS = 100_000  # rows and features, at most: sums of 100,000 terms of 127 x 128 stay within int32
+
+
+INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # /proc/cpuinfo's names for 8-bit dot products
+
+
+@functools.cache
+def int8_products_fast() -> bool:
+    """Whether this CPU has 8-bit dot-product instructions, read once per process (Linux's /proc/cpuinfo);
+    elsewhere no, and the NTK products stay float32."""
+    return sys.platform.startswith("linux") and has_int8_dot_products("/proc/cpuinfo")
+
+
+def has_int8_dot_products(cpuinfo: str) -> bool:
+    """Whether the first flags line of a /proc/cpuinfo file names an 8-bit dot-product extension."""
+    try:
+        with open(cpuinfo) as info:
+            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return any(flag in flags for flag in INT8_DOT_FLAGS)
 
 
 @dataclass
@@ -30,10 +54,12 @@ class PixelInputs:
     @staticmethod
     def encode(x: torch.Tensor, levels: tuple[float, float] | None) -> "PixelInputs | None":
         """x (n, ...) as codes, where levels = (alpha, beta) describe it and every entry lies on them (to
-        float32 rounding); None where not, or where the inputs are not float32 on the CPU."""
+        float32 rounding); None where not, where the inputs are not float32 on the CPU, or where this CPU's
+        int8 products are not the faster ones."""
         x = x.reshape(len(x), -1)
         if (
             levels is None
+            or not int8_products_fast()
             or x.device.type != "cpu"
             or x.dtype != torch.float32
             or x.numel() == 0
