@@ -229,7 +229,7 @@ def test_ntk_dfl_options_run(tmp_path):
         "noavg": ["--ntk-no-avg"],
         "m1": ["--ntk-batches", "2"],
         "m2": ["--ntk-subsample", "4"],
-        "compress": ["--ntk-topk", "0.5", "--ntk-quant-bits", "6"],
+        "compress": ["--ntk-topk", "0.5", "--ntk-quant-bits", "6", "--hidden", "16"],  # dense Jacobians: 23 s at 100
         "proj": ["--ntk-projection", "16"],
         "mse": ["--ntk-loss", "mse", "--ntk-selection", "linearized"],
         "own": ["--ntk-selection", "own"],

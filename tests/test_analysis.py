@@ -114,7 +114,7 @@ def test_sweep_runs_a_grid_over_seeds_then_skips_what_is_done(tmp_path):
         "launch.sweep",
         str(preset),
         "--seeds",
-        "0,1,2",
+        "0,1",
         "--set",
         "algo=dfedavg,dpsgd",
         "--out",
@@ -124,9 +124,9 @@ def test_sweep_runs_a_grid_over_seeds_then_skips_what_is_done(tmp_path):
     ]
     first = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert first.stdout.count("done:") == 6
+    assert first.stdout.count("done:") == 4
     for algo in ("dfedavg", "dpsgd"):
-        for seed in range(3):
+        for seed in range(2):
             config = (tmp_path / "sweep" / f"algo={algo}" / f"seed{seed}" / "config.toml").read_text()
             assert f'algo = "{algo}"' in config and f"seed = {seed}" in config
     assert "| algo=dfedavg" in first.stdout and (tmp_path / "sweep" / "compare.png").exists()

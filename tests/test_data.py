@@ -14,6 +14,25 @@ def test_idx_roundtrip(tmp_path, gz):
     assert np.array_equal(read_idx(path), a)
 
 
+def test_idx_read_twice_is_read_once_and_a_changed_file_again(tmp_path, monkeypatch):
+    """A process keeps a file's bytes while its size and time stay the same; each read is a fresh copy."""
+    import gzip
+    import os
+
+    opened, real_open = [], gzip.open
+    monkeypatch.setattr(
+        gzip, "open", lambda path, mode="rb": (mode == "rb" and opened.append(path)) or real_open(path, mode)
+    )
+    a = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    path = write_idx(tmp_path / "x-idx3-ubyte", a)
+    first = read_idx(path)
+    first[0, 0, 0] = 99  # the caller's copy: the next read does not see it
+    assert np.array_equal(read_idx(path), a) and len(opened) == 1
+    assert write_idx(tmp_path / "x-idx3-ubyte", a + 1) == path
+    os.utime(path, ns=(1, 1))  # another time, as a rewritten file has
+    assert np.array_equal(read_idx(path), a + 1) and len(opened) == 2
+
+
 def test_idx_bad_magic(tmp_path):
     (tmp_path / "bad").write_bytes(b"\x01\x02\x03\x04hello")
     with pytest.raises(UserError, match="not an IDX file"):

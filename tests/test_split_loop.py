@@ -12,7 +12,9 @@ import torch
 
 from p2pfl.ntk import split_loop
 from p2pfl.ntk.evolution import _split_kernel, evolve_ce, tight_ce_sums
+from p2pfl.ntk import precompile
 from p2pfl.ntk.numerics import BatchedRows, start_rows, top_subspace
+from p2pfl.ntk.precompile import stiff_kernel
 from p2pfl.ntk.split_loop import CompiledRows
 
 
@@ -80,24 +82,12 @@ def test_a_kernel_starts_its_subspace_iteration_alike_alone_and_padded_in_a_batc
     assert np.array_equal(rows[1], np.random.default_rng(0).standard_normal((4, 50)).astype(np.float32))
 
 
-def _synthetic(n, seed, top=3.5):
-    """A kernel with a stiff top and a slow tail, as NTK kernels have: (eta/N) lambda ~ top, top / 2.3,
-    ... 1e-3."""
-    rng = np.random.default_rng(seed)
-    Q = np.linalg.qr(rng.standard_normal((n, n)))[0]
-    lam = top * n / 0.01 * np.arange(1, n + 1, dtype=np.float64) ** -1.2
-    H = torch.tensor((Q * lam) @ Q.T, dtype=torch.float32)
-    f0 = torch.tensor(rng.standard_normal((n, 10)) * 0.3, dtype=torch.float32)
-    Y = torch.nn.functional.one_hot(torch.tensor(rng.integers(0, 10, n)), 10).float()
-    return H, f0, Y
-
-
 # the whole eigenbasis (up to 96 samples) and the lazy remainder; SSPRK(4,3) steps of two units
 # (stiffness 3.5; an odd t ends on the unit between, interpolated), of one and a half (6: t ends on
 # either unit inside the three) and of one (7, as trained neighbourhoods reach)
 @pytest.mark.parametrize("n,top", [(80, 3.5), (200, 3.5), (80, 6.0), (200, 6.0), (80, 7.0), (200, 7.0)])
 def test_split_and_deflated_follow_their_references(n, top):
-    H, f0, Y = _synthetic(n, n, top)
+    H, f0, Y = stiff_kernel(n, n, top)
     taus = [50, 101, 200]
     ref = tight_ce_sums(H, f0, Y, 0.01, taus).float()
     split = evolve_ce(H, f0, Y, 0.01, taus, "split")
@@ -109,35 +99,26 @@ def test_split_and_deflated_follow_their_references(n, top):
     assert float(((deflated - euler).norm(dim=(1, 2)) / euler.norm(dim=(1, 2))).max()) < 1e-4
 
 
-# one process that compiles the loop, then one that loads it from numba's cache: each saves its split and
-# deflated evolutions of kernels at stiffness 3.5 and 6 (steps of 2 and of 1.5 units)
-_EVOLVE_AND_SAVE = """
-import sys
-import numpy as np
-import p2pfl
-from p2pfl.ntk.evolution import evolve_ce
-sys.path.insert(0, sys.argv[1])
-from test_split_loop import _synthetic
-out = []
-for n, top in [(200, 3.5), (300, 6.0), (150, 5.5)]:
-    H, f0, Y = _synthetic(n, n, top)
-    for mode in ("split", "deflated"):
-        e = evolve_ce(H, f0, Y, 0.01, [50, 101, 200, 400, 800], mode)
-        out += [e.residual_sums.numpy().ravel(), e.outputs.numpy().ravel()]
-np.save(sys.argv[2], np.concatenate(out))
-"""
+# the probes' evolutions saved to a file by a process that loads the loop from numba's cache
+_PROBES_TO = "import sys, numpy as np; from p2pfl.ntk.precompile import probe_bits; np.save(sys.argv[1], probe_bits())"
 
 
 @pytest.mark.subprocess
 def test_a_fresh_compile_and_a_cached_load_give_the_same_bits(tmp_path):
     """The first run after installing compiles the loop, later runs load it from the cache: the same
-    numbers either way (they differed while the loop called its helpers as separate functions)."""
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
-    tests = str(Path(__file__).parent)
-    for name in ("compiled", "cached"):
-        subprocess.run([sys.executable, "-c", _EVOLVE_AND_SAVE, tests, str(tmp_path / name)], env=env, check=True)
-    assert any((tmp_path / "cache").rglob("*left_sums*.nbc"))  # the first process did compile and cache it
-    compiled, cached = np.load(tmp_path / "compiled.npy"), np.load(tmp_path / "cached.npy")
+    numbers either way (they differed while the loop called its helpers as separate functions). `make
+    install` compiled it and recorded the probes' bits; where it did not (the cache was already there),
+    one process compiles into an empty cache and a second loads it."""
+    recorded = np.load(precompile.RECORD) if precompile.RECORD.exists() else None
+    if recorded is not None and bool(recorded["compiled"]) and precompile.loop_is_cached():
+        compiled, env = recorded["bits"], dict(os.environ)
+    else:
+        env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+        subprocess.run([sys.executable, "-c", _PROBES_TO, str(tmp_path / "compiled")], env=env, check=True)
+        assert any((tmp_path / "cache").rglob("*left_sums*.nbc"))  # the first process did compile and cache it
+        compiled = np.load(tmp_path / "compiled.npy")
+    subprocess.run([sys.executable, "-c", _PROBES_TO, str(tmp_path / "cached")], env=env, check=True)
+    cached = np.load(tmp_path / "cached.npy")
     assert compiled.size > 0 and np.array_equal(compiled.view(np.uint32), cached.view(np.uint32))
 
 

@@ -1,10 +1,15 @@
 """Compile the split integrator's loop (numba) into its on-disk cache, so that the first NTK run after
 installing does not spend about a minute compiling, and MPI ranks that start together do not each
-compile it. `make install` runs it; `python -m p2pfl.ntk.precompile`."""
+compile it. `make install` runs it; `python -m p2pfl.ntk.precompile`.
+
+It also records what the loop computes on three probe kernels, and whether this process compiled it: a
+later process, loading the loop from the cache, must compute the same bits (they differed while the loop
+called its helpers as separate functions; tests/test_split_loop.py checks it)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,6 +31,34 @@ def loop_is_cached() -> bool:
         return True
 
 
+RECORD = Path(__file__).with_name("__pycache__") / "precompiled_probes.npz"
+# (samples, stiffness): the split integrator's steps of 2 units, of 1.5, and a t between its units
+PROBES = ((200, 3.5), (300, 6.0), (150, 5.5))
+
+
+def stiff_kernel(n: int, seed: int, top: float = 3.5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A kernel with a stiff top and a slow tail, as NTK kernels have ((eta/N) lambda ~ top, top / 2.3, ...
+    1e-3), with random outputs and labels: H, f0, Y."""
+    rng = np.random.default_rng(seed)
+    Q = np.linalg.qr(rng.standard_normal((n, n)))[0]
+    lam = top * n / 0.01 * np.arange(1, n + 1, dtype=np.float64) ** -1.2
+    H = torch.tensor((Q * lam) @ Q.T, dtype=torch.float32)
+    f0 = torch.tensor(rng.standard_normal((n, 10)) * 0.3, dtype=torch.float32)
+    Y = torch.nn.functional.one_hot(torch.tensor(rng.integers(0, 10, n)), 10).float()
+    return H, f0, Y
+
+
+def probe_bits() -> np.ndarray:
+    """The split and deflated evolutions of the probe kernels, residual sums and outputs, in one array."""
+    out = []
+    for n, top in PROBES:
+        H, f0, Y = stiff_kernel(n, n, top)
+        for mode in ("split", "deflated"):
+            e = evolve_ce(H, f0, Y, 0.01, [50, 101, 200, 400, 800], mode)
+            out += [e.residual_sums.numpy().ravel(), e.outputs.numpy().ravel()]
+    return np.concatenate(out)
+
+
 def precompile() -> float:
     """Run the split and deflated evolutions once on a small random neighbourhood large enough for the
     lazy remainder (over 96 samples): that compiles (or loads) every signature the runs use. Returns
@@ -42,5 +75,15 @@ def precompile() -> float:
     return time.perf_counter() - start
 
 
+def record_probes(path: Path = RECORD) -> None:
+    """Save the probes' evolutions, and whether this process compiled the loop (it did where the cache had
+    none before precompile ran)."""
+    compiled = not loop_is_cached()
+    seconds = precompile()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, bits=probe_bits(), compiled=compiled)
+    print(f"NTK loop {'compiled' if compiled else 'loaded from numba cache'} in {seconds:.1f} s")
+
+
 if __name__ == "__main__":
-    print(f"NTK loop compiled or loaded from numba's cache in {precompile():.1f} s")
+    record_probes()
