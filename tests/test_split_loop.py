@@ -122,6 +122,17 @@ def test_a_fresh_compile_and_a_cached_load_give_the_same_bits(tmp_path):
     assert compiled.size > 0 and np.array_equal(compiled.view(np.uint32), cached.view(np.uint32))
 
 
+def test_a_precompile_that_loads_the_loop_keeps_the_compiled_record(tmp_path):
+    """The device check runs precompile while the tests run: loading the loop from the cache must not
+    replace the record of the process that compiled it."""
+    record = tmp_path / "probes.npz"
+    precompile.record_probes(record)  # none yet: recorded, as loaded (this process compiled nothing)
+    assert not bool(np.load(record)["compiled"]) and np.load(record)["bits"].size > 0
+    np.savez(record, bits=np.zeros(3, np.float32), compiled=True)
+    precompile.record_probes(record)
+    assert bool(np.load(record)["compiled"]) and np.load(record)["bits"].size == 3
+
+
 def test_the_compiled_loop_caches_only_the_numerics_it_was_written_with():
     """numba's cache of split_loop.py does not see numerics.py, whose steps it inlines: a changed
     numerics.py must change split_loop.NUMERICS_SHA256 (and so recompile), else the loop runs uncached."""

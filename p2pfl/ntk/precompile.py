@@ -76,12 +76,14 @@ def precompile() -> float:
 
 
 def record_probes(path: Path = RECORD) -> None:
-    """Save the probes' evolutions, and whether this process compiled the loop (it did where the cache had
-    none before precompile ran)."""
+    """Save the probes' evolutions where this process compiled the loop (the cache had none before), or
+    where nothing is recorded yet (then as not compiled): a later precompile that loads the loop leaves a
+    compiled record alone (the device check's runs one while the tests run)."""
     compiled = not loop_is_cached()
     seconds = precompile()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, bits=probe_bits(), compiled=compiled)
+    if compiled or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, bits=probe_bits(), compiled=compiled)
     print(f"NTK loop {'compiled' if compiled else 'loaded from numba cache'} in {seconds:.1f} s")
 
 
