@@ -46,9 +46,9 @@ LINEAR = [
     "--samples-per-peer",
     "50",
     "--rounds",
-    "1500",
+    "1200",  # tau 2 passes 0.05 near round 1,000 (0.026 at 1,100, 0.014 at 1,200); tau 1 stays near 1
     "--eval-every",
-    "500",
+    "400",
     "--lr",
     "0.1",
     "--ft-trials",
@@ -59,7 +59,7 @@ LINEAR = [
 ]
 
 
-@pytest.mark.slow  # long by design (1,500 rounds a track)
+@pytest.mark.slow  # long by design (1,200 rounds a track)
 def test_linear_track_fedavg_learns_the_representation_and_d_gd_does_not(tmp_path):
     finals = {}
     for tau in (2, 1):
@@ -67,7 +67,7 @@ def test_linear_track_fedavg_learns_the_representation_and_d_gd_does_not(tmp_pat
         result = run_here(*LINEAR, "--local-steps", str(tau), "--out", str(out))
         assert result.returncode == 0, result.stderr[-2000:]
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        assert len(rows) == 1500 and all("rep_dist" in r and "grad_norm" in r for r in rows)
+        assert len(rows) == 1200 and all("rep_dist" in r and "grad_norm" in r for r in rows)
         assert sum("test_loss" in r for r in rows) == 3
         for name in ("rep_dist.png", "grad_norm.png", "finetune_error.png", "loss.png"):
             assert (out / name).exists(), name
