@@ -42,8 +42,8 @@ run: install
 	$(PY) -m p2pfl.run
 
 # The layers contract (.importlinter: imports point down only), ruff's check and its formatting, then the tests on a worker per core,
-# at most 4 (on 2 cores: 9m41s against 10m27s on one); worksteal keeps the long ones from ending last
-# on one worker.
+# at most 4 (13 minutes on 2 cores, 2026-12-05; tests/conftest.py gives each process one OpenMP thread);
+# worksteal keeps the long ones from ending last on one worker.
 test: install
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check p2pfl topologies analysis launch bench tests examples
