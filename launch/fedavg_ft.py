@@ -16,7 +16,6 @@ import argparse
 import json
 import sys
 import tomllib
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from p2pfl.measure.figures import plot_fine_tuning, plot_linear_run, plot_similarity  # noqa: E402
 from p2pfl import presets  # noqa: E402
-from launch.table import execute, flags, run_command  # noqa: E402
+from launch.table import flags, run_all, run_command  # noqa: E402
 from analysis.toolkit import read_rows  # noqa: E402
 
 
@@ -77,9 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or Path("runs") / path.stem)
     methods = ("fedavg", "baseline")
     runs = runs_of(preset, out)
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        if any(list(pool.map(execute, runs))):
-            return 1
+    if any(run_all(runs, args.jobs)):
+        return 1
     finals = {m: json.loads((out / m / "final.json").read_text()) for m in methods}
     labels = {m: preset[m].get("label", m) for m in methods}
     fa, base = finals["fedavg"]["fine_tuning"], finals["baseline"]["fine_tuning"]

@@ -18,7 +18,6 @@ import json
 import re
 import statistics
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from analysis.toolkit import Parser, guarded, provenance_of, read_json, read_rows, read_toml  # noqa: E402
 from launch.experiment import experiment_runs  # noqa: E402
-from launch.table import execute, run_command, run_state  # noqa: E402
+from launch.table import run_all, run_command, run_state  # noqa: E402
 from p2pfl import presets  # noqa: E402
 from p2pfl.errors import UserError  # noqa: E402
 
@@ -320,8 +319,7 @@ def _main(argv: list[str] | None) -> int:
     ]
     todo = [run for run in todo if run_state(run) != "done"]
     print(f"launch.reproduce: {len(todo)} runs to do", flush=True)
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        failed = sum(bool(code) for code in pool.map(execute, todo))
+    failed = sum(bool(code) for code in run_all(todo, args.jobs))
     print(json.dumps({"runs": len(todo), "failed": failed}))
     return 1 if failed else 0
 

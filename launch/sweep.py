@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from p2pfl import presets  # noqa: E402
 from analysis.compare import compare  # noqa: E402
 from analysis.toolkit import Parser, guarded, output_folder, read_toml, writable  # noqa: E402
-from launch.table import execute, run_command, run_state  # noqa: E402
+from launch.table import run_all, run_command, run_state  # noqa: E402
 from p2pfl.errors import UserError  # noqa: E402
 
 
@@ -106,12 +105,6 @@ def sweep_title(preset: Path, sets: list[str], extra: list[str]) -> str:
     were)."""
     changed = [f"--set {item}" for item in sets] + extra
     return f"sweep of preset {preset.stem}" + (f" with {' '.join(changed)}" if changed else "")
-
-
-def run_all(runs: list[dict], jobs: int = 1) -> list[int]:
-    """Runs the plan (completed runs are skipped); exit codes in plan order."""
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
-        return list(pool.map(execute, runs))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,6 +98,11 @@ def _stored(folder: Path, ranks: int) -> dict:
 NEUTRAL = {"progress", "comm_timeout", "checkpoint_every", "device", "save_edges"}  # the same run whatever these say
 
 
+def ranks_of(argv: list[str]) -> int:
+    """The MPI ranks of a run command (mpirun's -n before p2pfl.run), 1 without mpirun."""
+    return int(argv[argv.index("-n") + 1]) if "-n" in argv[: argv.index("p2pfl.run")] else 1
+
+
 def run_state(run: dict) -> str:
     """'done' (finished with these settings: skipped), 'resume' (stopped with a checkpoint: continued),
     or 'new' (run from the start, replacing an unfinished run's files). A folder holding a run of
@@ -109,7 +114,7 @@ def run_state(run: dict) -> str:
     folder, argv = Path(run["folder"]), run["argv"]
     if not (folder / "config.toml").is_file():
         return "new"
-    ranks = int(argv[argv.index("-n") + 1]) if "-n" in argv[: argv.index("p2pfl.run")] else 1
+    ranks = ranks_of(argv)
     planned = _settings(argv, ranks)
     try:
         stored = _stored(folder, ranks)
@@ -130,13 +135,30 @@ def run_state(run: dict) -> str:
     return "resume" if has_checkpoint(folder) else "new"
 
 
-def execute(run: dict) -> int:
+POOLS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # torch's thread pools, read when a process starts
+
+
+def run_all(runs: list[dict], jobs: int = 1) -> list[int]:
+    """The runs, `jobs` at a time (a finished run is skipped); exit codes in plan order. Each process gets
+    its share of the cores for its thread pool, where the environment sets none: two runs at a time on
+    two cores with a pool of two each spun against each other (a D-PSGD round of 100 peers took 4.8 s
+    where it takes 0.1 s on one thread each)."""
+    jobs = max(1, jobs)
+    with ThreadPoolExecutor(jobs) as pool:
+        return list(pool.map(lambda run: execute(run, share=jobs), runs))
+
+
+def execute(run: dict, share: int = 1) -> int:
+    """One run (or its resume), its output to <folder>.log; `share`: how many runs share the cores now."""
     state = run.get("state") or run_state(run)
     if state == "done":
         return 0
     run["folder"].parent.mkdir(parents=True, exist_ok=True)
     log = run["folder"].parent / f"{run['folder'].name}.log"
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    threads = str(max(1, (os.cpu_count() or 1) // (share * ranks_of(run["argv"]))))
+    for pool in POOLS:
+        env.setdefault(pool, threads)
     # a stopped run continues from its checkpoint; one without a checkpoint runs again from the start
     argv = [*run["argv"], "--resume", str(run["folder"])] if state == "resume" else [*run["argv"], "--overwrite"]
     with log.open("a" if state == "resume" else "w") as fh:
@@ -207,8 +229,7 @@ def _main(argv: list[str] | None) -> int:
     for run in runs:  # every folder checked before any run starts
         run["state"] = run_state(run)
     writable(out)
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        codes = list(pool.map(execute, runs))
+    codes = run_all(runs, args.jobs)
     keys = preset.get("metrics", ["test_acc"])
     results: dict = {}
     for run, code in zip(runs, codes):
