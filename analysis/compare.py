@@ -364,12 +364,14 @@ def draw(
 ) -> None:
     """The y quantity (the test metric, or a metrics.jsonl field such as consensus_distance) against rounds,
     MiB sent and wall time, and, where the groups ran on graphs, its final value against the spectral gap
-    (the view topology papers draw); per group the mean over its runs (aggregated solid, mean client
+    (the view topology papers draw, where they ran on graphs of more than one gap); per group the mean over its runs (aggregated solid, mean client
     dotted: p2pfl.measure.figures's vocabulary) and a band over its runs where it has several; a grey line
     at each target. One legend under the panels, its entries wrapped to fit."""
     key = y or f"test_{metric}"
     scale = 100 if key == "test_acc" else 1
     gapped = [g for g in groups if g.gap() is not None and g.rounds(key)]
+    if len({round(g.gap(), 9) for g in gapped}) < 2:  # one gap (codecs on one graph): no axis to spread them on
+        gapped = []
     fig, axes = plt.subplots(1, 3 + bool(gapped), figsize=(PANEL_IN[0] * (3 + bool(gapped)), PANEL_IN[1]))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     handles, values = [], []

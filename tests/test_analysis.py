@@ -396,6 +396,11 @@ def test_a_comparison_of_six_groups_reads_labels_fit_and_the_metric_meets_the_ga
     again = compare(folders, out=tmp_path / "b.png", labels="folder", y="consensus_distance")
     names = ["choco-topk", "choco-q4", "choco-q1", "dpsgd-ring", "dpsgd-torus", "dpsgd-full"]
     assert [r["group"] for r in again] == names and [r["spectral_gap"] for r in again][3:] == [0.5, 0.1, 1.0]
+    monkeypatch.setattr(module.plt, "close", lambda fig: figures.append(fig))
+    compare(folders[:6], out=tmp_path / "one-gap.png")  # three codecs on one graph: no gap axis to spread on
+    monkeypatch.setattr(module.plt, "close", close)
+    assert len(figures[-1].axes) == 3
+    close(figures[-1])
 
 
 def test_like_with_like_spares_each_algorithms_own_training_defaults(tmp_path, capsys):
