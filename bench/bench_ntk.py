@@ -186,16 +186,10 @@ def kernel_and_selection(args) -> None:
     single = FactoredJacobian(stacked.acts, stacked.gates)
     index = torch.cat([ctx.shards[j] for j in hood])
     x, y = ctx.data.train_x[index], ctx.data.train_y[index]
-    runs_take_codes = pixel_codes.int8_products_fast()
-    print(
-        "  this CPU "
-        + (
-            "has 8-bit dot-product instructions: runs take the pixel codes"
-            if runs_take_codes
-            else "lacks 8-bit "
-            "dot-product instructions: runs take float32 products (the codes are timed here all the same)"
-        )
-    )
+    if pixel_codes.int8_products_fast():
+        print("  this CPU has 8-bit dot-product instructions: runs take the pixel codes")
+    else:
+        print("  this CPU lacks 8-bit dot-product instructions: runs take float32 products (the codes timed anyway)")
     here, pixel_codes.int8_products_fast = pixel_codes.int8_products_fast, lambda: True
     try:
         pixels = PixelInputs.encode(x, ctx.data.pixel_levels)

@@ -6,9 +6,9 @@ kernel), the candidates' first layer W X^T (selection) and the backprop's A X (t
 int8 product runs about five times as fast as a float32 one on a CPU with 8-bit dot-product
 instructions, and the pixels are exact int8 numbers (k - 128). Without those instructions it is the
 slower one (25-33x slower than float32 on an AVX2-only EPYC), so the codes are taken only on a CPU that
-has them. The other, float, factor is written as
-three int8 digits per entry, q1 + q2/254 + q3/254^2 times one scale per row, which holds it to about
-6e-8 of the row's largest entry, float32's own precision. Every integer product is exact, so the
+has them. The other, float, factor is written as three int8 digits per entry, q1 + q2/254 + q3/254^2
+times one scale per row, which holds it to about 6e-8 of the row's largest entry, float32's own
+precision. Every integer product is exact, so the
 results are also the same on any number of threads.
 """
 
