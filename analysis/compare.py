@@ -363,10 +363,10 @@ def draw(
     groups: list[Group], metric: str, band: str, path: Path, title: str, targets: list[float] = (), y: str | None = None
 ) -> None:
     """The y quantity (the test metric, or a metrics.jsonl field such as consensus_distance) against rounds,
-    MiB sent and wall time, and, where the groups ran on graphs, its final value against the spectral gap
-    (the view topology papers draw, where they ran on graphs of more than one gap); per group the mean over its runs (aggregated solid, mean client
-    dotted: p2pfl.measure.figures's vocabulary) and a band over its runs where it has several; a grey line
-    at each target. One legend under the panels, its entries wrapped to fit."""
+    MiB sent and wall time, and, where the groups ran on graphs of more than one gap, its final value
+    against the spectral gap (the view topology papers draw); per group the mean over its runs (aggregated
+    solid, mean client dotted: p2pfl.measure.figures's vocabulary) and a band over its runs where it has
+    several; a grey line at each target. One legend under the panels, its entries wrapped to fit."""
     key = y or f"test_{metric}"
     scale = 100 if key == "test_acc" else 1
     gapped = [g for g in groups if g.gap() is not None and g.rounds(key)]

@@ -190,11 +190,7 @@ def kernel_and_selection(args) -> None:
         print("  this CPU has 8-bit dot-product instructions: runs take the pixel codes")
     else:
         print("  this CPU lacks 8-bit dot-product instructions: runs take float32 products (the codes timed anyway)")
-    here, pixel_codes.int8_products_fast = pixel_codes.int8_products_fast, lambda: True
-    try:
-        pixels = PixelInputs.encode(x, ctx.data.pixel_levels)
-    finally:
-        pixel_codes.int8_products_fast = here
+    pixels = PixelInputs.encode(x, ctx.data.pixel_levels, where_slow=True)
     coded = FactoredJacobian.cat(parts, pixels=pixels)
     kernels = {
         "one product": lambda: single.kernel(shape, w),

@@ -28,6 +28,7 @@ from p2pfl import presets  # noqa: E402
 from analysis.plots import is_fraction, plot_comparison  # noqa: E402
 from analysis.toolkit import Parser, guarded, output_folder, read_rows, read_toml, writable  # noqa: E402
 from p2pfl.errors import UserError  # noqa: E402
+from p2pfl.threads import share_cores  # noqa: E402
 
 
 def flags(settings: dict) -> list[str]:
@@ -135,9 +136,6 @@ def run_state(run: dict) -> str:
     return "resume" if has_checkpoint(folder) else "new"
 
 
-POOLS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # torch's thread pools, read when a process starts
-
-
 def run_all(runs: list[dict], jobs: int = 1) -> list[int]:
     """The runs, `jobs` at a time (a finished run is skipped); exit codes in plan order. Each process gets
     its share of the cores for its thread pool, where the environment sets none: two runs at a time on
@@ -156,9 +154,7 @@ def execute(run: dict, share: int = 1) -> int:
     run["folder"].parent.mkdir(parents=True, exist_ok=True)
     log = run["folder"].parent / f"{run['folder'].name}.log"
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    threads = str(max(1, (os.cpu_count() or 1) // (share * ranks_of(run["argv"]))))
-    for pool in POOLS:
-        env.setdefault(pool, threads)
+    share_cores(env, share * ranks_of(run["argv"]))
     # a stopped run continues from its checkpoint; one without a checkpoint runs again from the start
     argv = [*run["argv"], "--resume", str(run["folder"])] if state == "resume" else [*run["argv"], "--overwrite"]
     with log.open("a" if state == "resume" else "w") as fh:

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from p2pfl.threads import POOLS  # p2pfl starts no thread pool on import (torch comes later)
+
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("P2PFL_NO_DOWNLOAD", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -16,7 +18,7 @@ os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 # One OpenMP thread a process (torch's pool, set before torch starts; the runs and ranks the tests start
 # inherit it): two workers on two cores and the runs they start spun their pools against each other.
 # No result depends on it (a run is the same on any thread count; test_pixels sets counts of its own).
-for _pool in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+for _pool in POOLS:
     os.environ.setdefault(_pool, "1")
 
 

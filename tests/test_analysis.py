@@ -446,7 +446,9 @@ def test_runs_at_a_time_share_the_cores_between_their_thread_pools(tmp_path, mon
             for i in range(2)
         ]
 
-    for var in launch.table.POOLS:
+    from p2pfl.threads import POOLS
+
+    for var in POOLS:
         monkeypatch.delenv(var, raising=False)
     assert launch.table.run_all(plan(1), jobs=2) == [0, 0] and seen == ["4", "4"]
     seen.clear()

@@ -52,14 +52,14 @@ class PixelInputs:
     zero: float  # the input value of code 0 (pixel level 128)
 
     @staticmethod
-    def encode(x: torch.Tensor, levels: tuple[float, float] | None) -> "PixelInputs | None":
+    def encode(x: torch.Tensor, levels: tuple[float, float] | None, where_slow: bool = False) -> "PixelInputs | None":
         """x (n, ...) as codes, where levels = (alpha, beta) describe it and every entry lies on them (to
         float32 rounding); None where not, where the inputs are not float32 on the CPU, or where this CPU's
-        int8 products are not the faster ones."""
+        int8 products are not the faster ones (unless where_slow: a benchmark timing them anyway)."""
         x = x.reshape(len(x), -1)
         if (
             levels is None
-            or not int8_products_fast()
+            or not (where_slow or int8_products_fast())
             or x.device.type != "cpu"
             or x.dtype != torch.float32
             or x.numel() == 0
