@@ -1,6 +1,7 @@
 """Code of the user's own, named where a built-in name would go: 'package.module:attribute' (on the
 Python path) for an algorithm, a model or a dataset; installed packages may also register algorithms
-through the 'p2pfl.algorithms' entry-point group."""
+through the 'p2pfl.algorithms' entry-point group. Calling such code (call_plugin, an algorithm's hooks by
+call_hook) makes its failure one line and its own frames."""
 
 from __future__ import annotations
 
@@ -93,6 +94,17 @@ def call_plugin(what: str, function, *args):
         ) from None
     except Exception as exc:  # noqa: BLE001 - whatever the user's code raises is theirs to see
         raise _theirs(what, exc) from None
+
+
+def call_hook(algorithm, hook: str, *args):
+    """algorithm.hook(*args) (a class or an instance; "__init__" builds one). p2pfl's own algorithms are
+    called as they are (their errors are p2pfl's bugs: a full traceback); a user's through call_plugin,
+    so its exception or sys.exit is one line naming the algorithm and the hook, then its frames."""
+    cls = algorithm if isinstance(algorithm, type) else type(algorithm)
+    method = cls if hook == "__init__" else getattr(algorithm, hook)
+    if cls.__module__.startswith("p2pfl."):
+        return method(*args)
+    return call_plugin(f"--algo {cls.name}: its {hook}", method, *args)
 
 
 def _theirs(what: str, exc: Exception) -> UserError:

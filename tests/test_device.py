@@ -109,6 +109,7 @@ def test_ranks_spread_over_the_gpus_by_local_rank_and_each_becomes_current(monke
     """--device cuda (and auto) under mpirun: local rank r on GPU r mod n, made the current device (no
     context on GPU 0 beside it); cuda:N puts every rank on N, so all the local ranks share it."""
     from p2pfl.runner import assemble as simulation
+    from p2pfl.runner.fit_checks import ranks_per_gpu
 
     current = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -118,22 +119,22 @@ def test_ranks_spread_over_the_gpus_by_local_rank_and_each_becomes_current(monke
     assert [simulation.pick_device("cuda", r).index for r in range(6)] == [0, 1, 2, 3, 0, 1]
     assert simulation.pick_device("auto", 3) == torch.device("cuda", 3) and current[-1] == torch.device("cuda", 3)
     assert simulation.pick_device("cuda:2", 5) == torch.device("cuda", 2)
-    assert simulation._ranks_per_gpu("cuda") == 2 and simulation._ranks_per_gpu("cuda:2") == 8
+    assert ranks_per_gpu("cuda") == 2 and ranks_per_gpu("cuda:2") == 8
 
 
 def test_the_ranks_sharing_a_gpu_are_mpis_own_count_under_any_launcher(monkeypatch):
     """Under srun no Open MPI or MPICH variable says how many ranks share the machine: the shared-memory
     communicator's size (counted by mpi_world) does, so each rank takes its share of a GPU, not half."""
     from p2pfl import comm
-    from p2pfl.runner import assemble
+    from p2pfl.runner import fit_checks
 
     for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(comm, "_local_size", None)
-    assert assemble._ranks_per_gpu("cuda") == 1  # one rank alone
+    assert fit_checks.ranks_per_gpu("cuda") == 1  # one rank alone
     monkeypatch.setattr(comm, "_local_size", 8)
-    assert assemble._ranks_per_gpu("cuda") == 4 and assemble._ranks_per_gpu("cuda:0") == 8
+    assert fit_checks.ranks_per_gpu("cuda") == 4 and fit_checks.ranks_per_gpu("cuda:0") == 8
 
 
 def test_a_gpu_rank_decides_tf32_where_its_device_is_picked(monkeypatch):

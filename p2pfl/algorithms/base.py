@@ -16,7 +16,6 @@ from p2pfl.data import Dataset
 from p2pfl.errors import UserError
 from p2pfl.gossip.codecs import Compressed, GossipCodec, decode_checked, dense_bytes
 from p2pfl.settings.fields import kind_of
-from p2pfl.plugins import call_plugin
 from topologies import mixing_weights
 
 
@@ -121,11 +120,6 @@ class Algorithm:
         return None
 
 
-def is_builtin(cls: type) -> bool:
-    """Whether an algorithm class is p2pfl's own (its errors are p2pfl's bugs: a full traceback)."""
-    return cls.__module__.startswith("p2pfl.")
-
-
 def refuse_momentum(cls: type[Algorithm], cfg: RunConfig) -> None:
     """For an optimizer whose paper's step has no local momentum (gradient tracking, D², SGP): --momentum
     would be silently ignored, so it is refused in one line."""
@@ -134,16 +128,6 @@ def refuse_momentum(cls: type[Algorithm], cfg: RunConfig) -> None:
             f"--algo {cls.name} steps without momentum (its paper's update); drop --momentum {cfg.momentum:g}, "
             "or use --algo qg-dsgdm or --algo dpsgd --momentum for a momentum baseline"
         )
-
-
-def call_hook(algorithm, hook: str, *args):
-    """algorithm.hook(*args) (a class or an instance): a user's algorithm's exception, or its sys.exit, is
-    one line naming the algorithm and the hook, then its frames (p2pfl.plugins.call_plugin)."""
-    cls = algorithm if isinstance(algorithm, type) else type(algorithm)
-    method = cls if hook == "__init__" else getattr(algorithm, hook)
-    if is_builtin(cls):
-        return method(*args)
-    return call_plugin(f"--algo {cls.name}: its {hook}", method, *args)
 
 
 def check_round_result(

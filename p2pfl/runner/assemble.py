@@ -7,10 +7,10 @@ from contextlib import contextmanager
 
 import torch
 
-from p2pfl.algorithms.base import call_hook
+from p2pfl.plugins import call_hook
 from p2pfl.algorithms.context import RunContext
 from p2pfl.comm import make_transport, ranks_sharing_this_machine
-from p2pfl.runner.fit_checks import check_data_fit, check_model_memory
+from p2pfl.runner.fit_checks import check_data_fit, check_model_memory, gpu_share, ranks_per_gpu
 from p2pfl.settings.run_config import RunConfig
 from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file
 from p2pfl.errors import OutOfGPUMemory, UserError
@@ -54,20 +54,6 @@ def set_tf32(allowed: bool) -> None:
     torch.backends.cudnn.allow_tf32 = allowed
 
 
-def _ranks_per_gpu(choice: str) -> int:
-    """The local ranks that share each GPU: all of them on a GPU named by its index, else the ranks
-    spread over the GPUs by local rank (rounded up)."""
-    local = ranks_sharing_this_machine()
-    return local if choice.startswith("cuda:") else -(-local // torch.cuda.device_count())
-
-
-def _gpu_share(device: torch.device, choice: str, peers_here: int) -> tuple[str, int, int] | None:
-    """(device, its bytes, the peers of the ranks that share it) for a GPU; None for the CPU."""
-    if device.type != "cuda":
-        return None
-    return str(device), torch.cuda.get_device_properties(device).total_memory, peers_here * _ranks_per_gpu(choice)
-
-
 def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     """Everything a round needs, for this rank's peers."""
     device = pick_device(cfg.device, local_rank, cfg.tf32)
@@ -105,14 +91,14 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
     with torch.device("meta"):  # counted before it is allocated
         n_params = count_parameters(build_model(cfg.model, data.input_shape, data.n_classes, cfg))
     check_model_memory(
-        cfg, n_params, len(peers) * ranks_sharing_this_machine(), _gpu_share(device, cfg.device, len(peers))
+        cfg, n_params, len(peers) * ranks_sharing_this_machine(), gpu_share(device, cfg.device, len(peers))
     )
     model = build_model(cfg.model, data.input_shape, data.n_classes, cfg)
     flat = initial_parameters(model, peers, cfg.seed, cfg.init, device)
     data.to(device)
     stack = PeerStack(model.to(device), cfg.batch, TASKS[data.task])
     if device.type == "cuda":  # the ranks that share a GPU share its free memory for their batches
-        stack.memory_share /= _ranks_per_gpu(cfg.device)
+        stack.memory_share /= ranks_per_gpu(cfg.device)
     ctx = RunContext(
         cfg=cfg,
         transport=transport,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pfl.algorithms import REGISTRY, lookup, owners_of, setting_names
-from p2pfl.algorithms.base import call_hook
+from p2pfl.plugins import call_hook
 from p2pfl.algorithms.server import ServerOptions
 from p2pfl.runner.checkpoint.files import FOLDER as CHECKPOINTS, has_checkpoint
 from p2pfl.data import DATASETS, canonical_dataset, dataset_spec

@@ -1,5 +1,6 @@
 """Does the run fit this machine and its data: the data folder, the run folder (new, empty or
---overwrite, and writable), the loaded data's sizes, and the model's memory for the peers here."""
+--overwrite, and writable), the loaded data's sizes, the model's memory for the peers here, and the
+share of a GPU that the ranks on it take."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from p2pfl.comm import rank0_decides
+import torch
+
+from p2pfl.comm import rank0_decides, ranks_sharing_this_machine
 from p2pfl.settings.run_config import RunConfig, machine_memory
 from p2pfl.errors import UserError
 from p2pfl.runner.paths import PROBE_PREFIX, checked_path, ours
@@ -78,6 +81,20 @@ def check_data_fit(cfg: RunConfig, train_samples: int, test_samples: int, sample
 
 
 STACK_COPIES = 4  # a peer's weights, its update or gradient, an optimizer buffer and a received copy
+
+
+def ranks_per_gpu(choice: str) -> int:
+    """The local ranks that share each GPU: all of them on a GPU named by its index, else the ranks
+    spread over the GPUs by local rank (rounded up)."""
+    local = ranks_sharing_this_machine()
+    return local if choice.startswith("cuda:") else -(-local // torch.cuda.device_count())
+
+
+def gpu_share(device: torch.device, choice: str, peers_here: int) -> tuple[str, int, int] | None:
+    """(device, its bytes, the peers of the ranks that share it) for a GPU; None for the CPU."""
+    if device.type != "cuda":
+        return None
+    return str(device), torch.cuda.get_device_properties(device).total_memory, peers_here * ranks_per_gpu(choice)
 
 
 def check_model_memory(cfg: RunConfig, n_params: int, peers_here: int, gpu: tuple[str, int, int] | None = None) -> None:

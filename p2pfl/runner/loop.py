@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from p2pfl.algorithms.base import call_hook, check_round_result
+from p2pfl.algorithms.base import check_round_result
+from p2pfl.plugins import call_hook
 from p2pfl.runner.checkpoint.policy import Checkpoints, resume_hint
 from p2pfl.runner.graph_schedule import check_same_graph
 from p2pfl.stopping import StopRequest

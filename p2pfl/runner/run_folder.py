@@ -20,7 +20,7 @@ import torch
 from p2pfl.runner import provenance
 from p2pfl.runner.checkpoint import files as checkpoint
 from p2pfl.algorithms import REGISTRY
-from p2pfl.algorithms.base import call_hook
+from p2pfl.plugins import call_hook
 from p2pfl.algorithms.server import clients_per_round
 from p2pfl.settings.run_config import RunConfig
 from p2pfl.runner.configure import resolved_dict
