@@ -114,8 +114,9 @@ def tables() -> str:
     for name, f in seen.items():
         by_default: dict[str, list[str]] = {}
         for algo, cls in REGISTRY.items():
+            own = {g.name: g for g in dataclasses.fields(cls.Settings)}
             if name in defaults_of(cls.Settings):
-                by_default.setdefault(_value(defaults_of(cls.Settings, cls.setting_defaults)[name]), []).append(algo)
+                by_default.setdefault(_value(shown_default(own[name], cls.setting_defaults)), []).append(algo)
         where = "; ".join(f"{', '.join(algos)}: {default}" for default, algos in by_default.items())
         lines.append(f"| `{flag(name)}` | {where} | {_value(f.metadata['help'])} |")
     return "\n".join(lines)

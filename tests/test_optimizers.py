@@ -3,6 +3,7 @@ studies measure: the convex check of docs/optimizers.md at a smaller size, D²'s
 de-biased mean on a directed graph, and grad_norm against an independent autograd computation."""
 
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,9 +44,38 @@ def test_dpsgd_stalls_at_a_floor_on_the_convex_check():
     assert p2pfl.simulate("dpsgd", out=None, **CONVEX).rows[-1]["grad_norm"] > 1e-2
 
 
-def test_d2_refuses_a_w_with_eigenvalue_minus_a_third_and_names_the_fix():
-    with pytest.raises(UserError, match="smallest eigenvalue is -0.3333.*--d2-lazy"):
-        p2pfl.simulate("d2", out=None, **{**CONVEX, "rounds": 1})
+def test_d2_with_no_lazy_refuses_a_w_with_eigenvalue_minus_a_third_and_names_the_fix():
+    with pytest.raises(UserError, match="smallest eigenvalue is -0.3333.*drop --no-d2-lazy.*\\(I \\+ W\\)/2"):
+        p2pfl.simulate("d2", out=None, **{**CONVEX, "rounds": 1, "d2_lazy": False})
+
+
+def test_d2_mixes_lazily_where_w_fails_its_condition_and_the_header_says_so(tmp_path):
+    """The default graph (10 peers, 5-regular) has a Metropolis W with eigenvalue -0.364: D² takes (I + W)/2
+    there, as --d2-lazy does, and the run header says why; on a W that meets the condition it keeps W."""
+    base = dict(dataset="synthetic", rounds=3, progress=False)
+    auto = p2pfl.simulate("d2", out=tmp_path / "auto", **base)
+    told = p2pfl.simulate("d2", out=None, d2_lazy=True, **base)
+    assert [r["train_loss"] for r in auto.rows] == [r["train_loss"] for r in told.rows]
+    assert "smallest eigenvalue is -0.3642" in (tmp_path / "auto" / "config.toml").read_text()
+    complete = dict(base, peers=6, topology="full")  # W = 11^T/6: eigenvalues 0 and 1, the paper's W
+    plain = p2pfl.simulate("d2", out=tmp_path / "plain", **complete)
+    assert [r["train_loss"] for r in plain.rows] == [
+        r["train_loss"] for r in p2pfl.simulate("d2", out=None, d2_lazy=False, **complete).rows
+    ]
+    assert [r["train_loss"] for r in plain.rows] != [
+        r["train_loss"] for r in p2pfl.simulate("d2", out=None, d2_lazy=True, **complete).rows
+    ]
+    assert "eigenvalue" not in (tmp_path / "plain" / "config.toml").read_text()
+
+
+@pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist").exists(), reason="Fashion-MNIST (dataset-fashion-mnist) is not installed"
+)
+@pytest.mark.parametrize("algo", ["gt", "d2", "sgp", "qg-dsgdm"])
+def test_the_optimizers_run_on_the_default_task(algo):
+    """No setting but the algorithm: Fashion-MNIST, the MLP, 10 peers on a 5-regular graph."""
+    result = p2pfl.simulate(algo, out=None, rounds=2, progress=False)
+    assert result.config.dataset == "fashion-mnist" and result.rows[-1]["test_acc"] > 0.15
 
 
 def test_optimizers_without_momentum_refuse_it():

@@ -6,9 +6,10 @@ spread of the peers' gradients, so that its rate no longer depends on how differ
 
 g is the gradient of the whole objective (minibatch loss plus --weight-decay). The paper assumes W symmetric
 and doubly stochastic with every eigenvalue above -1/3; on the plain ring with uniform weights (eigenvalue
--1/3) it diverges. The condition is checked on the run's W before any work, and --d2-lazy mixes with
-(I + W)/2, whose eigenvalues are at least 0 (the lazy W of exact diffusion, Yuan et al. 2019, D²'s
-form for a general W). The graph is static: the recursion differences two rounds of one W, so --static is
+-1/3) it diverges. The condition is checked on the run's W before any work. Where W fails it, D² mixes
+with (I + W)/2, whose eigenvalues are at least 0 (the lazy W of exact diffusion, Yuan et al. 2019, D²'s
+form for a general W), and the run header says so; --d2-lazy takes the lazy W always, --no-d2-lazy never
+(a W that fails is then refused in one line). Where W meets the condition, W is the paper's. The graph is static: the recursion differences two rounds of one W, so --static is
 its default (a family drawn anew each round is drawn once), and a graph that changes by design is refused.
 
 Numerics: the recursion keeps the peers' mean moving by x^t - x^(t-1), so it adds up every rounding of the
@@ -42,7 +43,12 @@ SMALLEST = -1 / 3  # the paper's bound on W's eigenvalues
 
 @dataclass(frozen=True)
 class D2Settings:
-    d2_lazy: bool = option(False, "D²: mix with (I + W)/2, whose eigenvalues are >= 0 (meets D²'s condition)")
+    d2_lazy: bool | None = option(
+        None,
+        "D²: mix with (I + W)/2, whose eigenvalues are >= 0 (D²'s condition: above -1/3); --no-d2-lazy: W as it "
+        "is, refused where it fails the condition",
+        shown="only where W fails the condition",
+    )
 
 
 class D2(Algorithm):
@@ -63,8 +69,6 @@ class D2(Algorithm):
         super().__init__(ctx, settings)
         graph = ctx.schedule.graph(0)
         self.weights = mixing_weights(graph, ctx.cfg.mixing, ctx.sample_counts)
-        if self.settings.d2_lazy:
-            self.weights = lazy(self.weights)
         w = as_matrix(self.weights, graph.number_of_nodes())
         if not np.allclose(w, w.T, atol=1e-12):
             raise UserError(
@@ -72,17 +76,29 @@ class D2(Algorithm):
                 f"this {'directed ' if graph.is_directed() else ''}graph is not: use --mixing metropolis on an "
                 "undirected graph"
             )
-        smallest = float(np.linalg.eigvalsh(w)[0])
-        if smallest <= SMALLEST + 1e-9:
+        self.smallest = float(np.linalg.eigvalsh(w)[0])
+        fails = self.smallest <= SMALLEST + 1e-9
+        if fails and self.settings.d2_lazy is False:
             raise UserError(
-                f"--algo d2: W's smallest eigenvalue is {smallest:.4f}; D² needs every eigenvalue above -1/3 "
-                "(Tang et al. 2018, Assumption 1), or it diverges; give --d2-lazy, which mixes with (I + W)/2"
+                f"--algo d2: W's smallest eigenvalue is {self.smallest:.4f}; D² needs every eigenvalue above -1/3 "
+                "(Tang et al. 2018, Assumption 1), or it diverges; drop --no-d2-lazy, and D² mixes with (I + W)/2"
             )
+        self.lazy = bool(self.settings.d2_lazy) or fails
+        if self.lazy:
+            self.weights = lazy(self.weights)
         trainable = ctx.stack.layout.trainable
         self.current = ctx.flat[:, :trainable].double()  # x^t, of which ctx.flat holds the float32 copy
         self.previous = self.current.clone()  # x^(t-1)
         self.previous_gradient = torch.zeros_like(self.current)  # g^(t-1)
         self.unsent = torch.zeros_like(self.current)  # the rounding the last float32 message left out
+
+    def notes(self) -> list[str]:
+        if not self.lazy or self.settings.d2_lazy:
+            return []
+        return [
+            f"D²: W's smallest eigenvalue is {self.smallest:.4f}, not above -1/3 as the paper needs: it mixes with "
+            "(I + W)/2 (--no-d2-lazy refuses such a W instead)"
+        ]
 
     def round(self, round_index: int) -> Round:
         ctx = self.ctx
