@@ -7,6 +7,7 @@ import pytest
 
 from p2pfl import testing
 from p2pfl.algorithms import REGISTRY
+from p2pfl.threats import ATTACKS, RULES
 from tests.conftest import ranked_cases
 from tests.helpers import CHECK_DEVICE, needs_check_device
 
@@ -67,7 +68,12 @@ BLOCKS = {
         *FITS["ntk-dfl"],
     ],
 }
-EXTRA = {**GRAPHS, **BLOCKS}  # cases beyond each algorithm's own, as full argument lists
+# Every attack, and every robust rule under the sign-flip attack, each on D-PSGD with 2 Byzantine peers of 9.
+THREATS = {
+    **{f"dpsgd-attack-{name}": ["--algo", "dpsgd", "--byzantine", "2", "--attack", name] for name in ATTACKS},
+    **{f"dpsgd-robust-{name}": ["--algo", "dpsgd", "--byzantine", "2", "--robust-aggregation", name] for name in RULES},
+}
+EXTRA = {**GRAPHS, **BLOCKS, **THREATS}  # cases beyond each algorithm's own, as full argument lists
 CASES = {**{algo: [] for algo in ALGOS}, **EXTRA}
 ONE_LAYOUT = {case: args for case, args in CASES.items() if case not in BLOCKS}  # what BLOCKS test is layouts
 

@@ -69,7 +69,8 @@ def test_d2_mixes_lazily_where_w_fails_its_condition_and_the_header_says_so(tmp_
 
 
 @pytest.mark.skipif(
-    not Path("/usr/share/datasets/fashion-mnist").exists(), reason="Fashion-MNIST (dataset-fashion-mnist) is not installed"
+    not Path("/usr/share/datasets/fashion-mnist").exists(),
+    reason="Fashion-MNIST (dataset-fashion-mnist) is not installed",
 )
 @pytest.mark.parametrize("algo", ["gt", "d2", "sgp", "qg-dsgdm"])
 def test_the_optimizers_run_on_the_default_task(algo):

@@ -16,7 +16,7 @@ from p2pfl.data import Dataset
 from p2pfl.errors import UserError
 from p2pfl.gossip.codecs import Compressed, GossipCodec, decode_checked, dense_bytes
 from p2pfl.settings.fields import kind_of
-from topologies import mixing_weights
+from topologies import in_neighbours, mixing_weights
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ class Algorithm:
     centralized = False
     directed_graphs = False  # whether its exchanges work on a directed graph, each peer hearing its in-neighbours
     static_graph = False  # whether it keeps state over a fixed set of neighbours (one graph for the whole run)
+    withstands_threats = False  # whether its averaging takes Byzantine peers and robust rules (p2pfl.threats)
     mixing = "metropolis"  # its default --mixing on an undirected graph (a directed one takes uniform)
     push_sum = False  # whether it de-biases what it averages itself (push-sum), so that W need not keep the mean
     tasks = ("classification", "regression")  # what it can learn
@@ -228,6 +229,7 @@ def neighbour_average(
         sends = {p: (message, dense_bytes(flat[0])) for p, message in zip(ctx.peers, messages)}
         inbox = ctx.neighbour_exchange(phase, round_index, Compressed, sends)
     terms = []  # per row of this rank: (weight, the tensor it weighs), in peer order
+    senders = []  # per row: the peers those terms came from
     decoded: dict[int, tuple] = {}  # each sender's message decoded once, however many of its receivers are here
     for p in ctx.peers:
         heard = [(j, w) for j, w in weights[p] if j == p or j in inbox[p]]
@@ -236,7 +238,19 @@ def neighbour_average(
             heard = [(j, w / total) for j, w in heard]
         own = flat[row[p]]
         terms.append([(w, own if j == p else _heard(codec, inbox[p][j], own, decoded, j)) for j, w in heard])
-    return mix_rows(terms, flat if dtype is None else flat.to(dtype))
+        senders.append([j for j, _ in heard])
+    like = flat if dtype is None else flat.to(dtype)
+    if ctx.threats is not None and codec is None:  # Byzantine messages and a robust rule, peer by peer
+        graph = ctx.schedule.graph(round_index)
+        bound = ctx.threats.round_bound(lambda p: in_neighbours(graph, p))
+        rows = [
+            ctx.threats.average(
+                round_index, p, like[row[p]], [(j, w, x.to(like.dtype)) for j, (w, x) in zip(js, ts)], bound
+            )
+            for p, js, ts in zip(ctx.peers, senders, terms)
+        ]
+        return torch.stack(rows)
+    return mix_rows(terms, like)
 
 
 def _heard(codec: GossipCodec | None, message, own: torch.Tensor, decoded: dict, sender: int) -> torch.Tensor:

@@ -18,6 +18,7 @@ from p2pfl.local.gradients import gradients
 from p2pfl.models import PeerStack
 from p2pfl.seeding import numpy_rng, peer_keys, torch_generator
 from p2pfl.local.training import SGDSettings, StepTerms, sample_batch, train_epochs
+from p2pfl.threats import Threats
 from topologies import TopologySchedule, in_neighbours
 
 
@@ -40,6 +41,7 @@ class RunContext:
     device: torch.device  # where the weights and data live, decided once per run
     global_weights: torch.Tensor | None = None  # a star's server model (rank 0); None: average all peers
     faults: Faults | None = None  # simulated faults, where any are asked for
+    threats: Threats | None = None  # Byzantine peers and a robust rule, where any are asked for (p2pfl.threats)
     _on_device: tuple = field(default=(None, {}), repr=False)  # (the shards list, {peer: its indices there})
 
     # -- the peers and their data -----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from p2pfl.algorithms.base import Algorithm, neighbour_average
+from p2pfl.errors import UserError
 from p2pfl.gossip.codec_settings import GossipSettings, gossip_codec
 from p2pfl.gossip.codecs import Compressed, GossipCodec, decode_rows_checked, dense_bytes
 from p2pfl.models import initial_parameters
@@ -105,11 +106,16 @@ class GossipAverager(Algorithm):
     graph. A subclass names itself and writes its round around self.average."""
 
     directed_graphs = True  # averaging reads in-neighbours only
+    withstands_threats = True  # dense averaging goes through neighbour_average, where the threats act
     Settings = GossipSettings
 
     @classmethod
     def check(cls, cfg) -> None:
-        gossip_codec(cfg.settings)
+        if gossip_codec(cfg.settings) is not None and (cfg.byzantine or cfg.robust_aggregation != "none"):
+            raise UserError(
+                f"--algo {cls.name}: Byzantine peers and robust rules act on dense gossip; a codec sends changes "
+                "to public copies, which they do not model: drop the codec or --byzantine/--robust-aggregation"
+            )
 
     @classmethod
     def needs_static_graph(cls, settings) -> bool:

@@ -18,6 +18,7 @@ from p2pfl.comm.faults import Faults
 from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
 from p2pfl.runner.graph_schedule import schedule_of
 from p2pfl.tasks import TASKS
+from p2pfl.threats import threats_of
 
 
 def pick_device(choice: str, local_rank: int, tf32: bool = False) -> torch.device:
@@ -82,6 +83,9 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
             groups=data.groups,
             seed=cfg.seed,
         )
+    threats = threats_of(cfg, cfg.peers)
+    if threats is not None and threats.poisons_labels:  # the attackers train on flipped labels
+        shards = threats.poison(data, shards)
     transport = make_transport(cfg.peers, 1 if cls.centralized else 0, cfg.comm_timeout, device)
     faults = Faults(
         cfg.seed, cfg.peers, cfg.drop_peers, cfg.drop_links, cfg.slow_peers, cfg.slow_factor, cfg.round_deadline
@@ -110,6 +114,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
         flat=flat,
         device=device,
         faults=transport.faults,
+        threats=threats,
     )
     return ctx, call_hook(cls, "__init__", ctx)
 

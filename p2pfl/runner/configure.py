@@ -30,6 +30,9 @@ from p2pfl.runner.paths import check_resumable, read_regular, resolved
 from p2pfl.plugins import is_reference
 from p2pfl.measure.tensorboard_log import check_available
 from p2pfl.runner.graph_schedule import check_topology, choices_sentence, settle
+from p2pfl.threats.attacks import ATTACKS
+from p2pfl.threats.byzantine import NONE, attack_named, byzantine_count, rule_named
+from p2pfl.threats.robust import RULES
 from p2pfl.settings.run_config import FIELDS, RESULT_NEUTRAL, TRAINING_FALLBACK, RunConfig, machine_memory
 
 __all__ = [
@@ -64,6 +67,8 @@ def named_choices() -> dict[str, str]:
         "dataset": f"one of: {', '.join(DATASETS)}; or package.module:function, your own loader",
         "model": f"one of: {', '.join(MODELS)}; or package.module:function, your own",
         "topology": choices_sentence(),
+        "attack": f"one of: {', '.join(ATTACKS)}; or package.module:function, your own",
+        "robust_aggregation": f"{NONE} (the algorithm's mixing), {', '.join(RULES)}; or package.module:function",
     }
 
 
@@ -299,6 +304,7 @@ def validate(cfg: RunConfig, writes: bool = True) -> None:
     if cfg.rounds < 1:
         raise UserError(f"--rounds must be at least 1, got {cfg.rounds}")
     call_hook(cfg.algorithm, "check", cfg)
+    check_threats(cfg, spec.task)
     if cfg.tensorboard:
         if not writes:
             raise UserError("tensorboard=True writes into the run folder: give out=")
@@ -318,6 +324,24 @@ def validate(cfg: RunConfig, writes: bool = True) -> None:
         check_out(cfg)
 
 
+def check_threats(cfg: RunConfig, task: str) -> None:
+    """Byzantine peers and robust rules: for the algorithms whose averaging takes them, an attack only with
+    attackers, the names (or a user's functions) checked where they enter."""
+    wanted = cfg.byzantine > 0 or cfg.robust_aggregation != NONE
+    if wanted and not cfg.algorithm.withstands_threats:
+        able = ", ".join(name for name, cls in REGISTRY.items() if cls.withstands_threats)
+        raise UserError(
+            f"--byzantine and --robust-aggregation act on the averaging of {able}; --algo {cfg.algo} does not take them"
+        )
+    for name in ("attack", "attack_scale"):
+        if name in cfg.given and not cfg.byzantine:
+            raise UserError(f"--{name.replace('_', '-')} needs Byzantine peers: give --byzantine N")
+    attack = attack_named(cfg.attack)
+    rule_named(cfg.robust_aggregation)
+    if cfg.byzantine and getattr(attack, "poisons_labels", False) and task != "classification":
+        raise UserError(f"--attack {cfg.attack} flips class labels; --dataset {cfg.dataset} is a {task} task")
+
+
 def check_peers(cfg: RunConfig, peers: int) -> None:
     """Checks that depend on the number of peers (known only once MPI is up when --peers is absent)."""
     if cfg.algorithm.centralized:  # a star of the clients around the server always exists
@@ -328,6 +352,7 @@ def check_peers(cfg: RunConfig, peers: int) -> None:
             cfg.settings = dataclasses.replace(cfg.settings, clients_per_round=peers)  # the default: at most all
         return
     check_topology(cfg, peers)
+    byzantine_count(cfg.byzantine, peers)
 
 
 def resolve(cfg: RunConfig, world_size: int) -> RunConfig:
@@ -366,6 +391,10 @@ APPLIES = {  # settings that take part in some runs only: where each does
     "norm": lambda cfg: str(cfg.model).startswith("resnet"),
     "classes_style": lambda cfg: cfg.partition == "classes",
     "dirichlet_style": lambda cfg: cfg.partition == "dirichlet",
+    "attack": lambda cfg: cfg.byzantine > 0,
+    "attack_scale": lambda cfg: cfg.byzantine > 0,
+    "robust_bound": lambda cfg: cfg.robust_aggregation != NONE,
+    "clip_radius": lambda cfg: cfg.robust_aggregation == "clipped-gossip",
 }
 
 

@@ -171,6 +171,9 @@ def reported_model(ctx, algorithm) -> torch.Tensor | None:
         a = torch.tensor([float(ctx.sample_counts[p]) for p in ctx.peers], device=ctx.flat.device)
     if a is None:
         a = torch.ones(len(ctx.peers), device=ctx.flat.device)
+    if ctx.threats is not None and ctx.threats.attackers:  # the honest peers' average: attackers weigh 0
+        keep = torch.tensor([p not in ctx.threats.attackers for p in ctx.peers], device=a.device)
+        a = a * (keep[:, None] if a.dim() == 2 else keep).to(a.dtype)
     weight = a.double().sum(0) if a.dim() == 2 else a.double().sum()[None]
     total = ctx.transport.reduce(torch.cat([sum_rows(ctx.flat, a), weight]))
     if total is None:

@@ -75,6 +75,14 @@ class RoundMeasure:
         self.drift_step = (
             "--choco-gamma (the consensus step) or --lr" if hasattr(ctx.cfg.settings, "choco_gamma") else "--lr"
         )
+        # Byzantine peers are left out of every metric: the rows of this rank's honest peers, and their count
+        threats = ctx.threats
+        self.honest = threats.honest_rows(ctx.peers) if threats is not None and threats.attackers else None
+        self.counted = ctx.cfg.peers - (len(threats.attackers) if self.honest is not None else 0)
+
+    def measured(self, rows: torch.Tensor) -> torch.Tensor:
+        """The honest peers' rows (all rows where no peer is Byzantine)."""
+        return rows if self.honest is None else rows[self.honest]
 
     def record(self, k: int, result, model: torch.Tensor | None, times: tuple[float, float], evaluated: bool):
         """The row of round k from what it returned (a Round) and the model it reports (rank 0's, where
@@ -83,8 +91,11 @@ class RoundMeasure:
         ctx, eval_start = self.ctx, time.perf_counter()
         scored = evaluated and result.scores is None  # TCT's stage 2 scores its own model
         mean = self.peers_mean(k, self.graph_run or scored)
-        deviations = squared_deviations(ctx.flat, mean) if mean is not None else None
+        deviations = squared_deviations(self.measured(ctx.flat), mean) if mean is not None else None
         scores, variances = self.peer_scores.local_scores(ctx.flat) if scored else ({}, None)
+        if self.honest is not None:
+            scores = {m: v[self.honest] for m, v in scores.items()}
+            variances = variances[self.honest] if variances is not None else None
         summed = slope = None
         if scored:  # the deviations and --grad-norm's gradient summed over the ranks in one collective
             parts = [deviations, *([self.objective_gradient(mean)] if ctx.cfg.grad_norm else [])]
@@ -98,7 +109,7 @@ class RoundMeasure:
         if scored:
             self.score_model(round_facts, model, summed)
             if ctx.cfg.grad_norm:
-                round_facts.grad_norm = float(f"{float((slope / ctx.cfg.peers).norm()):.10g}")  # as the other sums
+                round_facts.grad_norm = float(f"{float((slope / self.counted).norm()):.10g}")  # as the other sums
         elif evaluated:
             round_facts.aggregated, clients = result.scores
             round_facts.clients = {m: torch.as_tensor(v, dtype=torch.float64) for m, v in clients.items()}
@@ -112,22 +123,24 @@ class RoundMeasure:
         stops together where a peer's weights hold NaN or inf. The sum tells: a non-finite weight makes
         its coordinate's float64 sum non-finite, and finite float32 weights cannot overflow it."""
         ctx = self.ctx
+        rows = self.measured(ctx.flat)
         if wanted:
-            total = ctx.transport.allreduce(sum_rows(ctx.flat))
+            total = ctx.transport.allreduce(sum_rows(rows))
             bad = not bool(torch.isfinite(total).all())
         else:
-            count = (~torch.isfinite(ctx.flat).all(1)).sum().double()[None]
+            count = (~torch.isfinite(rows).all(1)).sum().double()[None]
             bad = bool(ctx.transport.allreduce(count)[0] > 0)
         if bad:
             diverged(ctx, k)
-        return total / ctx.cfg.peers if wanted else None
+        return total / self.counted if wanted else None
 
     def objective_gradient(self, mean: torch.Tensor) -> torch.Tensor:
         """This rank's peers' share of the objective's gradient at the peers' mean model (--grad-norm)."""
         ctx = self.ctx
         data = ctx.data.train_x, ctx.data.train_y
         model = mean.to(ctx.flat.dtype)
-        return objective_gradient_sum(ctx.stack, model, [ctx.indices(p) for p in ctx.peers], data, ctx.cfg.weight_decay)
+        peers = ctx.peers if self.honest is None else [ctx.peers[i] for i in self.honest]
+        return objective_gradient_sum(ctx.stack, model, [ctx.indices(p) for p in peers], data, ctx.cfg.weight_decay)
 
     def rank_facts(self, result, deviations, scores: dict, variances: torch.Tensor | None) -> RankFacts:
         ctx, counter = self.ctx, self.ctx.transport.counter
@@ -141,7 +154,7 @@ class RoundMeasure:
             peak_rss_kib=peak_rss_kib(),
             peak_gpu_mib=peak_gpu_mib(ctx.device),
             gpu=gpu_identity(ctx.device),
-            losses=result.losses.double().tolist() if result.losses is not None else None,
+            losses=self.measured(result.losses).double().tolist() if result.losses is not None else None,
             pooled=result.pooled,
             spread=float(deviations.sum()) if self.graph_run else None,
             scores={m: v.tolist() for m, v in scores.items()},
@@ -153,7 +166,7 @@ class RoundMeasure:
         return RoundFacts(
             round_index=k,
             ranks=facts,
-            peers=ctx.cfg.peers,
+            peers=self.counted,
             headline=ctx.stack.task.headline,
             graph=ctx.schedule.graph(k) if self.graph_run else None,
             mixing=ctx.cfg.mixing,

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from p2pfl.settings.fields import at_least, non_negative, option, positive, probability
+from p2pfl.settings.fields import at_least, non_negative, option, positive, positive_or_auto, probability
 from topologies import EXPONENTIAL_FORMS, MIXINGS
 
 PARTITIONS = ("dirichlet", "iid", "classes", "writers")
@@ -56,6 +56,10 @@ def _checkpoints(v) -> str | None:
 
 def _not_faster(v) -> str | None:
     return None if v >= 1 else f"must be at least 1 (a straggler is not faster), got {v}"
+
+
+def _bound(v) -> str | None:
+    return None if v == "auto" or (v >= 0 and v == int(v)) else f"must be a whole number of peers or auto, got {v}"
 
 
 def _deadline(v) -> str | None:
@@ -229,6 +233,30 @@ class RunConfig:
     slow_peers: float = option(0.0, "simulated faults: probability that a peer straggles in a round", probability)
     slow_factor: float = option(4.0, "a straggler's local work takes this many time units, a peer's 1", _not_faster)
     round_deadline: float = option(2.0, "messages arriving after this many simulated time units are dropped", _deadline)
+    byzantine: float = option(
+        0.0,
+        "Byzantine peers: a count (2) or a share of the peers (0.1), drawn from --seed; every metric leaves them out",
+        non_negative,
+    )
+    attack: str = option("sign-flip", "what the Byzantine peers send;")
+    attack_scale: float | str = option(
+        "auto",
+        "the attack's size: gaussian's standard deviation, ipm's and dissensus's epsilon, alie's z; auto: each "
+        "attack's paper's (200, 0.1, 1.5, z from the counts of peers and attackers)",
+        positive_or_auto,
+    )
+    robust_aggregation: str = option("none", "how an honest peer averages its neighbours' weights;")
+    robust_bound: float | str = option(
+        "auto",
+        "b, the Byzantine neighbours a robust rule withstands (trimmed from each side, Krum's f, the neighbours "
+        "ClippedGossip clips); auto: the most any honest peer has in the round's graph, at least 1",
+        _bound,
+    )
+    clip_radius: float | str = option(
+        "auto",
+        "ClippedGossip's clipping radius; auto: each peer's (b+1)-th largest distance to a neighbour (the authors' rule)",
+        positive_or_auto,
+    )
     checkpoint_every: int | None = option(
         None,
         "checkpoint every N rounds, 0 never",

@@ -1,0 +1,163 @@
+"""Byzantine peers, their attacks and the robust rules (p2pfl.threats): each rule and attack against its
+formula on hand-made neighbourhoods, the metrics left to the honest peers, the refusals, and the headline:
+sign flipping breaks D-PSGD and ClippedGossip withstands it."""
+
+import math
+import sys
+
+import pytest
+import torch
+
+import p2pfl
+from p2pfl.algorithms.base import Round
+from p2pfl.errors import UserError
+from p2pfl.measure.metrics import MetricsLog
+from p2pfl.runner.loop import reported_model
+from p2pfl.runner.round_row import RoundMeasure
+from p2pfl.threats import ATTACKS, RULES, AttackView, Neighbourhood
+from p2pfl.threats.attacks import alie_z
+from tests.helpers import make_context
+
+SMALL = dict(dataset="synthetic", peers=16, rounds=40, progress=False, eval_every=40)
+
+
+def hood(own, heard, bound=1, radius=None, own_weight=None):
+    own = torch.tensor(own, dtype=torch.float32)
+    heard = [(w, torch.tensor(x, dtype=torch.float32)) for w, x in heard]
+    weight = 1 - sum(w for w, _ in heard) if own_weight is None else own_weight
+    return Neighbourhood(own, weight, heard, bound, radius)
+
+
+def test_clipped_gossip_clips_moves_beyond_the_radius_and_by_default_the_farthest_neighbour():
+    h = hood([0.0, 0.0], [(0.25, [3.0, 4.0]), (0.25, [0.6, 0.8]), (0.25, [0.0, -0.5])], radius=1.0)
+    # (3, 4) is 5 away: clipped to (0.6, 0.8); the two others are within 1
+    assert torch.allclose(RULES["clipped-gossip"](h), torch.tensor([0.25 * (0.6 + 0.6), 0.25 * (0.8 + 0.8 - 0.5)]))
+    auto = RULES["clipped-gossip"](hood([0.0, 0.0], [(0.25, [3.0, 4.0]), (0.25, [0.6, 0.8]), (0.25, [0.0, -0.5])]))
+    # b = 1: tau is the second largest distance, 1: the same as above
+    assert torch.allclose(auto, RULES["clipped-gossip"](h))
+
+
+def test_trimmed_mean_and_median_are_coordinate_wise_over_the_peer_and_its_neighbours():
+    h = hood([1.0, 10.0], [(0.25, [2.0, 20.0]), (0.25, [100.0, -5.0]), (0.25, [3.0, 0.0])], bound=1)
+    # per coordinate, drop the largest and the smallest: (2 + 3)/2 and (0 + 10)/2
+    assert torch.equal(RULES["trimmed-mean"](h), torch.tensor([2.5, 5.0]))
+    assert torch.equal(RULES["median"](h), torch.tensor([2.5, 5.0]))  # four values: the two middle ones' mean
+    odd = hood([1.0], [(0.5, [7.0]), (0.25, [-3.0])], bound=5)  # 2b >= 3: b lowered to 1
+    assert torch.equal(RULES["trimmed-mean"](odd), torch.tensor([1.0]))
+
+
+def test_krum_takes_the_candidate_closest_to_its_nearest_others():
+    h = hood([0.0], [(0.2, [0.1]), (0.2, [0.2]), (0.2, [50.0]), (0.2, [0.15])], bound=1)
+    # n = 5, b = 1: each score sums the 2 smallest squared distances; 0.15's (0.05^2 * 2) is the least
+    assert torch.equal(RULES["krum"](h), torch.tensor([0.15]))
+
+
+def view(**kwargs):
+    base = dict(
+        own=torch.tensor([1.0, -2.0]),
+        target=torch.tensor([0.0, 0.0]),
+        honest=[(0.25, torch.tensor([1.0, 1.0])), (0.25, torch.tensor([3.0, -1.0]))],
+        byzantine_weight=0.25,
+        peers=20,
+        byzantine=4,
+        scale=None,
+        generator=torch.Generator().manual_seed(0),
+    )
+    return AttackView(**{**base, **kwargs})
+
+
+def test_attacks_follow_their_papers():
+    assert torch.equal(ATTACKS["sign-flip"](view()), torch.tensor([-1.0, 2.0]))
+    # dissensus: x_i - 1.5 * (0.25 (1, 1) + 0.25 (3, -1)) / 0.25
+    assert torch.allclose(ATTACKS["dissensus"](view()), torch.tensor([-6.0, 0.0]))
+    # ipm: -0.1 times the mean of the target and its honest neighbours, (4/3, 0)
+    assert torch.allclose(ATTACKS["ipm"](view()), torch.tensor([-0.4 / 3, 0.0]))
+    # ALIE: n = 20, m = 4: s = 11 - 4 = 7 supporters, z = Phi^-1((16 - 7) / 16)
+    z = alie_z(20, 4)
+    assert z == pytest.approx(0.15731, abs=1e-4)
+    known = torch.tensor([[0.0, 0.0], [1.0, 1.0], [3.0, -1.0]])
+    assert torch.allclose(ATTACKS["alie"](view()), known.mean(0) - z * known.std(0))
+    noise = ATTACKS["gaussian"](view(scale=2.0))
+    assert torch.equal(noise, ATTACKS["gaussian"](view(scale=2.0, generator=torch.Generator().manual_seed(0))))
+    assert torch.equal(ATTACKS["label-flip"](view()), view().own)
+
+
+def test_the_metrics_and_the_reported_model_are_the_honest_peers():
+    """Attackers' rows at 1e6: the peers' mean, the consensus distance and the reported model are the 6
+    honest peers' alone."""
+    ctx, algorithm = make_context(byzantine=2, algo="dpsgd")
+    attackers = sorted(ctx.threats.attackers)
+    assert len(attackers) == 2
+    honest = [i for i, p in enumerate(ctx.peers) if p not in ctx.threats.attackers]
+    ctx.flat[attackers] = 1e6
+    expected = ctx.flat[honest].double().mean(0)
+    measure = RoundMeasure(ctx, MetricsLog(None))
+    assert torch.allclose(measure.peers_mean(0, True), expected)
+    assert torch.allclose(reported_model(ctx, algorithm).double(), expected, atol=1e-6)
+    losses = torch.arange(8, dtype=torch.float32)
+    row = measure.record(0, Round(losses), reported_model(ctx, algorithm), (0.0, 0.0), True)
+    deviations = (ctx.flat[honest].double() - expected).square().sum()
+    assert row["consensus_distance"] == pytest.approx(math.sqrt(float(deviations) / 6), rel=1e-6)
+    assert row["train_loss"] == pytest.approx(float(losses[honest].mean()))
+
+
+def test_sign_flip_breaks_dpsgd_and_clipped_gossip_withstands_it():
+    clean = p2pfl.simulate("dpsgd", out=None, **SMALL).rows[-1]["test_acc"]
+    attacked = p2pfl.simulate("dpsgd", out=None, byzantine=2, attack="sign-flip", **SMALL).rows[-1]["test_acc"]
+    clipped = p2pfl.simulate(
+        "dpsgd", out=None, byzantine=2, attack="sign-flip", robust_aggregation="clipped-gossip", **SMALL
+    ).rows[-1]["test_acc"]
+    assert attacked < clean - 0.3 and clipped > clean - 0.05
+
+
+def test_a_users_attack_and_rule_by_reference_are_checked_where_they_enter(tmp_path, monkeypatch):
+    (tmp_path / "mine.py").write_text(
+        "def echo(view):\n    return view.own\n\n"
+        "def keep(hood):\n    return hood.own.clone()\n\n"
+        "def short(hood):\n    return hood.own[:1]\n\n"
+        "def two(a, b):\n    return a\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("mine", None)
+    settings = dict(dataset="synthetic", peers=8, rounds=2, progress=False)
+    echo = p2pfl.simulate("dpsgd", out=None, byzantine=2, attack="mine:echo", **settings).rows
+    clean = p2pfl.simulate("dpsgd", out=None, **settings).rows
+    assert echo[-1]["train_loss"] != clean[-1]["train_loss"]  # the same dynamics, measured over 6 peers, not 8
+    kept = p2pfl.simulate("dpsgd", out=None, robust_aggregation="mine:keep", **settings).rows
+    assert kept[-1]["consensus_distance"] > clean[-1]["consensus_distance"]  # no averaging at all
+    with pytest.raises(UserError, match=r"--robust-aggregation mine:short returned \(1,\); it must return"):
+        p2pfl.simulate("dpsgd", out=None, robust_aggregation="mine:short", **settings)
+    with pytest.raises(UserError, match=r"--attack mine:two: two\(a, b\) cannot be called as two\(view\)"):
+        p2pfl.simulate("dpsgd", out=None, byzantine=1, attack="mine:two", **settings)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(algo="choco", byzantine=2), "act on the averaging of dfedavg, dfedavgm, dpsgd; --algo choco"),
+        (dict(algo="fedavg", robust_aggregation="median"), "--algo fedavg does not take them"),
+        (dict(algo="dpsgd", attack="ipm"), "--attack needs Byzantine peers"),
+        (dict(algo="dpsgd", byzantine=2, attack="nope"), "unknown attack 'nope'; choose one of: sign-flip"),
+        (dict(algo="dpsgd", robust_aggregation="mean"), "unknown robust aggregation 'mean'"),
+        (dict(algo="dpsgd", byzantine=8), "makes 8 of the 8 peers Byzantine"),
+        (dict(algo="dpsgd", byzantine=2.5), "a count of peers is a whole number"),
+        (dict(algo="dpsgd", byzantine=1, static=True, gossip_topk=0.1), "a codec sends changes to public copies"),
+        (dict(algo="dpsgd", robust_bound=1.5), "--robust-bound must be a whole number of peers or auto"),
+    ],
+)
+def test_threats_refused_in_one_line(settings, message):
+    algo = settings.pop("algo")
+    with pytest.raises(UserError, match=message):
+        p2pfl.simulate(algo, out=None, dataset="synthetic", peers=8, rounds=1, progress=False, **settings)
+
+
+def test_label_flip_poisons_the_attackers_copies_only():
+    ctx, _ = make_context(byzantine=2, attack="label-flip", algo="dpsgd")
+    honest = [p for p in range(8) if p not in ctx.threats.attackers]
+    clean, _ = make_context(algo="dpsgd")
+    for p in sorted(ctx.threats.attackers):  # their shards point at copies appended to the training set
+        assert int(ctx.shards[p].min()) >= len(clean.data.train_y)
+    for p in honest:
+        assert torch.equal(ctx.data.train_y[ctx.shards[p]], clean.data.train_y[clean.shards[p]])
+    for p in sorted(ctx.threats.attackers):
+        assert torch.equal(ctx.data.train_y[ctx.shards[p]], 9 - clean.data.train_y[clean.shards[p]])
