@@ -68,10 +68,16 @@ BLOCKS = {
         *FITS["ntk-dfl"],
     ],
 }
-# Every attack, and every robust rule under the sign-flip attack, each on D-PSGD with 2 Byzantine peers of 9.
+# Every attack, and every robust rule under the sign-flip attack, with 2 Byzantine peers of 9: on D-PSGD, and
+# the star's rules on FedAvg.
 THREATS = {
     **{f"dpsgd-attack-{name}": ["--algo", "dpsgd", "--byzantine", "2", "--attack", name] for name in ATTACKS},
-    **{f"dpsgd-robust-{name}": ["--algo", "dpsgd", "--byzantine", "2", "--robust-aggregation", name] for name in RULES},
+    **{
+        f"{algo}-robust-{name}": ["--algo", algo, "--byzantine", "2", "--robust-aggregation", name]
+        for name, rule in RULES.items()
+        for algo, family in (("dpsgd", "graph"), ("fedavg", "star"))
+        if family in rule.applies
+    },
 }
 EXTRA = {**GRAPHS, **BLOCKS, **THREATS}  # cases beyond each algorithm's own, as full argument lists
 CASES = {**{algo: [] for algo in ALGOS}, **EXTRA}

@@ -68,7 +68,9 @@ def named_choices() -> dict[str, str]:
         "model": f"one of: {', '.join(MODELS)}; or package.module:function, your own",
         "topology": choices_sentence(),
         "attack": f"one of: {', '.join(ATTACKS)}; or package.module:function, your own",
-        "robust_aggregation": f"{NONE} (the algorithm's mixing), {', '.join(RULES)}; or package.module:function",
+        "robust_aggregation": f"{NONE} (the algorithm's mixing), on a graph "
+        f"{', '.join(n for n, r in RULES.items() if 'graph' in r.applies)}, on the star "
+        f"{', '.join(n for n, r in RULES.items() if 'star' in r.applies)}; or package.module:function",
     }
 
 
@@ -337,7 +339,7 @@ def check_threats(cfg: RunConfig, task: str) -> None:
         if name in cfg.given and not cfg.byzantine:
             raise UserError(f"--{name.replace('_', '-')} needs Byzantine peers: give --byzantine N")
     attack = attack_named(cfg.attack)
-    rule_named(cfg.robust_aggregation)
+    rule_named(cfg.robust_aggregation, "star" if cfg.algorithm.centralized else "graph")
     if cfg.byzantine and getattr(attack, "poisons_labels", False) and task != "classification":
         raise UserError(f"--attack {cfg.attack} flips class labels; --dataset {cfg.dataset} is a {task} task")
 

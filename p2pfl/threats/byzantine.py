@@ -48,16 +48,23 @@ def attack_named(name: str) -> Attack:
     return ATTACKS[name]
 
 
-def rule_named(name: str) -> Rule | None:
+def rule_named(name: str, family: str) -> Rule | None:
+    """The rule --robust-aggregation names for a family of algorithms ("graph" or "star"); None: none."""
     if name == NONE:
         return None
     if is_reference(name):
         return load_plugin("--robust-aggregation", name, "hood")
+    fitting = [n for n, rule in RULES.items() if family in rule.applies]
     if name not in RULES:
         raise UserError(
-            f"unknown robust aggregation {name!r}; choose one of: {NONE}, {', '.join(RULES)}; or package.module:function"
+            f"unknown robust aggregation {name!r}; choose one of: {NONE}, {', '.join(fitting)}; or package.module:function"
         )
-    return RULES[name]
+    if family not in RULES[name].applies:
+        raise UserError(
+            f"--robust-aggregation {name} is a rule for the {RULES[name].applies[0]}; on the {family} choose one of: "
+            f"{', '.join(fitting)}"
+        )
+    return RULES[name].function
 
 
 @dataclass
@@ -82,6 +89,11 @@ class Threats:
     def honest_rows(self, peers: list[int]) -> list[int]:
         """The rows of a rank's peers that are honest, in order."""
         return [i for i, p in enumerate(peers) if p not in self.attackers]
+
+    def bound_among(self, senders) -> int:
+        """b for one aggregation at a star's server: --robust-bound, or the Byzantine clients among the
+        senders (at least 1)."""
+        return self.bound if self.bound is not None else max(1, sum(c in self.attackers for c in senders))
 
     def round_bound(self, in_neighbours) -> int:
         """b for a round: --robust-bound, or the most Byzantine in-neighbours any honest peer has (BRIDGE's
@@ -179,7 +191,7 @@ def threats_of(cfg, peers: int) -> Threats | None:
         attackers=frozenset(int(p) for p in chosen),
         attack=attack_named(cfg.attack),
         attack_name=cfg.attack,
-        rule=rule_named(cfg.robust_aggregation),
+        rule=rule_named(cfg.robust_aggregation, "star" if cfg.algorithm.centralized else "graph"),
         rule_name=cfg.robust_aggregation,
         bound=None if cfg.robust_bound == "auto" else int(cfg.robust_bound),
         radius=None if cfg.clip_radius == "auto" else float(cfg.clip_radius),

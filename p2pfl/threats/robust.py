@@ -1,7 +1,9 @@
-"""How an honest peer averages what it heard from its neighbours when some may be Byzantine, one function
-a rule, each from its paper and compared with the code of He, Karimireddy and Jaggi
+"""How an honest peer, or a star's server, averages what it heard when some senders may be Byzantine, one
+function a rule, each from its paper and compared with the code of He, Karimireddy and Jaggi
 (epfml/byzantine-robust-decentralized-optimizer, codes/aggregator.py: SelfCenteredClipping, DeTM, DeCM,
-DeKrum). A rule takes the peer's Neighbourhood and returns its new weights."""
+DeKrum, Clipping). A rule takes a Neighbourhood and returns the new weights. On a graph the neighbourhood
+is a peer and its in-neighbours, the peer a candidate among them; on the star it is the server's model,
+which weighs nothing (own_weight 0), and the sampled clients' uploads."""
 
 from __future__ import annotations
 
@@ -26,15 +28,22 @@ class Neighbourhood:
 Rule = Callable[[Neighbourhood], torch.Tensor]
 
 
-def clipped_gossip(hood: Neighbourhood) -> torch.Tensor:
-    """Self-centered clipping (ClippedGossip, He, Karimireddy and Jaggi 2022): x_i + sum_j W_ij clip(x_j -
-    x_i, tau), clip(v, tau) = v min(1, tau / |v|). tau: --clip-radius, or the authors' adaptive rule, the
-    (b+1)-th largest distance to a neighbour, so that the b farthest are clipped (their code's
-    sorted(distances)[-2] is b = 1)."""
+def _candidates(hood: Neighbourhood) -> list[torch.Tensor]:
+    """The values a rule chooses among: the peer's own where it weighs (a graph), and what it heard."""
+    return ([hood.own] if hood.own_weight > 0 else []) + [x for _, x in hood.heard]
+
+
+def clipping(hood: Neighbourhood) -> torch.Tensor:
+    """Clipping around a center c: c + sum_j W_j clip(x_j - c, tau), clip(v, tau) = v min(1, tau / |v|).
+    On a graph, c is the peer's own weights: self-centered clipping (ClippedGossip, He, Karimireddy and
+    Jaggi 2022); on the star, c is the server's model and the weights the clients' shares: centered clipping
+    (Karimireddy, He and Jaggi, ICML 2021) with one iteration, around the last model (their momentum is the
+    clients' local SGD here). tau: --clip-radius, or the authors' adaptive rule, the (b+1)-th largest
+    distance to the center, so that the b farthest are clipped (their code's sorted(distances)[-2] is b = 1)."""
     own = hood.own.double()
     if not hood.heard:
         return hood.own.clone()
-    moves = [(w, x.double() - own) for w, x in hood.heard]
+    moves = [(w, x.double() - own) for w, x in hood.heard]  # from the center
     norms = [float(v.norm()) for _, v in moves]
     if hood.radius is not None:
         tau = hood.radius
@@ -49,7 +58,7 @@ def clipped_gossip(hood: Neighbourhood) -> torch.Tensor:
 
 
 def _stacked(hood: Neighbourhood) -> torch.Tensor:
-    return torch.stack([hood.own, *(x for _, x in hood.heard)]).double()
+    return torch.stack(_candidates(hood)).double()
 
 
 def trimmed_mean(hood: Neighbourhood) -> torch.Tensor:
@@ -74,21 +83,32 @@ def median(hood: Neighbourhood) -> torch.Tensor:
 
 
 def krum(hood: Neighbourhood) -> torch.Tensor:
-    """Krum over the peer and its neighbours (Blanchard et al., NeurIPS 2017): each candidate's score is
-    the sum of its n - b - 2 smallest squared distances to the others; the candidate of least score is
-    taken (ties to the earlier, the peer itself first). Krum needs n > 2b + 2; with fewer candidates each
+    """Krum (Blanchard et al., NeurIPS 2017) over the candidates: each one's score is the sum of its
+    n - b - 2 smallest squared distances to the others; the candidate of least score is taken (ties to the
+    earlier; on a graph the peer itself is the first). Krum needs n > 2b + 2; with fewer candidates each
     score sums at least one distance."""
-    values = _stacked(hood)
+    candidates = _candidates(hood)
+    values = torch.stack(candidates).double()
     distances = torch.cdist(values, values).square()
     keep = max(1, len(values) - hood.bound - 2)
     scores = [float(row[torch.arange(len(values)) != i].sort().values[:keep].sum()) for i, row in enumerate(distances)]
     best = min(range(len(scores)), key=lambda i: (scores[i], i))
-    return hood.own.clone() if best == 0 else hood.heard[best - 1][1].clone()
+    return candidates[best].clone()
 
 
-RULES: dict[str, Rule] = {
-    "clipped-gossip": clipped_gossip,
-    "trimmed-mean": trimmed_mean,
-    "median": median,
-    "krum": krum,
+@dataclass(frozen=True)
+class RobustRule:
+    """A registered rule and where it applies: "graph" (a peer's neighbourhood), "star" (the server's
+    clients), or both."""
+
+    function: Rule
+    applies: tuple[str, ...]
+
+
+RULES: dict[str, RobustRule] = {
+    "clipped-gossip": RobustRule(clipping, ("graph",)),
+    "centered-clipping": RobustRule(clipping, ("star",)),
+    "trimmed-mean": RobustRule(trimmed_mean, ("graph", "star")),
+    "median": RobustRule(median, ("graph", "star")),
+    "krum": RobustRule(krum, ("graph", "star")),
 }

@@ -22,6 +22,7 @@ class Centralized(FedAvg):
     model on the union, with the same local settings."""
 
     name = "central"
+    withstands_threats = False  # its server trains on pooled samples: not the average the threats act on
     summary = "upper bound: the server trains on the sampled clients' data"
     trains_locally = False
     Upload = Samples

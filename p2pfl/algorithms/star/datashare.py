@@ -23,6 +23,7 @@ class DataShare(FedAvg):
     phase 'share'); each round a client trains on its shard plus as many samples drawn from it."""
 
     name = "datashare"
+    withstands_threats = False  # its shared data is the server's: not the average the threats act on
     state = {"has_share": "peer"}  # which clients the one-time share reached (simulated faults)
     summary = "FedAvg with a shared global set mixed into local training"
     Settings = DataShareSettings

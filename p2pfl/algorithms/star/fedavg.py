@@ -28,6 +28,7 @@ class FedAvg(ServerAlgorithm):
     summary = "FedAvg: local SGD, sample-weighted average of the sampled clients"
     Settings = FedAvgSettings
     training = {"lr": 0.1, "batch_size": 50, "local_epochs": 5, "momentum": 0.0}
+    withstands_threats = True  # its server_update averages the uploads, where p2pfl.threats act
 
     def local_train(self, round_index, clients, received, terms=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(the clients' weights after local SGD from what they received, their training losses)."""
@@ -46,4 +47,10 @@ class FedAvg(ServerAlgorithm):
 
     def server_update(self, round_index, clients, uploads):
         p = self.weights_of(clients)
+        threats = self.ctx.threats
+        if threats is not None:  # Byzantine clients' uploads and a robust rule at the server
+            heard = [(c, float(p[i]), uploads[c].weights) for i, c in enumerate(clients)]
+            return threats.average(
+                round_index, self.server, self.ctx.global_weights, heard, threats.bound_among(clients)
+            )
         return sum(p[i] * uploads[c].weights for i, c in enumerate(clients))

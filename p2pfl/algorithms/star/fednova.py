@@ -24,6 +24,7 @@ class FedNova(FedAvg):
     server steps tau_eff = sum p_i ||a_i||_1 along the weighted mean of the normalized changes."""
 
     name = "fednova"
+    withstands_threats = False  # its server normalises the updates: not the average the threats act on
     summary = "FedNova: normalized averaging of local progress"
     Upload = FedNovaUpload
 

@@ -29,6 +29,7 @@ class Scaffold(FedAvg):
     the weight and control-variate deltas, so traffic doubles both ways. Global step size 1."""
 
     name = "scaffold"
+    withstands_threats = False  # its server also averages control variates: not the average the threats act on
     summary = "SCAFFOLD: control variates correct client drift"
     Download, Upload = ScaffoldDownload, ScaffoldUpload
     state = {"c_local": "peer", "c_global": "server"}
