@@ -69,7 +69,7 @@ BLOCKS = {
     ],
 }
 # Every attack, and every robust rule under the sign-flip attack, with 2 Byzantine peers of 9: on D-PSGD, and
-# the star's rules on FedAvg.
+# the star's rules on FedAvg; and DP-SGD in every algorithm that takes it.
 THREATS = {
     **{f"dpsgd-attack-{name}": ["--algo", "dpsgd", "--byzantine", "2", "--attack", name] for name in ATTACKS},
     **{
@@ -77,6 +77,10 @@ THREATS = {
         for name, rule in RULES.items()
         for algo, family in (("dpsgd", "graph"), ("fedavg", "star"))
         if family in rule.applies
+    },
+    **{
+        f"{algo}-dp-sgd": ["--algo", algo, "--dp-clip", "1", "--dp-noise", "1"]
+        for algo in sorted(name for name, cls in REGISTRY.items() if cls.private_training)
     },
 }
 EXTRA = {**GRAPHS, **BLOCKS, **THREATS}  # cases beyond each algorithm's own, as full argument lists

@@ -190,3 +190,59 @@ def test_label_flip_poisons_the_attackers_copies_only():
         assert torch.equal(ctx.data.train_y[ctx.shards[p]], clean.data.train_y[clean.shards[p]])
     for p in sorted(ctx.threats.attackers):
         assert torch.equal(ctx.data.train_y[ctx.shards[p]], 9 - clean.data.train_y[clean.shards[p]])
+
+
+def test_dp_epsilon_is_the_accountant_librarys_for_the_runs_clip_noise_sampling_and_steps():
+    """D-PSGD: one DP-SGD step a round on a minibatch of 10 from each peer's shard, so q = 10 / shard and
+    steps = rounds; DFedAvg: every step of its local epochs. Computed here with dp_accounting directly."""
+    from dp_accounting import dp_event, rdp
+
+    def expected(q, steps):
+        accountant = rdp.RdpAccountant()
+        accountant.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(1.5)), steps)
+        return accountant.get_epsilon(1e-4)
+
+    settings = dict(dataset="synthetic", peers=6, progress=False, dp_clip=1.0, dp_noise=1.5, dp_delta=1e-4)
+    ctx, _ = make_context(algo="dpsgd", peers=6)
+    sizes = [len(s) for s in ctx.shards]
+    run = p2pfl.simulate("dpsgd", out=None, rounds=7, **settings)
+    spent = run.final.get("dp_epsilon_per_peer") or [run.final["dp_epsilon"]] * 6
+    assert spent == pytest.approx([expected(10 / n, 7) for n in sizes], rel=1e-5)
+    assert run.rows[-1]["dp_epsilon"] == pytest.approx(max(spent)) and run.final["dp_delta"] == 1e-4
+    local = p2pfl.simulate("dfedavg", out=None, rounds=2, local_epochs=2, batch_size=50, **settings)
+    steps = [2 * 2 * math.ceil(n / 50) for n in sizes]
+    assert local.rows[-1]["dp_epsilon"] == pytest.approx(max(expected(50 / n, s) for n, s in zip(sizes, steps)), rel=1e-5)
+
+
+def test_private_gradients_clip_each_samples_gradient_before_the_noise():
+    """Without noise and with a clip no sample reaches, DP-SGD's gradient is the minibatch mean; with a small
+    clip every sample's share is at most clip / batch."""
+    from p2pfl.local.gradients import PrivateStep, gradients, private_gradients
+
+    ctx, _ = make_context(algo="dpsgd")
+    index, mask = ctx.minibatch(0, 10)
+    x, y = ctx.data.train_x[index], ctx.data.train_y[index]
+    plain, losses = gradients(ctx.stack, ctx.flat, x, y, mask)
+    keys = [(0, "dp-noise", 0, p) for p in ctx.peers]
+    loose, private_losses = private_gradients(ctx.stack, ctx.flat, x, y, mask, PrivateStep(1e9, 0.0, 10, keys))
+    assert torch.allclose(loose, plain, atol=1e-6) and torch.allclose(private_losses, losses)
+    tight, _ = private_gradients(ctx.stack, ctx.flat, x, y, mask, PrivateStep(1e-3, 0.0, 10, keys))
+    assert bool((tight.norm(dim=1) <= 1e-3 * 1.0001).all())
+    noised, _ = private_gradients(ctx.stack, ctx.flat, x, y, mask, PrivateStep(1e-3, 2.0, 10, keys))
+    assert float((noised - tight).std()) == pytest.approx(2.0 * 1e-3 / 10, rel=0.05)  # noise of 2 C, over the batch
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(algo="dpsgd", dp_clip=1.0), "needs both --dp-clip C"),
+        (dict(algo="dpsgd", dp_noise=1.0), "needs both --dp-clip C"),
+        (dict(algo="ntk-dfl", dp_clip=1.0, dp_noise=1.0), "--algo ntk-dfl does not"),
+        (dict(algo="dpsgd", dp_delta=1e-3), "--dp-delta states the privacy of a DP-SGD run"),
+        (dict(algo="dpsgd", dp_clip=1.0, dp_noise=1.0, dp_delta=1.0), "--dp-delta must be in \\(0, 1\\)"),
+    ],
+)
+def test_impossible_privacy_settings_are_one_line(settings, message):
+    algo = settings.pop("algo")
+    with pytest.raises(UserError, match=message):
+        p2pfl.simulate(algo, out=None, dataset="synthetic", peers=8, rounds=1, progress=False, **settings)

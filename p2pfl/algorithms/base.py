@@ -106,6 +106,12 @@ class Algorithm:
         """Facts of this run worth a line in the run header (config.toml comments and stderr)."""
         return []
 
+    private_training = False  # whether its gradients go through DP-SGD under --dp-clip (private_steps says how many)
+
+    def private_steps(self, n_samples: int) -> int:
+        """The DP-SGD steps a peer of n samples takes in a round (the privacy accountant composes them)."""
+        raise NotImplementedError
+
     def round(self, round_index: int) -> Round:
         """Round round_index (from 0): change the weights in place and return what the round reports."""
         raise NotImplementedError

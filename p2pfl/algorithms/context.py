@@ -14,7 +14,7 @@ from p2pfl.comm import Message, Payload, Transport
 from p2pfl.settings.run_config import RunConfig
 from p2pfl.data import Dataset
 from p2pfl.comm.faults import Faults
-from p2pfl.local.gradients import gradients
+from p2pfl.local.gradients import PrivateStep, gradients, private_gradients
 from p2pfl.models import PeerStack
 from p2pfl.seeding import numpy_rng, peer_keys, torch_generator
 from p2pfl.local.training import SGDSettings, StepTerms, sample_batch, train_epochs
@@ -122,7 +122,8 @@ class RunContext:
     def sgd(self, **changes) -> SGDSettings:
         """Local SGD's settings from the run's, with an algorithm's changes (steps=, prox_mu=, clip=)."""
         c = self.cfg
-        return SGDSettings(c.batch_size, c.local_epochs, c.momentum, c.weight_decay, **changes)
+        private = {"dp_clip": c.dp_clip, "dp_noise": c.dp_noise} if c.dp_clip else {}
+        return SGDSettings(c.batch_size, c.local_epochs, c.momentum, c.weight_decay, **{**private, **changes})
 
     def train(
         self,
@@ -182,7 +183,14 @@ class RunContext:
             if self.stack.dropouts
             else None
         )
-        grad, losses = gradients(self.stack, self.flat, self.data.train_x[index], self.data.train_y[index], mask, noise)
+        x, y = self.data.train_x[index], self.data.train_y[index]
+        if opt.dp_clip:  # each sample's gradient clipped, the sum noised (DP-SGD)
+            keys = [(self.cfg.seed, "dp-noise", round_index, p) for p in self.peers]
+            grad, losses = private_gradients(
+                self.stack, self.flat, x, y, mask, PrivateStep(opt.dp_clip, opt.dp_noise, opt.batch_size, keys)
+            )
+        else:
+            grad, losses = gradients(self.stack, self.flat, x, y, mask, noise)
         stepping = mask.sum(1) > 0
         offline = self.offline_rows(round_index)
         stepping[offline] = False

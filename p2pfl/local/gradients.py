@@ -173,3 +173,39 @@ def one_torch_thread():
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@dataclass(frozen=True)
+class PrivateStep:
+    """DP-SGD's step (Abadi et al. 2016) for a block of peers: each sample's gradient clipped to clip in
+    2-norm, summed, Gaussian noise of standard deviation noise * clip added, divided by the batch size.
+    keys: (seed, purpose indices...) of each row's noise, drawn on the CPU from a generator keyed by them
+    (the same on every layout and device)."""
+
+    clip: float
+    noise: float
+    batch: int
+    keys: list[tuple]
+
+
+def private_gradients(
+    stack: PeerStack, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, step: PrivateStep
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L, trainable) DP-SGD gradients and the (L,) masked mean losses. A peer at a time, each of its samples
+    a row of its own (the peer's weights repeated), so the batched gradient gives per-sample gradients; a
+    peer at a time so that every product has the same shape on every layout of the peers (a block's
+    size would change how the products round)."""
+    from p2pfl.seeding import torch_generator
+
+    peers, batch = mask.shape
+    out = torch.zeros(peers, stack.layout.trainable, device=flat.device, dtype=flat.dtype)
+    losses = torch.zeros(peers, device=flat.device, dtype=flat.dtype)
+    for i in range(peers):
+        rows = flat[i : i + 1].expand(batch, -1).contiguous()
+        grad, loss = gradients(stack, rows, x[i][:, None], y[i][:, None], mask[i][:, None])
+        norms = grad.norm(dim=1, keepdim=True)
+        grad.mul_((step.clip / (norms + 1e-6)).clamp(max=1.0)).mul_(mask[i][:, None])
+        noise = torch.randn(grad.shape[1], generator=torch_generator(*step.keys[i]), dtype=torch.float32)
+        out[i] = (grad.sum(0) + noise.to(grad.device) * (step.noise * step.clip)) / step.batch
+        losses[i] = (loss * mask[i]).sum() / mask[i].sum().clamp(min=1)
+    return out, losses

@@ -14,7 +14,16 @@ from dataclasses import dataclass
 import torch
 
 from p2pfl import stopping
-from p2pfl.local.gradients import Contrast, gradients, hand_written, mlp_gradients, one_torch_thread, to_device
+from p2pfl.local.gradients import (
+    Contrast,
+    PrivateStep,
+    gradients,
+    hand_written,
+    mlp_gradients,
+    one_torch_thread,
+    private_gradients,
+    to_device,
+)
 from p2pfl.models.stack import PeerStack
 from p2pfl.seeding import keyed_orders, peer_keys
 
@@ -30,6 +39,10 @@ class SGDSettings:
     steps: int | None = None  # a fixed number of local steps instead of epochs
     prox_mu: float = 0.0  # FedProx: gradient of (mu/2)||w - anchor||^2 added to each step
     clip: float = 0.0  # the largest 2-norm of a peer's loss gradient (torch's clip_grad_norm_); 0: off
+    dp_clip: float = (
+        0.0  # DP-SGD: the largest 2-norm of a sample's gradient (p2pfl.local.gradients.PrivateStep); 0: off
+    )
+    dp_noise: float = 0.0  # DP-SGD: the noise's standard deviation, in units of dp_clip
 
 
 @dataclass
@@ -225,7 +238,9 @@ def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, ro
     plan = MinibatchPlan(shards, peers, opt.batch_size, seed, round_index, budget, flat.device)
     noise_keys = peer_keys(seed, "dropout", round_index, peers, flat.device) if stack.dropouts else None
     plain_mlp = (
-        hand_written(stack) and terms is None and not (opt.momentum or opt.weight_decay or opt.clip or opt.prox_mu)
+        hand_written(stack)
+        and terms is None
+        and not (opt.momentum or opt.weight_decay or opt.clip or opt.prox_mu or opt.dp_clip)
     )
     epoch = 0
     while plan.unfinished():
@@ -246,9 +261,14 @@ def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, ro
             if plain_mlp:  # inactive peers have a zero mask, hence a zero step
                 _, losses = mlp_gradients(stack, flat, x, train_y[index[s]], mask[s], lr)
             else:
-                grad, losses = gradients(
-                    stack, flat, x, train_y[index[s]], mask[s], noise, terms.contrast if terms else None, sizes[s]
-                )
+                if opt.dp_clip:  # each sample's gradient clipped, the sum noised (DP-SGD)
+                    keys = [(seed, "dp-noise", round_index, p, epoch, s) for p in peers]
+                    step = PrivateStep(opt.dp_clip, opt.dp_noise, opt.batch_size, keys)
+                    grad, losses = private_gradients(stack, flat, x, train_y[index[s]], mask[s], step)
+                else:
+                    grad, losses = gradients(
+                        stack, flat, x, train_y[index[s]], mask[s], noise, terms.contrast if terms else None, sizes[s]
+                    )
                 apply_step(flat, grad, None if stepping == len(peers) else active[s], opt, lr, velocity, terms)
             loss_sum += torch.where(active[s], losses, 0.0)
         epoch += 1

@@ -338,6 +338,17 @@ def check_threats(cfg: RunConfig, task: str) -> None:
     for name in ("attack", "attack_scale"):
         if name in cfg.given and not cfg.byzantine:
             raise UserError(f"--{name.replace('_', '-')} needs Byzantine peers: give --byzantine N")
+    if cfg.dp_clip or cfg.dp_noise:
+        if not cfg.algorithm.private_training:
+            able = ", ".join(name for name, cls in REGISTRY.items() if cls.private_training)
+            raise UserError(f"--dp-clip trains with DP-SGD in {able}; --algo {cfg.algo} does not")
+        if not (cfg.dp_clip and cfg.dp_noise):
+            raise UserError(
+                "differential privacy needs both --dp-clip C (each sample's gradient clipped to C) and --dp-noise S "
+                "(noise of S * C): without noise no epsilon is finite, without a clip the noise bounds nothing"
+            )
+    if "dp_delta" in cfg.given and not cfg.dp_clip:
+        raise UserError("--dp-delta states the privacy of a DP-SGD run: give --dp-clip and --dp-noise")
     attack = attack_named(cfg.attack)
     rule_named(cfg.robust_aggregation, "star" if cfg.algorithm.centralized else "graph")
     if cfg.byzantine and getattr(attack, "poisons_labels", False) and task != "classification":
@@ -397,6 +408,7 @@ APPLIES = {  # settings that take part in some runs only: where each does
     "attack_scale": lambda cfg: cfg.byzantine > 0,
     "robust_bound": lambda cfg: cfg.robust_aggregation != NONE,
     "clip_radius": lambda cfg: cfg.robust_aggregation == "clipped-gossip",
+    "dp_delta": lambda cfg: cfg.dp_clip > 0,
 }
 
 

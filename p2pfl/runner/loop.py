@@ -59,6 +59,8 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
         gap = run_gap(measure.log.rows, period_of(ctx), ctx.cfg.mixing, ctx.sample_counts) if rank == 0 else None
         if gap is not None:  # how fast the run's graph mixes: every bound of the field is stated in it
             final = {**(final or {}), "spectral_gap": gap}
+        if measure.privacy is not None and rank == 0:  # the privacy the run spent (--dp-clip)
+            final = {**(final or {}), **measure.privacy.final(cfg.rounds)}
         state = final_model(measure, ctx) if rank == 0 else None
         if rank == 0:
             ending = summary_line(measure.log.rows, ctx.stack.task, run_dir)

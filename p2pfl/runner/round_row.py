@@ -11,6 +11,7 @@ import torch
 
 from p2pfl.errors import DivergenceError
 from p2pfl.measure.drift import drift_line
+from p2pfl.threats.privacy import PrivacyLedger
 from p2pfl.measure.optimality import objective_gradient_sum
 from p2pfl.measure.scoring import PeerScores
 from p2pfl.local.forward import evaluate
@@ -54,8 +55,8 @@ class RoundMeasure:
     """Each round's row, from the rank's facts; rank 0 keeps the rows (MetricsLog) and the model it
     reported at the last evaluation."""
 
-    def __init__(self, ctx, log: MetricsLog):
-        self.ctx, self.log = ctx, log
+    def __init__(self, ctx, log: MetricsLog, privacy: PrivacyLedger | None = None):
+        self.ctx, self.log, self.privacy = ctx, log, privacy
         self.graph_run = not ctx.cfg.algorithm.centralized
         count = ctx.cfg.test_samples or len(ctx.data.test_y)  # --test-samples: every evaluation's
         self.test = ctx.data.test_x[:count], ctx.data.test_y[:count]
@@ -113,7 +114,10 @@ class RoundMeasure:
         elif evaluated:
             round_facts.aggregated, clients = result.scores
             round_facts.clients = {m: torch.as_tensor(v, dtype=torch.float64) for m, v in clients.items()}
-        row = build_row(round_facts, result.fields)
+        fields = (
+            {**result.fields, **self.privacy.row(k + 1)} if self.privacy is not None and evaluated else result.fields
+        )
+        row = build_row(round_facts, fields)
         self.log.append(row)
         self.drift = drift_line(self.log.rows, self.drift_step) if ctx.cfg.drift_stop else None
         return row

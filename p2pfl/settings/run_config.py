@@ -58,6 +58,10 @@ def _not_faster(v) -> str | None:
     return None if v >= 1 else f"must be at least 1 (a straggler is not faster), got {v}"
 
 
+def _delta(v) -> str | None:
+    return None if 0 < v < 1 else f"must be in (0, 1), got {v}"
+
+
 def _bound(v) -> str | None:
     return None if v == "auto" or (v >= 0 and v == int(v)) else f"must be a whole number of peers or auto, got {v}"
 
@@ -257,6 +261,17 @@ class RunConfig:
         "ClippedGossip's clipping radius; auto: each peer's (b+1)-th largest distance to a neighbour (the authors' rule)",
         positive_or_auto,
     )
+    dp_clip: float = option(
+        0.0,
+        "differential privacy (DP-SGD on every peer): each sample's gradient clipped to this 2-norm; 0: off",
+        non_negative,
+    )
+    dp_noise: float = option(
+        0.0,
+        "differential privacy: Gaussian noise of this many --dp-clip added to each step's summed gradient",
+        non_negative,
+    )
+    dp_delta: float = option(1e-5, "differential privacy: the delta at which each row's dp_epsilon is stated", _delta)
     checkpoint_every: int | None = option(
         None,
         "checkpoint every N rounds, 0 never",

@@ -5,7 +5,8 @@
 - robust.py: how an honest peer averages what it heard (ClippedGossip's self-centered clipping, trimmed
   mean, coordinate-wise median, Krum), each one function in a registry, over its neighbourhood;
 - byzantine.py: a run's threats: which peers attack (drawn from the seed), the attack and the rule the
-  settings choose (a user's own by package.module:name), and a peer's average under them.
+  settings choose (a user's own by package.module:name), and a peer's average under them;
+- privacy.py: the epsilon a DP-SGD run (--dp-clip, --dp-noise) spends, from the dp-accounting library.
 """
 
 from p2pfl.threats.attacks import ATTACKS, AttackView

@@ -12,12 +12,17 @@ compressing the weights themselves; the copies need a static graph.
 
 from p2pfl.algorithms.base import Round
 from p2pfl.algorithms.public_copies import GossipAverager
+from p2pfl.local.training import local_steps
 
 
 class DFedAvg(GossipAverager):
     name = "dfedavg"
     summary = "local epochs of SGD, then averaging with neighbours"
     training = {"lr": 0.1, "batch_size": 25, "local_epochs": 20, "momentum": 0.0}
+    private_training = True
+
+    def private_steps(self, n_samples: int) -> int:
+        return local_steps(n_samples, self.ctx.sgd())
 
     def round(self, round_index: int) -> Round:
         losses = self.ctx.train_online(round_index, self.ctx.flat)

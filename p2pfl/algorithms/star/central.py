@@ -23,6 +23,7 @@ class Centralized(FedAvg):
 
     name = "central"
     withstands_threats = False  # its server trains on pooled samples: not the average the threats act on
+    private_training = False
     summary = "upper bound: the server trains on the sampled clients' data"
     trains_locally = False
     Upload = Samples

@@ -24,6 +24,7 @@ class DataShare(FedAvg):
 
     name = "datashare"
     withstands_threats = False  # its shared data is the server's: not the average the threats act on
+    private_training = False
     state = {"has_share": "peer"}  # which clients the one-time share reached (simulated faults)
     summary = "FedAvg with a shared global set mixed into local training"
     Settings = DataShareSettings

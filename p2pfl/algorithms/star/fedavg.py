@@ -11,7 +11,7 @@ import torch
 from p2pfl.algorithms.server import ClientWork, ServerAlgorithm, ServerOptions
 from p2pfl.comm import Weights
 from p2pfl.settings.fields import non_negative, option
-from p2pfl.local.training import SGDSettings, StepTerms
+from p2pfl.local.training import SGDSettings, StepTerms, local_steps
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,10 @@ class FedAvg(ServerAlgorithm):
     Settings = FedAvgSettings
     training = {"lr": 0.1, "batch_size": 50, "local_epochs": 5, "momentum": 0.0}
     withstands_threats = True  # its server_update averages the uploads, where p2pfl.threats act
+    private_training = True
+
+    def private_steps(self, n_samples: int) -> int:
+        return local_steps(n_samples, self.sgd())
 
     def local_train(self, round_index, clients, received, terms=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(the clients' weights after local SGD from what they received, their training losses)."""

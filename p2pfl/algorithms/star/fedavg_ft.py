@@ -120,6 +120,7 @@ def linear_gd(
 class FedAvgFT(FedAvg):
     name = "fedavg-ft"
     withstands_threats = False  # its fine-tuning stage is not a server average: not the average the threats act on
+    private_training = False
     products = ("rep_dist.png", "grad_norm.png", "finetune_error.png", "fine_tuning.png", "feature_similarity.png")
     summary = "FedAvg with fine-tuning: local steps learn a representation; new clients fine-tune it"
     Settings = FedAvgFTSettings

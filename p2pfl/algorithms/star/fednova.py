@@ -25,6 +25,7 @@ class FedNova(FedAvg):
 
     name = "fednova"
     withstands_threats = False  # its server normalises the updates: not the average the threats act on
+    private_training = False
     summary = "FedNova: normalized averaging of local progress"
     Upload = FedNovaUpload
 

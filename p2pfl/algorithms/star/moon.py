@@ -27,6 +27,7 @@ class MoonSettings(FedAvgSettings):
 
 class Moon(FedAvg):
     name = "moon"
+    private_training = False  # its contrastive term has no per-sample DP-SGD path here
     summary = "MOON: FedAvg with a model-contrastive loss on the representation"
     Settings = MoonSettings
     training = {"lr": 0.01, "batch_size": 32, "local_epochs": 5, "momentum": 0.0}

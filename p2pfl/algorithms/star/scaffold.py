@@ -30,6 +30,7 @@ class Scaffold(FedAvg):
 
     name = "scaffold"
     withstands_threats = False  # its server also averages control variates: not the average the threats act on
+    private_training = False
     summary = "SCAFFOLD: control variates correct client drift"
     Download, Upload = ScaffoldDownload, ScaffoldUpload
     state = {"c_local": "peer", "c_global": "server"}
