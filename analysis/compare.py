@@ -336,12 +336,17 @@ def _cell(value, percent: bool) -> str:
     return f"{100 * value:.2f}" if percent else f"{value:.4g}"
 
 
+def is_accuracy_column(header: str) -> bool:
+    """final_acc_*, final_client_acc_mean: accuracies (in % in the table); final_consensus_distance is not."""
+    return header.startswith("final_") and "acc" in header
+
+
 def markdown(rows: list[dict], metric: str, notes: list[str] = ()) -> str:
     percent = metric == "acc"
     header = list(rows[0])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        lines.append("| " + " | ".join(_cell(row[h], percent and (h.startswith("final_"))) for h in header) + " |")
+        lines.append("| " + " | ".join(_cell(row[h], percent and is_accuracy_column(h)) for h in header) + " |")
     unit = "final_* accuracies in %; " if percent else ""
     return (
         "\n".join(lines)

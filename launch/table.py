@@ -232,6 +232,8 @@ def _main(argv: list[str] | None) -> int:
         entry = results.setdefault(run["column"], {}).setdefault(run["method"], {"by_lr": {}})
         value = final_value(run["folder"], keys[0]) if code == 0 else None
         entry["by_lr"][str(run["lr"])] = value
+        if code != 0:  # how it ended (3: stopped as diverging), unless another lr of its grid finished
+            entry.setdefault("exit", code)
         best = entry.get(keys[0])
         if value is not None and (best is None or (value < best if lower_is_better(keys[0]) else value >= best)):
             entry.update(
@@ -244,7 +246,11 @@ def _main(argv: list[str] | None) -> int:
             [
                 method,
                 *(
-                    "failed" if results[c][method].get(key) is None else cell(key, results[c][method][key])
+                    cell(key, results[c][method][key])
+                    if results[c][method].get(key) is not None
+                    else f"failed (exit {results[c][method]['exit']})"
+                    if "exit" in results[c][method]
+                    else "-"  # the run did not write this metric
                     for c in columns
                 ),
             ]

@@ -375,6 +375,9 @@ def test_a_comparison_of_six_groups_reads_labels_fit_and_the_metric_meets_the_ga
         "algo=dpsgd, topology=full",
     ]
     assert "gossip_topk" not in rows[3]["group"] and rows[0]["final_consensus_distance"] == pytest.approx(1 / 300)
+    table = (tmp_path / "cmp.md").read_text().splitlines()
+    column = table[0].split(" | ").index("final_consensus_distance")
+    assert table[2].split(" | ")[column] == f"{1 / 300:.4g}"  # not taken for an accuracy (it showed 0.33)
     (fig,) = figures
     renderer = fig.canvas.get_renderer()
     page = fig.bbox

@@ -211,7 +211,9 @@ def test_dp_epsilon_is_the_accountant_librarys_for_the_runs_clip_noise_sampling_
     assert run.rows[-1]["dp_epsilon"] == pytest.approx(max(spent)) and run.final["dp_delta"] == 1e-4
     local = p2pfl.simulate("dfedavg", out=None, rounds=2, local_epochs=2, batch_size=50, **settings)
     steps = [2 * 2 * math.ceil(n / 50) for n in sizes]
-    assert local.rows[-1]["dp_epsilon"] == pytest.approx(max(expected(50 / n, s) for n, s in zip(sizes, steps)), rel=1e-5)
+    assert local.rows[-1]["dp_epsilon"] == pytest.approx(
+        max(expected(50 / n, s) for n, s in zip(sizes, steps)), rel=1e-5
+    )
 
 
 def test_private_gradients_clip_each_samples_gradient_before_the_noise():

@@ -187,9 +187,15 @@ declare_metric(
     value=lambda f: f.grad_norm,
 )
 declare_metric(
+    "dp_epsilon",
+    meaning="--dp-clip: the largest epsilon an honest peer has spent, at --dp-delta, after the round (its DP-SGD "
+    "steps composed by dp-accounting's RDP accountant), in evaluated rounds",
+    unit="epsilon at --dp-delta",
+)  # written by the run's privacy ledger (p2pfl.threats.privacy)
+declare_metric(
     "consensus_distance",
-    meaning="decentralized, every round: the mean over peers of the squared distance of a peer's weights to "
-    "their average, after the round (one pass over the peers' weights beside the sum every round takes to find "
+    meaning="decentralized, every round: the mean over peers (the honest ones under --byzantine, as every "
+    "metric) of the squared distance of a peer's weights to their average, after the round (one pass over the peers' weights beside the sum every round takes to find "
     "NaN; the drift stop reads it)",
     unit="squared weight units",
     value=graph_only(lambda f: consensus_distance(sum(r.spread for r in f.ranks), f.peers)),
