@@ -75,3 +75,29 @@ def metric_label(key: str) -> str:
     units = [u.split(" (")[0].strip() for u in metric.unit.split(";")]
     unit = "%" if is_fraction(key) else (units[-1] if "loss" in key else units[0])
     return f"{quantity} ({unit}): {what}"
+
+
+def plot_table(cells: dict[str, dict[str, float | None]], path: Path, key: str = "test_acc", title: str = "") -> None:
+    """A result table (method -> column -> final value) as a heat map, each cell written in it; a cell
+    without a value (a run that did not finish) is grey and says so. Higher is darker for an accuracy."""
+    import numpy as np
+
+    methods, columns = list(cells), list(dict.fromkeys(c for row in cells.values() for c in row))
+    scale = 100 if is_fraction(key) else 1
+    values = np.array([[np.nan if cells[m].get(c) is None else scale * cells[m][c] for c in columns] for m in methods])
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(columns) + 2), max(2.5, 0.55 * len(methods) + 1.8)))
+    shown = np.ma.masked_invalid(values)
+    cmap = plt.get_cmap("viridis").with_extremes(bad="0.85")
+    image = ax.imshow(shown, cmap=cmap, aspect="auto")
+    for i in range(len(methods)):
+        for j in range(len(columns)):
+            v = values[i, j]
+            text = "did not\nfinish" if np.isnan(v) else (f"{v:.1f}" if scale == 100 else f"{v:.3g}")
+            dark = not np.isnan(v) and v < np.nanmin(values) + 0.6 * (np.nanmax(values) - np.nanmin(values))
+            ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
+    ax.set_xticks(range(len(columns)), [textwrap.fill(c, 12) for c in columns], rotation=0, fontsize=8)
+    ax.set_yticks(range(len(methods)), methods, fontsize=9)
+    fig.colorbar(image, ax=ax, label=metric_label(key) if len(metric_label(key)) <= 40 else key, fraction=0.03)
+    if title:
+        ax.set_title(textwrap.fill(title, 110), fontsize=10)
+    save(fig, path)

@@ -9,7 +9,8 @@ top-level `metrics = [...]` names the metrics.jsonl fields to tabulate (default 
 first one picks the best lr: the largest, or the smallest for a loss or grad_norm). Every run gets its
 own run folder under OUT/<column>/<method>[-lr<lr>]; a run whose metrics.jsonl already reaches its last round is not run again. Prints and writes
 OUT/table.md (the final values, then every evaluated round of each column) and OUT/results.json
-(best and every lr), and OUT/<column>/comparison.png (the first metric per round, each method's best run).
+(best and every lr), OUT/table.png (the final values of the first metric as a heat map), and
+OUT/<column>/comparison.png (the first metric per round, each method's best run).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from p2pfl import presets  # noqa: E402
-from analysis.plots import is_fraction, plot_comparison  # noqa: E402
+from analysis.plots import is_fraction, plot_comparison, plot_table  # noqa: E402
 from analysis.toolkit import Parser, guarded, output_folder, read_rows, read_toml, writable  # noqa: E402
 from p2pfl.errors import UserError  # noqa: E402
 from p2pfl.threads import share_cores  # noqa: E402
@@ -264,6 +265,8 @@ def _main(argv: list[str] | None) -> int:
     )
     (out / "table.md").write_text(f"{title}\n\n{table}\n\n{rounds}\n")
     (out / "results.json").write_text(json.dumps(results, indent=1))
+    finals = {m: {c: results[c][m].get(keys[0]) for c in columns} for m in methods}
+    plot_table(finals, out / "table.png", keys[0], title)  # the final values at a glance
     for column in columns:
         best = {m: read_rows(Path(e["folder"]) / "metrics.jsonl") for m, e in results[column].items() if "folder" in e}
         plot_comparison(best, out / column / "comparison.png", key=keys[0], title=f"{title}: {column}")

@@ -282,6 +282,16 @@ def test_a_tables_plot_draws_the_metric_it_ranks_by_with_a_label_in_words(tmp_pa
     assert plots.metric_label("test_loss") == "loss (cross-entropy in nats): the aggregated model on the whole test set"
 
 
+def test_a_tables_heat_map_writes_every_cell_in_percent_and_marks_a_run_that_did_not_finish(tmp_path, monkeypatch):
+    import analysis.plots as plots
+
+    drawn = {}
+    monkeypatch.setattr(plots, "save", lambda fig, path: drawn.update(texts=[t.get_text() for t in fig.axes[0].texts]))
+    cells = {"none": {"ring": 0.761, "exp": None}, "clipped-gossip": {"ring": 0.763, "exp": 0.729}}
+    plots.plot_table(cells, tmp_path / "t.png", "test_acc")
+    assert drawn["texts"] == ["76.1", "did not\nfinish", "76.3", "72.9"]
+
+
 def test_topology_views_of_a_run_whose_graph_file_changed_are_refused(tmp_path, capsys):
     """They described the file as it is now, not the graph the run used."""
     from analysis import topology_views
