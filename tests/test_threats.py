@@ -3,6 +3,7 @@ formula on hand-made neighbourhoods, the metrics left to the honest peers, the r
 sign flipping breaks D-PSGD and ClippedGossip withstands it."""
 
 import math
+from pathlib import Path
 import sys
 
 import pytest
@@ -248,3 +249,23 @@ def test_impossible_privacy_settings_are_one_line(settings, message):
     algo = settings.pop("algo")
     with pytest.raises(UserError, match=message):
         p2pfl.simulate(algo, out=None, dataset="synthetic", peers=8, rounds=1, progress=False, **settings)
+
+
+@pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist").exists(),
+    reason="Fashion-MNIST (dataset-fashion-mnist) is not installed",
+)
+def test_dp_sgd_refuses_a_model_whose_batch_couples_or_noises_its_samples():
+    with pytest.raises(UserError, match="--model cnn-fmnist's batch norm or dropout"):
+        p2pfl.simulate(
+            "dpsgd",
+            out=None,
+            dataset="fashion-mnist",
+            model="cnn-fmnist",
+            peers=4,
+            samples_per_peer=20,
+            rounds=1,
+            progress=False,
+            dp_clip=1.0,
+            dp_noise=1.0,
+        )

@@ -29,8 +29,7 @@ from p2pfl.plugins import reference_to
 from p2pfl.runner.configure import config_from_values, load_toml, resolve
 from p2pfl.errors import UserError
 from p2pfl.runner.loop import run_rounds
-from p2pfl.threats.privacy import privacy_ledger
-from p2pfl.runner.round_row import RoundMeasure
+from p2pfl.runner.round_row import RoundMeasure, privacy_ledger
 from p2pfl.measure.metrics import MetricsLog
 from p2pfl.runner.run_folder import LOCKS, announce, device_facts, made_or_refused
 

@@ -57,25 +57,3 @@ class PrivacyLedger:
         if len({spent[p] for p in self.counted}) > 1:
             out["dp_epsilon_per_peer"] = spent
         return out
-
-
-def privacy_ledger(ctx, algorithm) -> PrivacyLedger | None:
-    """The run's ledger where it trains privately (--dp-clip), from every peer's shard and the algorithm's
-    DP steps a round (Algorithm.private_steps)."""
-    cfg = ctx.cfg
-    if not cfg.dp_clip:
-        return None
-    if ctx.stack.couples_samples or ctx.stack.dropouts:
-        raise UserError(
-            f"--dp-clip needs each sample's own gradient; --model {cfg.model}'s batch norm or dropout couples or "
-            "noises the samples of a batch: use --norm group, or a model without them"
-        )
-    sizes = [len(s) for s in ctx.shards]
-    attackers = ctx.threats.attackers if ctx.threats is not None else frozenset()
-    return PrivacyLedger(
-        [min(1.0, cfg.batch_size / n) if n else 0.0 for n in sizes],
-        [algorithm.private_steps(n) if n else 0 for n in sizes],
-        cfg.dp_noise,
-        cfg.dp_delta,
-        [p for p in range(cfg.peers) if p not in attackers],
-    )
