@@ -263,6 +263,7 @@ def test_dp_sgd_refuses_a_model_whose_batch_couples_or_noises_its_samples():
             dataset="fashion-mnist",
             model="cnn-fmnist",
             peers=4,
+            kappa=2,
             samples_per_peer=20,
             rounds=1,
             progress=False,
