@@ -50,9 +50,9 @@ test: install
 	$(VENV)/bin/ruff format --check p2pfl topologies analysis launch bench tests examples
 	P2PFL_NO_DOWNLOAD=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist worksteal --durations=25 tests
 
-# What a contributor runs while working: every test but those that start a fresh interpreter, those slow by
-# design, and those that start an mpirun of their own; the layout cases, which share one mpirun per rank
-# count, stay (markers in setup.cfg; a launch without its marker fails its test).
+# What a contributor runs while working: every test but those that start mpirun or a fresh interpreter and
+# those slow by design; of the multi-rank tests, the tiny layout cases (conformance, layouts, faults) stay:
+# they share one mpirun per rank count (markers in setup.cfg; a launch without its marker fails its test).
 test-fast: install
 	P2PFL_NO_DOWNLOAD=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist worksteal --durations=10 \
 		-m "(not mpi or layouts) and not subprocess and not slow" tests

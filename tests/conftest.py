@@ -223,7 +223,7 @@ def ranked_cases(cases: dict) -> callable:
 
     def mark(test):
         setattr(test, _RANKED, cases)
-        return pytest.mark.layouts(pytest.mark.mpi(test))
+        return pytest.mark.mpi(test)
 
     return mark
 

@@ -100,6 +100,7 @@ def test_runs_and_learns(tmp_path, algo):
     testing.check_learns(tiny(algo), tmp_path)
 
 
+@pytest.mark.layouts  # tiny synthetic runs in the shared mpirun: make test-fast keeps them
 @ranked_cases({case: (3, [*tiny(case), "--drop-links", "0.2"]) for case in CASES})
 @pytest.mark.parametrize("case", CASES)
 def test_one_process_equals_three_ranks_with_dropped_links(tmp_path, case, ranked_run):

@@ -107,6 +107,7 @@ def _faulty(algo: str) -> list[str]:
     ]
 
 
+@pytest.mark.layouts  # tiny synthetic runs in the shared mpirun: make test-fast keeps them
 @ranked_cases({algo: (ranks, _faulty(algo)) for algo, (ranks, _) in FAULTY.items()})
 @pytest.mark.parametrize("algo", sorted(FAULTY))
 def test_faulty_runs_learn_and_equal_across_rank_counts(tmp_path, algo, ranked_run):
