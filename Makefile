@@ -51,7 +51,7 @@ test: install
 	P2PFL_NO_DOWNLOAD=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist worksteal --durations=25 tests
 
 # What a contributor runs while working: every test but those that start mpirun or a fresh interpreter and
-# those slow by design; of the multi-rank tests, the tiny layout cases (conformance, layouts, faults) stay:
+# those slow by design; of the multi-rank tests, the tiny layout cases (conformance, faults) stay:
 # they share one mpirun per rank count (markers in setup.cfg; a launch without its marker fails its test).
 test-fast: install
 	P2PFL_NO_DOWNLOAD=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist worksteal --durations=10 \

@@ -89,7 +89,6 @@ def _layout(algo: str) -> list[str]:
     ]
 
 
-@pytest.mark.layouts  # tiny synthetic runs in the shared mpirun: make test-fast keeps them
 @ranked_cases({algo: (LAYOUTS[algo][2], _layout(algo)) for algo in LAYOUTS})
 @pytest.mark.parametrize("algo", sorted(LAYOUTS))
 def test_every_metric_is_the_same_on_any_layout(tmp_path, algo, ranked_run):
