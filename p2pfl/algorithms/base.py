@@ -16,6 +16,7 @@ from p2pfl.data import Dataset
 from p2pfl.errors import UserError
 from p2pfl.gossip.codecs import Compressed, GossipCodec, decode_checked, dense_bytes
 from p2pfl.settings.fields import kind_of
+from p2pfl.threats.privacy import PrivacyLedger
 from topologies import in_neighbours, mixing_weights
 
 
@@ -111,6 +112,28 @@ class Algorithm:
     def private_steps(self, n_samples: int) -> int:
         """The DP-SGD steps a peer of n samples takes in a round (the privacy accountant composes them)."""
         raise NotImplementedError
+
+    def privacy_ledger(self) -> PrivacyLedger | None:
+        """What the run's DP-SGD spends (--dp-clip; None without): every peer's sampling rate batch / shard
+        and its DP steps a round (private_steps), the honest peers the rows state."""
+        ctx = self.ctx
+        cfg = ctx.cfg
+        if not cfg.dp_clip:
+            return None
+        if ctx.stack.couples_samples or ctx.stack.dropouts:
+            raise UserError(
+                f"--dp-clip needs each sample's own gradient; --model {cfg.model}'s batch norm or dropout couples or "
+                "noises the samples of a batch: use --norm group, or a model without them"
+            )
+        sizes = [len(s) for s in ctx.shards]
+        attackers = ctx.threats.attackers if ctx.threats is not None else frozenset()
+        return PrivacyLedger(
+            [min(1.0, cfg.batch_size / n) if n else 0.0 for n in sizes],
+            [self.private_steps(n) if n else 0 for n in sizes],
+            cfg.dp_noise,
+            cfg.dp_delta,
+            [p for p in range(cfg.peers) if p not in attackers],
+        )
 
     def round(self, round_index: int) -> Round:
         """Round round_index (from 0): change the weights in place and return what the round reports."""

@@ -29,6 +29,7 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
     """Rounds first.. to the last on this rank; returns (final.json's results, the model's state dict) on
     rank 0. A stop (Interrupted) saves what the run holds; the plot of the rows so far is drawn anyway."""
     cfg, rank = ctx.cfg, ctx.transport.rank
+    measure.privacy = algorithm.privacy_ledger()  # what DP-SGD spends (--dp-clip), in each evaluated row
     observers = watching(ctx, run_dir, first, write)
     saves = Checkpoints(ctx, algorithm, run_dir, write, first)
     stop = StopRequest(rank, ctx.transport.announce_stop)

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from p2pfl.errors import DivergenceError, UserError
+from p2pfl.errors import DivergenceError
 from p2pfl.measure.drift import drift_line
 from p2pfl.threats.privacy import PrivacyLedger
 from p2pfl.measure.optimality import objective_gradient_sum
@@ -204,25 +204,3 @@ def diverged(ctx, k: int) -> None:
     every = sorted(p for part in parts for p in part) if parts is not None else []
     shown = f"peers {every[:20]}{' ...' if len(every) > 20 else ''}" if every else "some peers"
     raise DivergenceError(f"round {k + 1}: {shown} have NaN/inf weights; lower --lr")
-
-
-def privacy_ledger(ctx, algorithm) -> PrivacyLedger | None:
-    """The run's ledger where it trains privately (--dp-clip), from every peer's shard and the algorithm's
-    DP steps a round (Algorithm.private_steps)."""
-    cfg = ctx.cfg
-    if not cfg.dp_clip:
-        return None
-    if ctx.stack.couples_samples or ctx.stack.dropouts:
-        raise UserError(
-            f"--dp-clip needs each sample's own gradient; --model {cfg.model}'s batch norm or dropout couples or "
-            "noises the samples of a batch: use --norm group, or a model without them"
-        )
-    sizes = [len(s) for s in ctx.shards]
-    attackers = ctx.threats.attackers if ctx.threats is not None else frozenset()
-    return PrivacyLedger(
-        [min(1.0, cfg.batch_size / n) if n else 0.0 for n in sizes],
-        [algorithm.private_steps(n) if n else 0 for n in sizes],
-        cfg.dp_noise,
-        cfg.dp_delta,
-        [p for p in range(cfg.peers) if p not in attackers],
-    )

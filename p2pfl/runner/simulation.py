@@ -29,7 +29,7 @@ from p2pfl.plugins import reference_to
 from p2pfl.runner.configure import config_from_values, load_toml, resolve
 from p2pfl.errors import UserError
 from p2pfl.runner.loop import run_rounds
-from p2pfl.runner.round_row import RoundMeasure, privacy_ledger
+from p2pfl.runner.round_row import RoundMeasure
 from p2pfl.measure.metrics import MetricsLog
 from p2pfl.runner.run_folder import LOCKS, announce, device_facts, made_or_refused
 
@@ -146,8 +146,7 @@ def _run(cfg: RunConfig, rank: int, size: int, local_rank: int, write: bool, eve
                 print(f"p2pfl: {snapshot.note}", file=sys.stderr)
         log = MetricsLog(run_dir / "metrics.jsonl" if rank == 0 and run_dir is not None else None)
         log.restore(rows if rank == 0 else [])  # metrics.jsonl holds exactly the rounds done (none for a new run)
-        measure = RoundMeasure(ctx, log, privacy_ledger(ctx, algorithm))
-        final, state = run_rounds(ctx, algorithm, measure, first, run_dir, write)
+        final, state = run_rounds(ctx, algorithm, RoundMeasure(ctx, log), first, run_dir, write)
     rows, final, state = (log.rows, final, state) if rank == 0 else ([], None, None)
     if everywhere:
         rows, final, state = ctx.transport.bcast((rows, final, state) if rank == 0 else None)
