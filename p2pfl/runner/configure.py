@@ -407,7 +407,7 @@ APPLIES = {  # settings that take part in some runs only: where each does
     "attack": lambda cfg: cfg.byzantine > 0,
     "attack_scale": lambda cfg: cfg.byzantine > 0,
     "robust_bound": lambda cfg: cfg.robust_aggregation != NONE,
-    "clip_radius": lambda cfg: cfg.robust_aggregation == "clipped-gossip",
+    "clip_radius": lambda cfg: cfg.robust_aggregation != NONE,  # clipping's; a rule of your own may read it too
     "dp_delta": lambda cfg: cfg.dp_clip > 0,
 }
 
