@@ -132,8 +132,7 @@ class Threats:
             return _weighted(sent)
         own_weight = sum(w for j, w, _ in sent if j == receiver)
         hood = Neighbourhood(own, own_weight, [(w, x) for j, w, x in sent if j != receiver], bound, self.radius)
-        out = call_plugin(f"--robust-aggregation {self.rule_name}", self.rule, hood)
-        return _checked(out, own, f"--robust-aggregation {self.rule_name}")
+        return _called(f"--robust-aggregation {self.rule_name}", self.rule, hood, own)
 
     def _attack(self, round_index, attacker, receiver, message, target, honest, byzantine_weight) -> torch.Tensor:
         view = AttackView(
@@ -146,8 +145,7 @@ class Threats:
             scale=self.scale,
             generator=torch_generator(self.seed, "attack", round_index, attacker, receiver),
         )
-        out = call_plugin(f"--attack {self.attack_name}", self.attack, view)
-        return _checked(out, message, f"--attack {self.attack_name}")
+        return _called(f"--attack {self.attack_name}", self.attack, view, message)
 
     def poison(self, data, shards: list) -> list:
         """The attackers train on flipped labels, C - 1 - y: their samples are appended to the training set
@@ -170,6 +168,13 @@ def _weighted(terms: list[tuple[int, float, torch.Tensor]]) -> torch.Tensor:
     for _, w, x in terms:
         out += w * x
     return out
+
+
+def _called(where: str, function, argument, like: torch.Tensor) -> torch.Tensor:
+    """An attack's or a rule's answer: p2pfl's own called as it is (its error is p2pfl's bug, a full
+    traceback), a user's through call_plugin (one line and their frames), and either checked."""
+    own = getattr(function, "__module__", "").startswith("p2pfl.")
+    return _checked(function(argument) if own else call_plugin(where, function, argument), like, where)
 
 
 def _checked(out, like: torch.Tensor, where: str) -> torch.Tensor:
