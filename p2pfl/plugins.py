@@ -96,13 +96,29 @@ def call_plugin(what: str, function, *args):
         raise _theirs(what, exc) from None
 
 
+def load_function(reference: str, flag: str, *parameters: str):
+    """A user's function by package.module:name, checked where it enters: callable, and callable with the
+    arguments p2pfl passes (named by parameters)."""
+    function = load_object(reference, flag)
+    where = f"{flag} {reference}"
+    if not callable(function):
+        raise UserError(f"{where} is {type(function).__name__}; it names a function({', '.join(parameters)})")
+    check_signature(where, function, *parameters)
+    return function
+
+
+def is_ours(code) -> bool:
+    """Whether a class or function is p2pfl's own (its errors are p2pfl's bugs: a full traceback)."""
+    return getattr(code, "__module__", "").startswith("p2pfl.")
+
+
 def call_hook(algorithm, hook: str, *args):
     """algorithm.hook(*args) (a class or an instance; "__init__" builds one). p2pfl's own algorithms are
     called as they are (their errors are p2pfl's bugs: a full traceback); a user's through call_plugin,
     so its exception or sys.exit is one line naming the algorithm and the hook, then its frames."""
     cls = algorithm if isinstance(algorithm, type) else type(algorithm)
     method = cls if hook == "__init__" else getattr(algorithm, hook)
-    if cls.__module__.startswith("p2pfl."):
+    if is_ours(cls):
         return method(*args)
     return call_plugin(f"--algo {cls.name}: its {hook}", method, *args)
 

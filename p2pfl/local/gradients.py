@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from p2pfl.models.stack import PeerStack
+from p2pfl.seeding import torch_generator
 from p2pfl.tasks import Task
 
 
@@ -195,8 +196,6 @@ def private_gradients(
     a row of its own (the peer's weights repeated), so the batched gradient gives per-sample gradients; a
     peer at a time so that every product has the same shape on every layout of the peers (a block's
     size would change how the products round)."""
-    from p2pfl.seeding import torch_generator
-
     peers, batch = mask.shape
     out = torch.zeros(peers, stack.layout.trainable, device=flat.device, dtype=flat.dtype)
     losses = torch.zeros(peers, device=flat.device, dtype=flat.dtype)

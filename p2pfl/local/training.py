@@ -39,9 +39,7 @@ class SGDSettings:
     steps: int | None = None  # a fixed number of local steps instead of epochs
     prox_mu: float = 0.0  # FedProx: gradient of (mu/2)||w - anchor||^2 added to each step
     clip: float = 0.0  # the largest 2-norm of a peer's loss gradient (torch's clip_grad_norm_); 0: off
-    dp_clip: float = (
-        0.0  # DP-SGD: the largest 2-norm of a sample's gradient (p2pfl.local.gradients.PrivateStep); 0: off
-    )
+    dp_clip: float = 0.0  # DP-SGD (PrivateStep): the largest 2-norm of a sample's gradient; 0: off
     dp_noise: float = 0.0  # DP-SGD: the noise's standard deviation, in units of dp_clip
 
 

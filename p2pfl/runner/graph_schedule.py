@@ -10,7 +10,7 @@ from pathlib import Path
 from p2pfl.algorithms import REGISTRY
 from p2pfl.errors import UserError
 from p2pfl.measure.graph_diagnostics import keeps_mean, mixing_matrix
-from p2pfl.plugins import call_plugin, check_signature, is_reference, load_object
+from p2pfl.plugins import call_plugin, is_reference, load_function
 from p2pfl.runner.paths import resolved
 from p2pfl.seeding import graph_seeds
 from topologies import FAMILIES, Family, GraphError, GraphSpec, TopologySchedule, fingerprint
@@ -55,10 +55,7 @@ def family_of(cfg) -> Family:
         return _refusing(file_family, Path(cfg.topology_file), cfg.mixing == "given")
     if is_reference(cfg.topology):
         where = f"--topology {cfg.topology}"
-        function = load_object(cfg.topology, "--topology")
-        if not callable(function):
-            raise UserError(f"{where} is {type(function).__name__}; it names a function(peers, round, seed)")
-        check_signature(where, function, "peers", "round", "seed")
+        function = load_function(cfg.topology, "--topology", "peers", "round", "seed")
         return function_family(
             lambda n, k, seed: call_plugin(where, function, n, k, seed), where, cfg.mixing == "given"
         )

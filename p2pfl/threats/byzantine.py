@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from p2pfl.errors import UserError
-from p2pfl.plugins import call_plugin, check_signature, is_reference, load_object
+from p2pfl.plugins import call_plugin, is_ours, is_reference, load_function
 from p2pfl.seeding import numpy_rng, torch_generator
 from p2pfl.threats.attacks import ATTACKS, Attack, AttackView
 from p2pfl.threats.robust import RULES, Neighbourhood, Rule
@@ -31,18 +31,9 @@ def byzantine_count(byzantine: float, peers: int) -> int:
     return count
 
 
-def load_plugin(flag: str, reference: str, argument: str):
-    """A user's attack or rule by package.module:name: a function of one argument, checked where it enters."""
-    function = load_object(reference, flag)
-    if not callable(function):
-        raise UserError(f"{flag} {reference}: names a {type(function).__name__}, not a function")
-    check_signature(f"{flag} {reference}", function, argument)
-    return function
-
-
 def attack_named(name: str) -> Attack:
     if is_reference(name):
-        return load_plugin("--attack", name, "view")
+        return load_function(name, "--attack", "view")
     if name not in ATTACKS:
         raise UserError(f"unknown attack {name!r}; choose one of: {', '.join(ATTACKS)}; or package.module:function")
     return ATTACKS[name]
@@ -53,7 +44,7 @@ def rule_named(name: str, family: str) -> Rule | None:
     if name == NONE:
         return None
     if is_reference(name):
-        return load_plugin("--robust-aggregation", name, "hood")
+        return load_function(name, "--robust-aggregation", "hood")
     fitting = [n for n, rule in RULES.items() if family in rule.applies]
     if name not in RULES:
         raise UserError(
@@ -173,8 +164,7 @@ def _weighted(terms: list[tuple[int, float, torch.Tensor]]) -> torch.Tensor:
 def _called(where: str, function, argument, like: torch.Tensor) -> torch.Tensor:
     """An attack's or a rule's answer: p2pfl's own called as it is (its error is p2pfl's bug, a full
     traceback), a user's through call_plugin (one line and their frames), and either checked."""
-    own = getattr(function, "__module__", "").startswith("p2pfl.")
-    return _checked(function(argument) if own else call_plugin(where, function, argument), like, where)
+    return _checked(function(argument) if is_ours(function) else call_plugin(where, function, argument), like, where)
 
 
 def _checked(out, like: torch.Tensor, where: str) -> torch.Tensor:

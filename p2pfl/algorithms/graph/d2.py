@@ -9,8 +9,9 @@ and doubly stochastic with every eigenvalue above -1/3; on the plain ring with u
 -1/3) it diverges. The condition is checked on the run's W before any work. Where W fails it, D² mixes
 with (I + W)/2, whose eigenvalues are at least 0 (the lazy W of exact diffusion, Yuan et al. 2019, D²'s
 form for a general W), and the run header says so; --d2-lazy takes the lazy W always, --no-d2-lazy never
-(a W that fails is then refused in one line). Where W meets the condition, W is the paper's. The graph is static: the recursion differences two rounds of one W, so --static is
-its default (a family drawn anew each round is drawn once), and a graph that changes by design is refused.
+(a W that fails is then refused in one line). Where W meets the condition, W is the paper's. The graph is
+static: the recursion differences two rounds of one W, so --static is its default (a family drawn anew
+each round is drawn once), and a graph that changes by design is refused.
 
 Numerics: the recursion keeps the peers' mean moving by x^t - x^(t-1), so it adds up every rounding of the
 mixing sums: in float32 throughout, this convex check (docs/optimizers.md) falls to a gradient norm of 8e-5
