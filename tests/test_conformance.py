@@ -51,6 +51,7 @@ GRAPHS = {
     "dfedavgm-quant": ["--algo", "dfedavgm", "--static", "--gossip-quant-bits", "4"],
     "choco-quant": ["--algo", "choco", "--static", "--gossip-quant-bits", "4"],
     "choco-exponential": ["--algo", "choco", "--static", "--topology", "exponential"],
+    "dpsgd-gossip-steps": ["--algo", "dpsgd", "--gossip-steps", "3"],
 }
 # Where one process and three ranks cut the peers into different blocks (training's blocks of 24 MLP peers:
 # 24 + 6 on one process, 10 on each rank), so that a sum whose order follows the blocks shows up.

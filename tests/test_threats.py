@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -217,6 +218,80 @@ def test_dp_epsilon_is_the_accountant_librarys_for_the_runs_clip_noise_sampling_
     )
 
 
+RING = dict(dataset="synthetic", peers=6, topology="ring", static=True, mixing="uniform", progress=False)
+PRIVATE = dict(dp_clip=1.0, dp_noise=1.5, dp_delta=1e-4)
+
+
+def ring_mixing(n: int) -> np.ndarray:
+    """The ring's uniform W: a third on each peer and its two neighbours."""
+    w = np.zeros((n, n))
+    for i in range(n):
+        w[i, [(i - 1) % n, i, (i + 1) % n]] = 1 / 3
+    return w
+
+
+def test_exposure_sums_the_shares_of_a_peers_noise_in_what_another_hears():
+    """Muffliato's Theorem 1 on the ring of 4, by hand: in one gossip step a neighbour hears u's noised value
+    itself (1) and the peer across nothing; a second step adds each neighbour's average, a third of whose
+    noise is u's where u is in it (4/3 for a neighbour, who hears u's third from one side, 2/3 across)."""
+    from p2pfl.threats.privacy import exposure
+
+    heard = [[3, 1], [0, 2], [1, 3], [2, 0]]
+    assert exposure(ring_mixing(4), 1, heard).tolist() == [[0, 1, 0, 1], [1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 1, 0]]
+    two = exposure(ring_mixing(4), 2, heard)
+    assert two[0, 1] == pytest.approx(4 / 3) and two[0, 3] == pytest.approx(4 / 3) and two[0, 2] == pytest.approx(2 / 3)
+
+
+def test_network_epsilon_is_the_accountants_for_each_pair_over_the_gossip_steps():
+    """dp_epsilon_network, from dp_accounting directly: each pair's exposure computed here in loops over the
+    steps and the hearer's neighbours, each of u's steps a Gaussian of noise 1.5 / sqrt(S) sampled at
+    10 / shard. Exposures are rounded up to 3 digits in p2pfl: never below, within 0.5%."""
+    from dp_accounting import dp_event, rdp
+
+    def expected(q, noise, steps):
+        accountant = rdp.RdpAccountant()
+        accountant.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(noise)), steps)
+        return accountant.get_epsilon(1e-4)
+
+    def share(power, w, u):
+        return power[w, u] ** 2 / float((power[w] ** 2).sum())
+
+    ctx, _ = make_context(algo="dpsgd", peers=6)
+    q = [10 / len(s) for s in ctx.shards]
+    w, rounds = ring_mixing(6), 4
+    for steps in (1, 3):
+        run = p2pfl.simulate("dpsgd", out=None, rounds=rounds, gossip_steps=steps, **RING, **PRIVATE)
+        means = []
+        for u in range(6):
+            spent = []
+            for v in range(6):
+                exposure = sum(
+                    share(np.linalg.matrix_power(w, t), hearer, u)
+                    for t in range(steps)
+                    for hearer in ((v - 1) % 6, (v + 1) % 6)
+                )
+                spent.append(expected(q[u], 1.5 / math.sqrt(exposure), rounds) if v != u and exposure else 0.0)
+            means.append(sum(spent) / 5)
+        got = run.final["dp_epsilon_network"]
+        assert sum(means) / 6 * (1 - 1e-5) <= got <= sum(means) / 6 * 1.005  # 6 digits in final.json
+        assert run.rows[-1]["dp_epsilon_network"] == pytest.approx(got, rel=1e-5)
+        if steps == 1:  # only the two neighbours hear u, its own message: local DP's epsilon for them
+            assert got == pytest.approx(sum(2 / 5 * expected(x, 1.5, rounds) for x in q) / 6, rel=1e-5)
+            one_step = run.rows[-1]["bytes_sent"]
+        else:
+            assert run.rows[-1]["bytes_sent"] == 3 * one_step  # a message each gossip step
+
+
+@pytest.mark.mpi
+def test_muffliato_is_the_same_on_three_ranks_and_resumes_equal(tmp_path):
+    from p2pfl import testing
+
+    args = ["--algo", "dpsgd", "--dataset", "synthetic", "--peers", "8", "--rounds", "2", "--static"]
+    args += ["--gossip-steps", "3", "--dp-clip", "1", "--dp-noise", "1", "--no-progress"]
+    testing.check_layout_invariance(args, tmp_path / "layout")
+    testing.check_resume(args, tmp_path / "resume")
+
+
 def test_private_gradients_clip_each_samples_gradient_before_the_noise():
     """Without noise and with a clip no sample reaches, DP-SGD's gradient is the minibatch mean; with a small
     clip every sample's share is at most clip / batch."""
@@ -243,6 +318,15 @@ def test_private_gradients_clip_each_samples_gradient_before_the_noise():
         (dict(algo="ntk-dfl", dp_clip=1.0, dp_noise=1.0), "--algo ntk-dfl does not"),
         (dict(algo="dpsgd", dp_delta=1e-3), "--dp-delta states the privacy of a DP-SGD run"),
         (dict(algo="dpsgd", dp_clip=1.0, dp_noise=1.0, dp_delta=1.0), "--dp-delta must be in \\(0, 1\\)"),
+        (
+            dict(algo="dpsgd", dp_clip=1.0, dp_noise=1.0, gossip_steps=2),
+            "Muffliato's pairwise privacy .* give --static",
+        ),
+        (
+            dict(algo="dpsgd", dp_clip=1.0, dp_noise=1.0, gossip_steps=2, static=True, robust_aggregation="median"),
+            "drop the simulated faults, --byzantine and --robust-aggregation",
+        ),
+        (dict(algo="dpsgd", gossip_steps=2, static=True, gossip_topk=0.1), "a codec's copies move once a round"),
     ],
 )
 def test_impossible_privacy_settings_are_one_line(settings, message):

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from p2pfl.algorithms.context import RunContext
@@ -133,7 +134,13 @@ class Algorithm:
             cfg.dp_noise,
             cfg.dp_delta,
             [p for p in range(cfg.peers) if p not in attackers],
+            self.network_exposure(),
         )
+
+    def network_exposure(self) -> np.ndarray | None:
+        """S[u, v], how much of each DP step's noise of peer u peer v hears (p2pfl.threats.privacy.exposure),
+        for pairwise network DP; None (the default): not counted."""
+        return None
 
     def round(self, round_index: int) -> Round:
         """Round round_index (from 0): change the weights in place and return what the round reports."""

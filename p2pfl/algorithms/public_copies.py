@@ -14,6 +14,9 @@ resent and the receiver's s_i stays off by W_ij q_j; an offline peer neither sen
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from p2pfl.algorithms.base import Algorithm, neighbour_average
@@ -21,7 +24,9 @@ from p2pfl.errors import UserError
 from p2pfl.gossip.codec_settings import GossipSettings, gossip_codec
 from p2pfl.gossip.codecs import Compressed, GossipCodec, decode_rows_checked, dense_bytes
 from p2pfl.models import initial_parameters
-from topologies import mixing_weights
+from p2pfl.settings.fields import option, positive
+from p2pfl.threats.privacy import exposure
+from topologies import as_matrix, in_neighbours, mixing_weights
 
 
 class PublicCopies:
@@ -100,21 +105,37 @@ def average_over_copies(ctx, round_index: int, flat: torch.Tensor, copies: Publi
     return out
 
 
+@dataclass(frozen=True)
+class AveragerSettings(GossipSettings):
+    gossip_steps: int = option(
+        1,
+        "gossip steps a round: a peer averages with its neighbours this many times, a message each (under "
+        "--dp-clip, Muffliato's K, Cyffers et al. 2022: more steps spread each noise over more peers)",
+        positive,
+    )
+
+
 class GossipAverager(Algorithm):
-    """What D-PSGD and DFedAvg share: averaging with the neighbours, dense, or over public copies moved by
-    a codec's compressed changes (--gossip-topk, --gossip-randk, --gossip-quant-bits), which need a static
-    graph. A subclass names itself and writes its round around self.average."""
+    """What D-PSGD and DFedAvg share: averaging with the neighbours, dense (--gossip-steps times a round),
+    or over public copies moved by a codec's compressed changes (--gossip-topk, --gossip-randk,
+    --gossip-quant-bits), which need a static graph. A subclass names itself and writes its round around
+    self.average."""
 
     directed_graphs = True  # averaging reads in-neighbours only
     withstands_threats = True  # dense averaging goes through neighbour_average, where the threats act
-    Settings = GossipSettings
+    Settings = AveragerSettings
 
     @classmethod
     def check(cls, cfg) -> None:
-        if gossip_codec(cfg.settings) is not None and (cfg.byzantine or cfg.robust_aggregation != "none"):
+        codec = gossip_codec(cfg.settings) is not None
+        if codec and (cfg.byzantine or cfg.robust_aggregation != "none"):
             raise UserError(
                 f"--algo {cls.name}: Byzantine peers and robust rules act on dense gossip; a codec sends changes "
                 "to public copies, which they do not model: drop the codec or --byzantine/--robust-aggregation"
+            )
+        if codec and cfg.settings.gossip_steps > 1:
+            raise UserError(
+                f"--algo {cls.name}: --gossip-steps repeats dense averaging; a codec's copies move once a round"
             )
 
     @classmethod
@@ -131,9 +152,29 @@ class GossipAverager(Algorithm):
         return {"copies.estimate": "peer", "copies.mixed": "peer"} if self.copies is not None else {}
 
     def average(self, round_index: int) -> None:
-        """ctx.flat averaged with the neighbours: dense, or over their public copies with a codec."""
+        """ctx.flat averaged with the neighbours: dense (--gossip-steps times), or over their public copies
+        with a codec."""
         ctx = self.ctx
-        if self.copies is None:
-            ctx.flat = neighbour_average(ctx, round_index, ctx.flat)
-        else:
+        if self.copies is not None:
             ctx.flat = average_over_copies(ctx, round_index, ctx.flat, self.copies)
+            return
+        for step in range(self.settings.gossip_steps):
+            phase = "average" if step == 0 else f"average-{step + 1}"
+            ctx.flat = neighbour_average(ctx, round_index, ctx.flat, phase)
+
+    def network_exposure(self) -> np.ndarray | None:
+        """Muffliato's S[u, v] over this run's --gossip-steps on its one graph (p2pfl.threats.privacy). One
+        step needs only who hears whom, whatever the faults, threats or codec (what v hears of u is at most
+        u's message); more steps need plain averaging, which the bound models, refused otherwise."""
+        ctx, steps = self.ctx, self.settings.gossip_steps
+        if steps > 1 and (ctx.schedule.varies or ctx.faults is not None or ctx.threats is not None):
+            raise UserError(
+                "--gossip-steps with --dp-clip counts Muffliato's pairwise privacy over plain averaging on one "
+                "graph: give --static, and drop the simulated faults, --byzantine and --robust-aggregation"
+            )
+        if ctx.schedule.varies:
+            return None
+        graph = ctx.schedule.graph(0)
+        weights = mixing_weights(graph, ctx.cfg.mixing, ctx.sample_counts)
+        heard = [in_neighbours(graph, v) for v in range(ctx.cfg.peers)]
+        return exposure(as_matrix(weights, ctx.cfg.peers), steps, heard)

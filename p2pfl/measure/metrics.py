@@ -193,6 +193,13 @@ declare_metric(
     unit="epsilon at --dp-delta",
 )  # written by the run's privacy ledger (p2pfl.threats.privacy)
 declare_metric(
+    "dp_epsilon_network",
+    meaning="--dp-clip with dpsgd, dfedavg or dfedavgm on one graph: pairwise network DP (Muffliato, Cyffers et "
+    "al. 2022), the mean over ordered pairs of an honest peer u and another peer v of the epsilon at --dp-delta "
+    "of what v hears about u over the --gossip-steps of each round, in evaluated rounds",
+    unit="epsilon at --dp-delta",
+)  # written by the run's privacy ledger too
+declare_metric(
     "consensus_distance",
     meaning="decentralized, every round: the mean over peers (the honest ones under --byzantine, as every "
     "metric) of the squared distance of a peer's weights to their average, after the round (one pass over the peers' weights beside the sum every round takes to find "
