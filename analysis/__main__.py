@@ -4,6 +4,7 @@ python -m analysis compare RUN_DIR... [--by algo] [--out FILE]
 python -m analysis figures RUNS_DIR [--out DIR]
 python -m analysis topology RUN_DIR|CONFIG.toml [--out DIR]
 python -m analysis graph --topology NAME --peers N [graph flags of p2pfl.run] [--out DIR]
+python -m analysis tradeoff RESULTS.json --series "LABEL=GLOB:X_METRIC" ... [--y METRIC] [--out FILE]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ COMMANDS = {  # command: (module, its function)
     "figures": ("analysis.figures", "main"),
     "topology": ("analysis.topology_views", "main"),
     "graph": ("analysis.topology_views", "graph_main"),
+    "tradeoff": ("analysis.tradeoff", "main"),
 }
 
 

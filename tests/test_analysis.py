@@ -474,3 +474,25 @@ def test_runs_at_a_time_share_the_cores_between_their_thread_pools(tmp_path, mon
     seen.clear()
     launch.table.run_all(plan(1), jobs=2)
     assert seen == ["3", "3"]  # the user's own setting stands
+
+
+def test_tradeoff_plots_each_series_mean_over_the_columns_and_refuses_an_empty_one(tmp_path, capsys):
+    from analysis.tradeoff import main, series_points
+
+    cell = lambda acc, eps: {"test_acc": acc, "dp_epsilon": eps, "dp_epsilon_network": eps / 2}  # noqa: E731
+    results = {
+        "seed0": {"noise-1": cell(0.6, 20.0), "noise-4": cell(0.5, 4.0), "muffliato-1": cell(0.7, 10.0)},
+        "seed1": {"noise-1": cell(0.8, 22.0), "noise-4": cell(0.7, 4.0), "muffliato-1": cell(0.7, 12.0)},
+    }
+    points = series_points(results, "noise-*", "dp_epsilon", "test_acc")
+    assert [p[:2] for p in points] == [pytest.approx((4.0, 0.6)), pytest.approx((21.0, 0.7))]  # sorted by x
+    assert points[1][3] == pytest.approx(0.1414, rel=1e-3)  # the spread over the columns
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    series = ["--series", "local=noise-*:dp_epsilon", "--series", "M=muffliato-*:dp_epsilon_network"]
+    assert main([str(path), *series]) == 0
+    assert mpimg.imread(tmp_path / "tradeoff.png").shape[0] > 100
+    assert "M: (5.5, 0.7)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([str(path), "--series", "none=nothing-*:dp_epsilon"])
+    assert "no method matching 'nothing-*'" in capsys.readouterr().err

@@ -14,6 +14,7 @@ resent and the receiver's s_i stays off by W_ij q_j; an offline peer neither sen
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,19 +163,41 @@ class GossipAverager(Algorithm):
             phase = "average" if step == 0 else f"average-{step + 1}"
             ctx.flat = neighbour_average(ctx, round_index, ctx.flat, phase)
 
+    def _mixing(self) -> tuple[np.ndarray, list[list[int]]]:
+        """The run's one W as a matrix, and whom each peer hears."""
+        ctx = self.ctx
+        graph = ctx.schedule.graph(0)
+        weights = mixing_weights(graph, ctx.cfg.mixing, ctx.sample_counts)
+        return as_matrix(weights, ctx.cfg.peers), [in_neighbours(graph, v) for v in range(ctx.cfg.peers)]
+
     def network_exposure(self) -> np.ndarray | None:
-        """Muffliato's S[u, v] over this run's --gossip-steps on its one graph (p2pfl.threats.privacy). One
-        step needs only who hears whom, whatever the faults, threats or codec (what v hears of u is at most
-        u's message); more steps need plain averaging, which the bound models, refused otherwise."""
+        """Muffliato's S[u, v] over this run's --gossip-steps K (p2pfl.threats.privacy), where K > 1: each
+        noised step counted over the K steps of plain averaging that follow it, on the run's one graph
+        (refused otherwise). With one step a round what reaches a peer through later rounds is most of what
+        it hears, which the count leaves out: no network epsilon then."""
         ctx, steps = self.ctx, self.settings.gossip_steps
-        if steps > 1 and (ctx.schedule.varies or ctx.faults is not None or ctx.threats is not None):
+        if steps == 1:
+            return None
+        if ctx.schedule.varies or ctx.faults is not None or ctx.threats is not None:
             raise UserError(
                 "--gossip-steps with --dp-clip counts Muffliato's pairwise privacy over plain averaging on one "
                 "graph: give --static, and drop the simulated faults, --byzantine and --robust-aggregation"
             )
-        if ctx.schedule.varies:
-            return None
-        graph = ctx.schedule.graph(0)
-        weights = mixing_weights(graph, ctx.cfg.mixing, ctx.sample_counts)
-        heard = [in_neighbours(graph, v) for v in range(ctx.cfg.peers)]
-        return exposure(as_matrix(weights, ctx.cfg.peers), steps, heard)
+        mixing, heard = self._mixing()
+        return exposure(mixing, steps, heard)
+
+    def notes(self) -> list[str]:
+        """Under Muffliato, whether K gossip steps spread a step's noise over the graph (the count assumes it)."""
+        ctx, steps = self.ctx, self.settings.gossip_steps
+        if steps == 1 or not ctx.cfg.dp_clip or ctx.schedule.varies:
+            return []
+        mixing, _ = self._mixing()
+        second = np.sort(np.abs(np.linalg.eigvals(mixing)))[-2]
+        enough = math.ceil(math.log(ctx.cfg.peers) / max(1 - second, 1e-12))
+        note = f"Muffliato: {steps} gossip steps a round; dp_epsilon_network counts each noised step over them"
+        if steps < enough:
+            note += (
+                f"; fewer than ln(n) / gap = {enough}, the steps that spread a noise over the graph: later rounds "
+                "carry more of it than the count sees"
+            )
+        return [note]

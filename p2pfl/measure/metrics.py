@@ -194,9 +194,9 @@ declare_metric(
 )  # written by the run's privacy ledger (p2pfl.threats.privacy)
 declare_metric(
     "dp_epsilon_network",
-    meaning="--dp-clip with dpsgd, dfedavg or dfedavgm on one graph: pairwise network DP (Muffliato, Cyffers et "
-    "al. 2022), the mean over ordered pairs of an honest peer u and another peer v of the epsilon at --dp-delta "
-    "of what v hears about u over the --gossip-steps of each round, in evaluated rounds",
+    meaning="--dp-clip with --gossip-steps K > 1 (Muffliato, Cyffers et al. 2022; dpsgd, dfedavg, dfedavgm on one "
+    "graph): pairwise network DP, the mean over ordered pairs of peers u != v of the epsilon at --dp-delta of what "
+    "v hears about u over the K gossip steps after each of u's noised steps (the paper's count), in evaluated rounds",
     unit="epsilon at --dp-delta",
 )  # written by the run's privacy ledger too
 declare_metric(

@@ -62,8 +62,8 @@ def _one_step(sampling: float, noise: float):
 
 
 def rounded_up(exposure: float) -> float:
-    """exposure to 3 significant digits, upwards (fewer distinct curves to compute; epsilon only grows)."""
-    scale = 10.0 ** (math.floor(math.log10(exposure)) - 2)
+    """exposure to 4 significant digits, upwards (fewer distinct curves to compute; epsilon only grows)."""
+    scale = 10.0 ** (math.floor(math.log10(exposure)) - 3)
     return math.ceil(exposure / scale - 1e-9) * scale
 
 
