@@ -115,6 +115,11 @@ class Group:
         gap = self.gap()
         return f"{self.label}{'' if gap is None else f', gap {gap:.3g}'} (n={len(self.runs)})"
 
+    @property
+    def timed(self) -> bool:
+        """Whether every run has the virtual clock's sim_time_s in every row (runs before it have not)."""
+        return all(run.rows and all("sim_time_s" in r for r in run.rows) for run in self.runs)
+
     def rounds(self, key: str) -> list[int]:
         """Rounds at which every run of the group has the metric."""
         common = set.intersection(*(set(run.curve(key)) for run in self.runs))
@@ -305,6 +310,7 @@ def table(groups: list[Group], metric: str, targets: list[float]) -> list[dict]:
             / MIB,
             "s_per_round": float(np.mean([np.mean([round_seconds(r) for r in run.rows]) for run in group.runs])),
             "s_counts": "training" if any(run.training_time_only for run in group.runs) else "whole round",
+            "sim_s": float(np.mean([run.final("sim_time_s") for run in group.runs])) if group.timed else None,
             "spectral_gap": group.gap(),
             "final_consensus_distance": (
                 float(np.mean([run.final("consensus_distance") for run in group.runs]))
@@ -321,6 +327,9 @@ def table(groups: list[Group], metric: str, targets: list[float]) -> list[dict]:
             row[f"rounds_to_{target:g}"] = float(np.mean([k for _, k in reached])) if reached else None
             row[f"mib_to_{target:g}"] = (
                 float(np.mean([run.cumulative("bytes_sent")[k] for run, k in reached])) / MIB if reached else None
+            )
+            row[f"sim_s_to_{target:g}"] = (  # the virtual seconds it took (p2pfl.comm.clock)
+                float(np.mean([run.curve("sim_time_s")[k] for run, k in reached])) if reached and group.timed else None
             )
         out.append(row)
     return out
@@ -353,7 +362,8 @@ def markdown(rows: list[dict], metric: str, notes: list[str] = ()) -> str:
         + (
             f"\n\n{unit}rounds_to_X and mib_to_X average the runs that reached X "
             "(reached_X says how many); mib = MiB sent by all peers; s_per_round = a round's wall time, "
-            "evaluation included (s_counts says training where runs predate round_s).\n"
+            "evaluation included (s_counts says training where runs predate round_s); sim_s and sim_s_to_X: "
+            "the virtual clock's seconds (sim_time_s), in all and to X.\n"
         )
         + "".join(f"\nNot like with like: {note}.\n" for note in notes)
     )
@@ -377,7 +387,9 @@ def draw(
     gapped = [g for g in groups if g.gap() is not None and g.rounds(key)]
     if len({round(g.gap(), 9) for g in gapped}) < 2:  # one gap (codecs on one graph): no axis to spread them on
         gapped = []
-    fig, axes = plt.subplots(1, 3 + bool(gapped), figsize=(PANEL_IN[0] * (3 + bool(gapped)), PANEL_IN[1]))
+    timed = all(g.timed for g in groups)  # a panel against the virtual clock's seconds
+    panels = 3 + timed + bool(gapped)
+    fig, axes = plt.subplots(1, panels, figsize=(PANEL_IN[0] * panels, PANEL_IN[1]))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     handles, values = [], []
     for i, group in enumerate(groups):
@@ -395,6 +407,7 @@ def draw(
             np.array(rounds, dtype=float),
             group.stack("bytes_sent", rounds, True).mean(0) / MIB,
             group.stack("round_s", rounds, True).mean(0),
+            *([group.stack("sim_time_s", rounds).mean(0)] if timed else []),
         ]
         client = f"client_{metric}_mean" if y is None else None
         for ax, x in zip(axes, xs):
@@ -406,10 +419,12 @@ def draw(
         handles.append((line, group.legend()))
         if group in gapped:  # the final value: the curves' last point and the band's bar there
             centre, bar = mean[-1], [[mean[-1] - low[-1]], [high[-1] - mean[-1]]]
-            axes[3].errorbar([group.gap()], [centre], yerr=bar, fmt="o", color=color, capsize=3)
+            axes[-1].errorbar([group.gap()], [centre], yerr=bar, fmt="o", color=color, capsize=3)
     older = any(run.training_time_only for group in groups for run in group.runs)
     clock = "wall time (s, cumulative" + ("; training only for runs without round_s)" if older else ")")
-    for ax, xlabel in zip(axes, ["round", "MiB sent (all peers, cumulative)", clock, "spectral gap (log scale)"]):
+    xlabels = ["round", "MiB sent (all peers, cumulative)", clock]
+    xlabels += ["virtual time (s, sim_time_s)"] * timed + ["spectral gap (log scale)"] * bool(gapped)
+    for ax, xlabel in zip(axes, xlabels):
         for target in targets if y is None else ():
             target_line(ax, scale * target, f"target {scale * target:g}" + ("%" if metric == "acc" else ""))
         ax.set_xlabel(xlabel)
@@ -419,8 +434,8 @@ def draw(
             ax.set_yscale("log")
     whole_numbers(axes[0].xaxis)
     if gapped:
-        axes[3].set_xscale("log")
-        axes[3].set_title(
+        axes[-1].set_xscale("log")
+        axes[-1].set_title(
             f"final value against the graph's gap (bar: {'min-max' if band == 'minmax' else '+-1 std'})", fontsize=9
         )
     sent = [group.stack("bytes_sent", group.rounds(key), True).mean(0)[-1] for group in groups if group.rounds(key)]

@@ -37,6 +37,7 @@ FITS = {
     "fedavg-ft": ["--ft-trials", "1"],
     "choco": ["--static"],
     "d2": ["--static"],
+    "muffliato": ["--dp-clip", "1", "--dp-noise", "0.3"],
 }
 ALGOS = sorted(REGISTRY)
 # Each graph family and gossip codec beyond the defaults, on an algorithm that runs it.

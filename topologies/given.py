@@ -105,10 +105,33 @@ def check_graph_of(graph, n: int, where: str, weighted: bool = False, connected:
         check_connected(graph, where)
     if weighted:
         check_given_weights(graph, where)
+    check_link_attributes(graph, where)
     out = nx.DiGraph() if graph.is_directed() else nx.Graph()
     out.add_nodes_from(range(n))  # in peer order, as the built-in families
     out.add_edges_from(sorted(graph.edges(data=True), key=lambda e: (e[0], e[1])))
     return out
+
+
+LINK_ATTRIBUTES = {"latency": "at least 0 (seconds)", "bandwidth": "above 0 (bytes per second)"}
+
+
+def check_link_attributes(graph: nx.Graph, where: str) -> None:
+    """The edges' latency and bandwidth (the virtual clock's, p2pfl.comm.clock): where one edge has one,
+    every edge has it, a finite number, latency >= 0 and bandwidth > 0."""
+    for name, wanted in LINK_ATTRIBUTES.items():
+        given = [(u, v, d.get(name)) for u, v, d in graph.edges(data=True)]
+        if all(value is None for *_, value in given):
+            continue
+        for u, v, value in given:
+            if value is None:
+                raise GraphError(f"{where}: edge {u}-{v} has no {name}, which other edges have; give every edge one")
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                raise GraphError(f"{where}: edge {u}-{v}'s {name} {value!r} is not a number") from None
+            low = 0.0 if name == "latency" else None
+            if not math.isfinite(number) or (number < 0 if low is not None else number <= 0):
+                raise GraphError(f"{where}: edge {u}-{v}'s {name} must be {wanted}, got {value}")
 
 
 def check_connected(graph: nx.Graph, where: str) -> None:

@@ -110,9 +110,15 @@ class Algorithm:
 
     private_training = False  # whether its gradients go through DP-SGD under --dp-clip (private_steps says how many)
 
+    def work_steps(self, n_samples: int) -> int:
+        """The local steps a peer of n samples takes in a round, which the virtual clock times (--step-time);
+        1 by default: an algorithm's local work a round counts as one step."""
+        return 1
+
     def private_steps(self, n_samples: int) -> int:
-        """The DP-SGD steps a peer of n samples takes in a round (the privacy accountant composes them)."""
-        raise NotImplementedError
+        """The DP-SGD steps a peer of n samples takes in a round (the privacy accountant composes them): its
+        local steps."""
+        return self.work_steps(n_samples)
 
     def privacy_ledger(self) -> PrivacyLedger | None:
         """What the run's DP-SGD spends (--dp-clip; None without): every peer's sampling rate batch / shard

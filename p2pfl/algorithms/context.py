@@ -13,6 +13,7 @@ import torch
 from p2pfl.comm import Message, Payload, Transport
 from p2pfl.settings.run_config import RunConfig
 from p2pfl.data import Dataset
+from p2pfl.comm.clock import Network
 from p2pfl.comm.faults import Faults
 from p2pfl.local.gradients import PrivateStep, gradients, private_gradients
 from p2pfl.models import PeerStack
@@ -41,6 +42,7 @@ class RunContext:
     device: torch.device  # where the weights and data live, decided once per run
     global_weights: torch.Tensor | None = None  # a star's server model (rank 0); None: average all peers
     faults: Faults | None = None  # simulated faults, where any are asked for
+    network: Network = field(default_factory=lambda: Network(0))  # the virtual clock's model (p2pfl.comm.clock)
     threats: Threats | None = None  # Byzantine peers and a robust rule, where any are asked for (p2pfl.threats)
     _on_device: tuple = field(default=(None, {}), repr=False)  # (the shards list, {peer: its indices there})
 

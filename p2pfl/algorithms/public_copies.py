@@ -134,7 +134,7 @@ class GossipAverager(Algorithm):
                 f"--algo {cls.name}: Byzantine peers and robust rules act on dense gossip; a codec sends changes "
                 "to public copies, which they do not model: drop the codec or --byzantine/--robust-aggregation"
             )
-        if codec and cfg.settings.gossip_steps > 1:
+        if codec and cfg.settings.gossip_steps != 1:
             raise UserError(
                 f"--algo {cls.name}: --gossip-steps repeats dense averaging; a codec's copies move once a round"
             )
@@ -152,6 +152,11 @@ class GossipAverager(Algorithm):
     def state(self) -> dict[str, str]:
         return {"copies.estimate": "peer", "copies.mixed": "peer"} if self.copies is not None else {}
 
+    @property
+    def gossip_steps(self) -> int:
+        """Dense averagings a round (--gossip-steps)."""
+        return self.settings.gossip_steps
+
     def average(self, round_index: int) -> None:
         """ctx.flat averaged with the neighbours: dense (--gossip-steps times), or over their public copies
         with a codec."""
@@ -159,7 +164,7 @@ class GossipAverager(Algorithm):
         if self.copies is not None:
             ctx.flat = average_over_copies(ctx, round_index, ctx.flat, self.copies)
             return
-        for step in range(self.settings.gossip_steps):
+        for step in range(self.gossip_steps):
             phase = "average" if step == 0 else f"average-{step + 1}"
             ctx.flat = neighbour_average(ctx, round_index, ctx.flat, phase)
 
@@ -170,34 +175,41 @@ class GossipAverager(Algorithm):
         weights = mixing_weights(graph, ctx.cfg.mixing, ctx.sample_counts)
         return as_matrix(weights, ctx.cfg.peers), [in_neighbours(graph, v) for v in range(ctx.cfg.peers)]
 
+    def spreading_steps(self) -> int:
+        """ceil(ln n / gap): the plain gossip steps that shrink the peers' spread by a factor of n (the
+        paper's accelerated gossip takes ln n / sqrt(gap))."""
+        second = np.sort(np.abs(np.linalg.eigvals(self._mixing()[0])))[-2]
+        return max(1, math.ceil(math.log(self.ctx.cfg.peers) / max(1 - float(second), 1e-12)))
+
+    def _uncounted(self) -> str | None:
+        """Why the run's network epsilon is not stated (None: it is)."""
+        ctx = self.ctx
+        if self.gossip_steps == 1:
+            return "one gossip step a round: most of what a peer hears of another comes in later rounds"
+        if ctx.schedule.varies or ctx.faults is not None or ctx.threats is not None or self.copies is not None:
+            return "the count models plain averaging on one graph, without faults, threats or a codec"
+        return None
+
     def network_exposure(self) -> np.ndarray | None:
-        """Muffliato's S[u, v] over this run's --gossip-steps K (p2pfl.threats.privacy), where K > 1: each
-        noised step counted over the K steps of plain averaging that follow it, on the run's one graph
-        (refused otherwise). With one step a round what reaches a peer through later rounds is most of what
-        it hears, which the count leaves out: no network epsilon then."""
-        ctx, steps = self.ctx, self.settings.gossip_steps
-        if steps == 1:
+        """Muffliato's S[u, v] over the run's K gossip steps (p2pfl.threats.privacy): each noised step
+        counted over the K steps of plain averaging after it, on the run's one graph; None where that is not
+        what runs (_uncounted)."""
+        if self._uncounted() is not None:
             return None
-        if ctx.schedule.varies or ctx.faults is not None or ctx.threats is not None:
-            raise UserError(
-                "--gossip-steps with --dp-clip counts Muffliato's pairwise privacy over plain averaging on one "
-                "graph: give --static, and drop the simulated faults, --byzantine and --robust-aggregation"
-            )
         mixing, heard = self._mixing()
-        return exposure(mixing, steps, heard)
+        return exposure(mixing, self.gossip_steps, heard)
 
     def notes(self) -> list[str]:
-        """Under Muffliato, whether K gossip steps spread a step's noise over the graph (the count assumes it)."""
-        ctx, steps = self.ctx, self.settings.gossip_steps
-        if steps == 1 or not ctx.cfg.dp_clip or ctx.schedule.varies:
+        """Under --dp-clip with more than one gossip step: whether dp_epsilon_network is stated, and whether
+        K steps spread a noise over the graph (the count assumes it)."""
+        ctx, steps = self.ctx, self.gossip_steps
+        if steps == 1 or not ctx.cfg.dp_clip:
             return []
-        mixing, _ = self._mixing()
-        second = np.sort(np.abs(np.linalg.eigvals(mixing)))[-2]
-        enough = math.ceil(math.log(ctx.cfg.peers) / max(1 - second, 1e-12))
-        note = f"Muffliato: {steps} gossip steps a round; dp_epsilon_network counts each noised step over them"
+        why = self._uncounted()
+        if why is not None:
+            return [f"{steps} gossip steps a round; no dp_epsilon_network: {why}"]
+        note = f"{steps} gossip steps a round; dp_epsilon_network counts each noised step over them"
+        enough = self.spreading_steps()
         if steps < enough:
-            note += (
-                f"; fewer than ln(n) / gap = {enough}, the steps that spread a noise over the graph: later rounds "
-                "carry more of it than the count sees"
-            )
+            note += f"; fewer than ln(n) / gap = {enough}, so later rounds carry more of a noise than the count sees"
         return [note]

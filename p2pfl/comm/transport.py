@@ -113,14 +113,21 @@ class Placement:
 
 
 class ByteCounter:
-    """Bytes this rank's peers sent, per phase, since the last take(); messages lost (simulated); and
-    bytes per link {(lower peer, higher peer): both directions} since the last take_links()."""
+    """Bytes this rank's peers sent, per phase, since the last take(); messages lost (simulated); bytes
+    per link {(lower peer, higher peer): both directions} since the last take_links(); and the messages
+    that arrived, exchange by exchange in the order they ran, since the last take_exchanges() (every rank
+    makes the same exchanges, so the ranks' lists line up)."""
 
     def __init__(self):
         self.sent: dict[str, int] = defaultdict(int)
         self.dense: dict[str, int] = defaultdict(int)
         self.lost = 0
         self.links: dict[tuple[int, int], int] = defaultdict(int)
+        self.exchanges: list[list[tuple[int, int, int]]] = []  # each exchange's (src, dst, bytes) that arrived
+
+    def take_exchanges(self) -> list[list[tuple[int, int, int]]]:
+        exchanges, self.exchanges = self.exchanges, []
+        return exchanges
 
     def record(self, phase: str, messages: Iterable[Message]) -> None:
         for m in messages:
@@ -192,6 +199,7 @@ class Transport:
             expect = [(s, d) for s, d in expect if self.delivered(round_index, s, d, phase)]
         else:
             self.counter.record(phase, messages)
+        self.counter.exchanges.append([(m.src, m.dst, m.nbytes) for m in messages])  # the virtual clock's
         inbox: Inbox = defaultdict(dict)
         remote: list[Message] = []
         for m in messages:

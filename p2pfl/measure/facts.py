@@ -31,6 +31,7 @@ class RankFacts:
     spread: float | None = None  # sum over its peers of ||w_i - wbar||^2 (a graph run's)
     scores: dict[str, list[float]] = field(default_factory=dict)  # an evaluated round: each peer's client metrics
     score_variances: list[float] = field(default_factory=list)  # and the sampling variance of its headline score
+    exchanges: list = field(default_factory=list)  # each exchange's (src, dst, bytes) that arrived (the clock's)
 
 
 @dataclass
@@ -53,6 +54,7 @@ class RoundFacts:
     train_s: float = 0.0
     eval_start: float = 0.0  # perf_counter() when measuring began
     round_start: float = 0.0  # perf_counter() at the previous row
+    sim_time_s: float | None = None  # the virtual seconds since the run began, after this round
 
     def joined(self, name: str) -> list:
         """An attribute's lists joined over the ranks, in peer order."""
@@ -140,3 +142,9 @@ def fault_fields(faults, round_index: int, peers: int, lost: int) -> dict:
         "messages_lost": lost,
         "sim_time": faults.simulated_time(round_index, everyone),
     }
+
+
+def merged_exchanges(ranks: list[RankFacts]) -> list[list[tuple[int, int, int]]]:
+    """The round's exchanges in order, each with every rank's messages (the ranks make the same exchanges)."""
+    count = max((len(r.exchanges) for r in ranks), default=0)
+    return [[m for r in ranks if i < len(r.exchanges) for m in r.exchanges[i]] for i in range(count)]

@@ -187,6 +187,15 @@ declare_metric(
     value=lambda f: f.grad_norm,
 )
 declare_metric(
+    "sim_time_s",
+    meaning="the virtual seconds since the run began, after the round (p2pfl.comm.clock): each round's local work "
+    "(--step-time per step; without it 1 s a round, the faults' unit clock) and then its messages (--link-latency "
+    "plus bytes over --link-bandwidth, a graph edge's own latency and bandwidth first), until the last "
+    "participant is done",
+    unit="virtual seconds",
+    value=lambda f: f.sim_time_s,
+)
+declare_metric(
     "dp_epsilon",
     meaning="--dp-clip: the largest epsilon an honest peer has spent, at --dp-delta, after the round (its DP-SGD "
     "steps composed by dp-accounting's RDP accountant), in evaluated rounds",

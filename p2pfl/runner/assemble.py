@@ -14,6 +14,7 @@ from p2pfl.runner.fit_checks import check_data_fit, check_model_memory, gpu_shar
 from p2pfl.settings.run_config import RunConfig
 from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file
 from p2pfl.errors import OutOfGPUMemory, UserError
+from p2pfl.comm.clock import Network, peer_step_times, read_step_times
 from p2pfl.comm.faults import Faults
 from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
 from p2pfl.runner.graph_schedule import schedule_of
@@ -114,6 +115,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
         flat=flat,
         device=device,
         faults=transport.faults,
+        network=network_of(cfg),
         threats=threats,
     )
     return ctx, call_hook(cls, "__init__", ctx)
@@ -138,3 +140,16 @@ def out_of_gpu_memory(cfg: RunConfig, size: int, device: str) -> OutOfGPUMemory:
         f"rank (more ranks: mpirun -n, or fewer --peers), fewer samples (--samples-per-peer, --train-samples, "
         f"--test-samples), a smaller model (--model, --hidden), or --device cpu"
     )
+
+
+def network_of(cfg: RunConfig) -> Network:
+    """The virtual clock's network and system model from the run's flags (p2pfl.comm.clock)."""
+    if cfg.step_time_file:
+        steps = read_step_times(cfg.step_time_file, cfg.peers)
+    elif cfg.step_time is not None:
+        steps = peer_step_times(
+            cfg.seed, cfg.peers, cfg.step_time, cfg.step_time_spread, cfg.slower_peers, cfg.slower_by
+        )
+    else:
+        steps = None
+    return Network(cfg.seed, steps, cfg.link_latency, cfg.link_bandwidth, cfg.link_spread)

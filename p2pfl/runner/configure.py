@@ -307,6 +307,7 @@ def validate(cfg: RunConfig, writes: bool = True) -> None:
         raise UserError(f"--rounds must be at least 1, got {cfg.rounds}")
     call_hook(cfg.algorithm, "check", cfg)
     check_threats(cfg, spec.task)
+    check_network(cfg)
     if cfg.tensorboard:
         if not writes:
             raise UserError("tensorboard=True writes into the run folder: give out=")
@@ -324,6 +325,29 @@ def validate(cfg: RunConfig, writes: bool = True) -> None:
         check_peers(cfg, cfg.peers)
     if writes:
         check_out(cfg)
+
+
+def check_network(cfg: RunConfig) -> None:
+    """The network model's flags (p2pfl.comm.clock): a step time once, its spreads only with it, and not
+    beside the faults' unit clock's stragglers and deadline; graph runs only (a star's clients download,
+    train, then upload, an order the clock does not model)."""
+    timed = cfg.step_time is not None or bool(cfg.step_time_file)
+    if cfg.step_time is not None and cfg.step_time_file:
+        raise UserError("--step-time and --step-time-file both give the step time: give one")
+    for name in ("step_time_spread", "slower_peers"):  # by value: a resumed run's config.toml gives every setting
+        if getattr(cfg, name) > 0 and cfg.step_time is None:
+            raise UserError(f"--{name.replace('_', '-')} spreads --step-time: give --step-time S")
+    if timed and cfg.slow_peers > 0:
+        raise UserError(
+            "--slow-peers belongs to the faults' unit clock (with its --round-deadline); with --step-time slow peers "
+            "are --slower-peers or --step-time-spread, and a round lasts until its last message arrives"
+        )
+    linked = cfg.link_latency > 0 or cfg.link_bandwidth is not None or cfg.link_spread > 0
+    if cfg.algorithm.centralized and (timed or linked):
+        raise UserError(
+            f"--algo {cfg.algo}: the network model times graph runs (work, then exchanges); a star's clients "
+            "download, train and upload, which it does not model yet"
+        )
 
 
 def check_threats(cfg: RunConfig, task: str) -> None:

@@ -30,6 +30,7 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
     rank 0. A stop (Interrupted) saves what the run holds; the plot of the rows so far is drawn anyway."""
     cfg, rank = ctx.cfg, ctx.transport.rank
     measure.privacy = algorithm.privacy_ledger()  # what DP-SGD spends (--dp-clip), in each evaluated row
+    measure.work_steps = [algorithm.work_steps(len(s)) for s in ctx.shards]  # what the virtual clock times
     observers = watching(ctx, run_dir, first, write)
     saves = Checkpoints(ctx, algorithm, run_dir, write, first)
     stop = StopRequest(rank, ctx.transport.announce_stop)
@@ -60,6 +61,8 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
         gap = run_gap(measure.log.rows, period_of(ctx), ctx.cfg.mixing, ctx.sample_counts) if rank == 0 else None
         if gap is not None:  # how fast the run's graph mixes: every bound of the field is stated in it
             final = {**(final or {}), "spectral_gap": gap}
+        if rank == 0 and measure.log.rows:  # the virtual clock's total
+            final = {**(final or {}), "sim_time_s": measure.log.rows[-1]["sim_time_s"]}
         if measure.privacy is not None and rank == 0:  # the privacy the run spent (--dp-clip)
             final = {**(final or {}), **measure.privacy.final(cfg.rounds)}
         state = final_model(measure, ctx) if rank == 0 else None

@@ -16,7 +16,15 @@ from p2pfl.measure.optimality import objective_gradient_sum
 from p2pfl.measure.scoring import PeerScores
 from p2pfl.local.forward import evaluate
 from p2pfl.measure.metrics import MetricsLog, build_row
-from p2pfl.measure.facts import RankFacts, RoundFacts, gpu_identity, inter_model_variance, peak_gpu_mib, peak_rss_kib
+from p2pfl.measure.facts import (
+    RankFacts,
+    RoundFacts,
+    gpu_identity,
+    inter_model_variance,
+    merged_exchanges,
+    peak_gpu_mib,
+    peak_rss_kib,
+)
 
 
 ROW_BLOCK = 2**22  # float64 entries (32 MiB) of the peers' weights taken at once
@@ -72,6 +80,7 @@ class RoundMeasure:
             (labels, ctx.data.n_classes) if labels is not None else None,
         )
         self.last_model: torch.Tensor | None = None  # rank 0
+        self.work_steps = [1] * ctx.cfg.peers  # each peer's local steps a round (the run sets its algorithm's)
         self.drift: str | None = None  # rank 0: the line of peers drifting apart, once they do
         self.drift_step = (
             "--choco-gamma (the consensus step) or --lr" if hasattr(ctx.cfg.settings, "choco_gamma") else "--lr"
@@ -163,6 +172,7 @@ class RoundMeasure:
             spread=float(deviations.sum()) if self.graph_run else None,
             scores={m: v.tolist() for m, v in scores.items()},
             score_variances=variances.tolist() if variances is not None else [],
+            exchanges=counter.take_exchanges(),
         )
 
     def round_facts(self, k: int, facts: list[RankFacts], train_s: float, eval_start: float, round_start: float):
@@ -179,7 +189,25 @@ class RoundMeasure:
             train_s=train_s,
             eval_start=eval_start,
             round_start=round_start,
+            sim_time_s=self.clock(k, facts),
         )
+
+    def clock(self, k: int, facts: list[RankFacts]) -> float:
+        """The virtual seconds since the run began after round k (p2pfl.comm.clock): the last row's (a
+        resumed run's rows come back with it) plus this round's, its work timed at the round's start and
+        then its exchanges."""
+        ctx, network = self.ctx, self.ctx.network
+        faults = ctx.faults
+        taking_part = range(ctx.cfg.peers) if faults is None else faults.taking_part(k, range(ctx.cfg.peers))
+        work = {
+            p: network.work(p, self.work_steps[p], faults.finish_time(k, p) if faults is not None else 1.0)
+            for p in taking_part
+        }
+        deadline = faults.deadline if faults is not None and network.step_times is None else None
+        graph = ctx.schedule.graph(k) if self.graph_run else None
+        seconds = network.round_time(work, merged_exchanges(facts), graph, deadline)
+        before = self.log.rows[-1]["sim_time_s"] if self.log.rows else 0.0
+        return float(f"{before + seconds:.10g}")
 
     def score_model(self, facts: RoundFacts, model: torch.Tensor, deviations: torch.Tensor) -> None:
         """An evaluated round on rank 0: the reported model on the whole test set, the peers' scores and

@@ -237,6 +237,36 @@ class RunConfig:
     slow_peers: float = option(0.0, "simulated faults: probability that a peer straggles in a round", probability)
     slow_factor: float = option(4.0, "a straggler's local work takes this many time units, a peer's 1", _not_faster)
     round_deadline: float = option(2.0, "messages arriving after this many simulated time units are dropped", _deadline)
+    step_time: float | None = option(
+        None,
+        "network model: the seconds a local step takes (the virtual clock, sim_time_s)",
+        positive,
+        shown="none: a round's local work takes 1 s whatever its steps (the faults' unit clock)",
+    )
+    step_time_spread: float = option(
+        0.0, "network model: each peer's step time times a log-normal factor (median 1) of this sigma", non_negative
+    )
+    slower_peers: float = option(
+        0.0, "network model: this share of the peers, drawn from --seed, steps --slower-by times slower", probability
+    )
+    slower_by: float = option(10.0, "network model: how many times slower --slower-peers step", _not_faster)
+    step_time_file: str | None = option(
+        None, "network model: a CSV of 'peer,seconds' lines, every peer's step time (instead of --step-time)"
+    )
+    link_latency: float = option(
+        0.0, "network model: the seconds a message takes on a link before its bytes", non_negative
+    )
+    link_bandwidth: float | None = option(
+        None,
+        "network model: a link's bytes per second (a message takes latency + bytes / bandwidth)",
+        positive,
+        shown="none: bytes take no time",
+    )
+    link_spread: float = option(
+        0.0,
+        "network model: each link's latency times, and bandwidth over, a log-normal factor (median 1) of this sigma",
+        non_negative,
+    )
     byzantine: float = option(
         0.0,
         "Byzantine peers: a count (2) or a share of the peers (0.1), drawn from --seed; every metric leaves them out",

@@ -21,7 +21,7 @@ class DFedAvg(GossipAverager):
     training = {"lr": 0.1, "batch_size": 25, "local_epochs": 20, "momentum": 0.0}
     private_training = True
 
-    def private_steps(self, n_samples: int) -> int:
+    def work_steps(self, n_samples: int) -> int:
         return local_steps(n_samples, self.ctx.sgd())
 
     def round(self, round_index: int) -> Round:

@@ -18,9 +18,6 @@ class DPSGD(GossipAverager):
     training = {"lr": 0.1, "batch_size": 10, "momentum": 0.0}
     private_training = True
 
-    def private_steps(self, n_samples: int) -> int:
-        return 1  # one minibatch gradient a round
-
     def __init__(self, ctx, settings=None):
         super().__init__(ctx, settings)
         self.velocity = (

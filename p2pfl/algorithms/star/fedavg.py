@@ -31,7 +31,7 @@ class FedAvg(ServerAlgorithm):
     withstands_threats = True  # its server_update averages the uploads, where p2pfl.threats act
     private_training = True
 
-    def private_steps(self, n_samples: int) -> int:
+    def work_steps(self, n_samples: int) -> int:
         return local_steps(n_samples, self.sgd())
 
     def local_train(self, round_index, clients, received, terms=None) -> tuple[torch.Tensor, torch.Tensor]:
