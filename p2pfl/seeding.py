@@ -17,6 +17,11 @@ def derive_seed(seed: int, purpose: str, *indices: int) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & (2**63 - 1)
 
 
+def uniform_draw(seed: int, purpose: str, *indices: int) -> float:
+    """A uniform draw in [0, 1) that depends only on its arguments (a simulated fault, a peer's speed)."""
+    return derive_seed(seed, purpose, *indices) * 2.0**-63
+
+
 def graph_seeds(seed: int):
     """The seed of the graph for each key (a round, or 0 for a static graph), for topologies.TopologySchedule."""
     return functools.partial(derive_seed, seed, "topology")

@@ -93,7 +93,7 @@ def test_overwrite_removes_what_the_replaced_run_wrote(tmp_path):
     (out / "my-notes.txt").write_text("mine")
     assert run_here(*SYN, "--algo", "dfedavg", "--out", str(out), "--overwrite").returncode == 0
     final = json.loads((out / "final.json").read_text())  # DFedAvg's own: its graph's gap, nothing of NTK-DFL's
-    assert list(final) == ["spectral_gap"] and not (out / "final_averaging.png").exists()
+    assert list(final) == ["spectral_gap", "sim_time_s"] and not (out / "final_averaging.png").exists()
     assert (out / "my-notes.txt").read_text() == "mine" and 'algo = "dfedavg"' in (out / "config.toml").read_text()
 
 

@@ -159,7 +159,7 @@ def test_a_users_attack_and_rule_by_reference_are_checked_where_they_enter(tmp_p
     [
         (
             dict(algo="choco", byzantine=2),
-            "act on the averaging of dfedavg, dfedavgm, dpsgd, fedavg, fedprox, moon; --algo choco",
+            "act on the averaging of dfedavg, dfedavgm, dpsgd, muffliato, fedavg, fedprox, moon; --algo choco",
         ),
         (dict(algo="scaffold", robust_aggregation="median"), "--algo scaffold does not take them"),
         (

@@ -24,15 +24,13 @@ from functools import lru_cache
 from pathlib import Path
 
 from p2pfl.errors import UserError
-from p2pfl.seeding import derive_seed
-
-_SCALE = 2.0**-63
+from p2pfl.seeding import derive_seed, uniform_draw
 
 
 def _normal(seed: int, kind: str, *indices: int) -> float:
     """A standard normal draw that depends only on its arguments (Box-Muller on two keyed uniforms)."""
-    u1 = (derive_seed(seed, kind, 1, *indices) + 1) * _SCALE  # in (0, 1]
-    u2 = derive_seed(seed, kind, 2, *indices) * _SCALE
+    u1 = 1.0 - uniform_draw(seed, kind, 1, *indices)  # in (0, 1]
+    u2 = uniform_draw(seed, kind, 2, *indices)
     return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
 
 

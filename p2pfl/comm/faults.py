@@ -16,14 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from p2pfl.seeding import derive_seed
-
-_SCALE = 2.0**-63
-
-
-def _uniform(seed: int, kind: str, *indices: int) -> float:
-    """A uniform draw in [0, 1) that depends only on its arguments."""
-    return derive_seed(seed, kind, *indices) * _SCALE
+from p2pfl.seeding import uniform_draw as _uniform
 
 
 @dataclass(frozen=True)

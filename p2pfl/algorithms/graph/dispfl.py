@@ -26,7 +26,7 @@ from p2pfl.comm import Payload
 from p2pfl.gossip.bitpack import pack_mask, unpack_mask
 from p2pfl.seeding import keyed_uniform
 from p2pfl.local.gradients import gradients
-from p2pfl.local.training import StepTerms
+from p2pfl.local.training import local_steps, StepTerms
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,9 @@ class DisPFL(Algorithm):
             keep = torch.randperm(slot.numel, generator=gen)[: int(d * slot.numel)]
             mask[slot.offset + keep] = True
         return mask
+
+    def work_steps(self, n_samples: int) -> int:
+        return local_steps(n_samples, self.ctx.sgd())
 
     def notes(self) -> list[str]:
         kept = sum(int(d * s.numel) for s, d in zip(self.slots, self.densities))
