@@ -125,6 +125,9 @@ def spread(a: Path, b: Path) -> int:
     other = []
     for layout in ("one", "three"):
         for name in cases():
+            if not all((tree / layout / name / "metrics.jsonl").exists() for tree in (a, b)):
+                other.append(f"{layout}/{name}: run in one tree only (a case one tree has not)")
+                continue
             first, second = testing.results(a / layout / name), testing.results(b / layout / name)
             finals = first["final"] or {}, second["final"] or {}
             pairs = [(f"final.json {k}", finals[0].get(k), finals[1].get(k)) for k in set(finals[0]) | set(finals[1])]
@@ -143,6 +146,8 @@ def spread(a: Path, b: Path) -> int:
                 worst["model.pt"] = max(worst.get("model.pt", 0.0), gap)
     moved = {k: v for k, v in sorted(worst.items()) if v > 0}
     print("largest relative difference by key:", {k: f"{v:.2g}" for k, v in moved.items()} or "none")
+    keys = sorted({line.split(": ")[0].split(" ", 1)[-1] for line in other if " " in line.split(": ")[0]})
+    print(f"{len(other)} values differ otherwise; their keys: {keys}")
     for line in other[:20]:
         print("DIFFERENT", line)
     return 1 if other else 0

@@ -203,9 +203,10 @@ declare_metric(
 )  # written by the run's privacy ledger (p2pfl.threats.privacy)
 declare_metric(
     "dp_epsilon_network",
-    meaning="--dp-clip with --gossip-steps K > 1 (Muffliato, Cyffers et al. 2022; dpsgd, dfedavg, dfedavgm on one "
-    "graph): pairwise network DP, the mean over ordered pairs of peers u != v of the epsilon at --dp-delta of what "
-    "v hears about u over the K gossip steps after each of u's noised steps (the paper's count), in evaluated rounds",
+    meaning="--dp-clip with K > 1 gossip steps a round on one graph (--algo muffliato, Cyffers et al. 2022, or "
+    "--gossip-steps for dpsgd, dfedavg, dfedavgm): pairwise network DP, the mean over ordered pairs of peers u != v "
+    "of the epsilon at --dp-delta of what v hears about u over the K gossip steps after each of u's noised steps "
+    "(the paper's count), in evaluated rounds",
     unit="epsilon at --dp-delta",
 )  # written by the run's privacy ledger too
 declare_metric(
