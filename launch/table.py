@@ -6,7 +6,9 @@ The preset (TOML) has a [common] table of p2pfl settings for every run, one tabl
 settings; `lrs = [...]` makes a grid whose best final test accuracy is reported, as papers that tune
 the baselines' learning rate do) and a [columns] table naming each column's settings. An optional
 top-level `metrics = [...]` names the metrics.jsonl fields to tabulate (default ["test_acc"]; the
-first one picks the best lr: the largest, or the smallest for a loss or grad_norm). Every run gets its
+first one picks the best lr: the largest, or the smallest for a loss or grad_norm); an optional `target =
+0.7` adds, for each best run, the first evaluated round where that metric reaches it and the virtual
+seconds it took (sim_time_s, p2pfl.comm.clock), to rank methods by time to a target. Every run gets its
 own run folder under OUT/<column>/<method>[-lr<lr>]; a run whose metrics.jsonl already reaches its last round is not run again. Prints and writes
 OUT/table.md (the final values, then every evaluated round of each column) and OUT/results.json
 (best and every lr), OUT/table.png (the final values of the first metric as a heat map), and
@@ -57,7 +59,7 @@ def run_command(args: list[str], folder: Path, ranks: int = 1) -> list[str]:
 def runs_of(preset: dict, columns: list[str], out: Path) -> list[dict]:
     """Every (column, method, lr) run: its folder and its command line."""
     common = preset.get("common", {})
-    methods = {k: v for k, v in preset.items() if k not in ("common", "columns", "title", "metrics")}
+    methods = {k: v for k, v in preset.items() if k not in ("common", "columns", "title", "metrics", "target")}
     runs = []
     for column in columns:
         for method, settings in methods.items():
@@ -169,6 +171,16 @@ def final_value(folder: Path, key: str = "test_acc") -> float | None:
     return rows[-1][key] if rows else None
 
 
+def reaching(folder: Path, key: str, target: float) -> dict:
+    """The first evaluated round whose key reaches target (at least it; at most, for a loss) and its virtual
+    seconds (the clock's sim_time_s; None in rows from before it): what a preset's `target` ranks by."""
+    for row in read_rows(folder / "metrics.jsonl") if (folder / "metrics.jsonl").exists() else []:
+        value = row.get(key)
+        if value is not None and (value <= target if lower_is_better(key) else value >= target):
+            return {"rounds_to_target": row["round"], "sim_time_s_to_target": row.get("sim_time_s")}
+    return {"rounds_to_target": None, "sim_time_s_to_target": None}
+
+
 def lower_is_better(key: str) -> bool:
     """Whether the grid's best lr is the one that makes this metric smallest (a loss, a gradient norm)."""
     return "loss" in key or key in ("grad_norm", "consensus_distance")
@@ -228,6 +240,7 @@ def _main(argv: list[str] | None) -> int:
     writable(out)
     codes = run_all(runs, args.jobs)
     keys = preset.get("metrics", ["test_acc"])
+    target = preset.get("target")
     results: dict = {}
     for run, code in zip(runs, codes):
         entry = results.setdefault(run["column"], {}).setdefault(run["method"], {"by_lr": {}})
@@ -240,6 +253,8 @@ def _main(argv: list[str] | None) -> int:
             entry.update(
                 {key: final_value(run["folder"], key) for key in keys}, lr=run["lr"], folder=str(run["folder"])
             )
+            if target is not None:  # the round and the virtual seconds it reached the target
+                entry.update(reaching(run["folder"], keys[0], target))
     methods = list(dict.fromkeys(r["method"] for r in runs))
     sections = []
     for key in keys:
@@ -258,6 +273,21 @@ def _main(argv: list[str] | None) -> int:
             for method in methods
         ]
         sections.append(f"final {key} (best lr of each grid by {keys[0]})\n\n{markdown(['method', *columns], cells)}")
+    for key in ("rounds_to_target", "sim_time_s_to_target") if target is not None else ():
+        cells = [
+            [
+                method,
+                *(
+                    f"{results[c][method][key]:.4g}" if results[c][method].get(key) is not None else "not reached"
+                    for c in columns
+                ),
+            ]
+            for method in methods
+        ]
+        sections.append(
+            f"{key} ({keys[0]} {'<=' if lower_is_better(keys[0]) else '>='} {target:g})\n\n"
+            + markdown(["method", *columns], cells)
+        )
     table = "\n\n".join(sections)
     title = preset.get("title", Path(args.preset).stem)
     rounds = "\n\n".join(

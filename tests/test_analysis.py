@@ -496,3 +496,17 @@ def test_tradeoff_plots_each_series_mean_over_the_columns_and_refuses_an_empty_o
     with pytest.raises(SystemExit):
         main([str(path), "--series", "none=nothing-*:dp_epsilon"])
     assert "no method matching 'nothing-*'" in capsys.readouterr().err
+
+
+def test_a_tables_target_is_the_first_evaluated_round_that_reaches_it_and_its_virtual_seconds(tmp_path):
+    from launch.table import reaching
+
+    rows = [
+        {"round": 20, "test_acc": 0.61, "sim_time_s": 6.6, "test_loss": 0.9},
+        {"round": 30, "test_acc": 0.68},  # not evaluated for the clock: it counts all the same
+        {"round": 40, "test_acc": 0.72, "sim_time_s": 13.2, "test_loss": 0.5},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    assert reaching(tmp_path, "test_acc", 0.7) == {"rounds_to_target": 40, "sim_time_s_to_target": 13.2}
+    assert reaching(tmp_path, "test_loss", 0.6) == {"rounds_to_target": 40, "sim_time_s_to_target": 13.2}
+    assert reaching(tmp_path, "test_acc", 0.8) == {"rounds_to_target": None, "sim_time_s_to_target": None}
