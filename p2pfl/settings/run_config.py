@@ -251,7 +251,9 @@ class RunConfig:
     )
     slower_by: float = option(10.0, "network model: how many times slower --slower-peers step", _not_faster)
     step_time_file: str | None = option(
-        None, "network model: a CSV of 'peer,seconds' lines, every peer's step time (instead of --step-time)"
+        None,
+        "network model: a CSV of 'peer,seconds' lines, every peer's step time (instead of --step-time)",
+        shown="none",
     )
     link_latency: float = option(
         0.0, "network model: the seconds a message takes on a link before its bytes", non_negative

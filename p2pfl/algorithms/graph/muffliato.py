@@ -31,7 +31,7 @@ class MuffliatoSettings(AveragerSettings):
         None,
         "gossip steps a round: a peer averages with its neighbours this many times, a message each",
         positive,
-        shown="muffliato: ceil(ln n / gap), the plain steps that spread a noise over the graph; others: 1",
+        shown="ceil(ln n / gap), the plain gossip steps that spread a noise over the graph",
     )
 
 
