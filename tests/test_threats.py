@@ -231,7 +231,7 @@ def ring_mixing(n: int) -> np.ndarray:
 
 
 def test_exposure_sums_the_shares_of_a_peers_noise_in_what_another_hears():
-    """Muffliato's Theorem 1 on the ring of 4, by hand: in one gossip step a neighbour hears u's noised value
+    """Muffliato's averaging bound on the ring of 4, by hand: in one gossip step a neighbour hears u's noised value
     itself (1) and the peer across nothing; a second step adds each neighbour's average, a third of whose
     noise is u's where u is in it (4/3 for a neighbour, who hears u's third from one side, 2/3 across)."""
     from p2pfl.threats.privacy import exposure

@@ -9,8 +9,8 @@ the messages); a peer that was offline in a round is counted as if it had steppe
 Pairwise network DP (Muffliato, Cyffers, Even, Bellet and Massoulié, NeurIPS 2022) states what one peer v
 learns of peer u from the messages v itself receives. After a noised step, K gossip steps of W send
 x^t = W^t x for t < K; v hears x^t_w from each of its neighbours w, in which u's noise has the share
-(W^t)_wu^2 / ||row w of W^t||^2 of the noise's variance. The paper's bound (its Theorem 1) sums these shares
-into the exposure S_uv, so that each of u's steps is, to v, a Gaussian mechanism of noise multiplier
+(W^t)_wu^2 / ||row w of W^t||^2 of the noise's variance. The paper's bound for gossip averaging sums these
+shares into the exposure S_uv, so that each of u's steps is, to v, a Gaussian mechanism of noise multiplier
 --dp-noise / sqrt(S_uv); dp-accounting composes it as above (S_uv = 1 is local DP, 0 nothing)."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def pairwise_epsilon(sampling: float, noise: float, exposure: float, steps: int,
 
 def exposure(mixing: np.ndarray, steps: int, heard: list[list[int]]) -> np.ndarray:
     """S[u, v]: the shares of u's noise in what v hears over steps gossip steps of mixing (Muffliato's
-    Theorem 1): the sum over t < steps and v's neighbours w != v of (W^t)_wu^2 / ||row w of W^t||^2.
+    averaging bound): the sum over t < steps and v's neighbours w != v of (W^t)_wu^2 / ||row w of W^t||^2.
     heard[v]: the peers v hears. The diagonal is 0 (a peer's own privacy is not in question)."""
     n = len(mixing)
     listens = np.zeros((n, n))

@@ -1,4 +1,4 @@
-"""Muffliato-SGD (Cyffers, Even, Bellet and Massoulié, NeurIPS 2022, Algorithm 3): each round every peer
+"""Muffliato-SGD (Cyffers, Even, Bellet and Massoulié, NeurIPS 2022): each round every peer
 takes a noised local step, then the peers gossip K times, so that each noise is spread over the graph
 before a peer's model is read:
 
