@@ -13,7 +13,7 @@ import sys
 import networkx as nx
 import numpy as np
 
-from p2pfl.threats.privacy import epsilon, exposure, pairwise_epsilon
+from p2pfl.threats.privacy import epsilon, exposure, pairwise_epsilon, rounded_up
 from topologies import as_matrix, mixing_weights
 
 SAMPLING, NOISE, ROUNDS, DELTA = 32 / 200, 1.0, 300, 1e-5
@@ -25,17 +25,9 @@ def network(n: int, steps: int, mixing: np.ndarray, graph: nx.Graph) -> tuple[fl
     300 peers take minutes, not an hour)."""
     shares = exposure(mixing, steps, [list(graph.neighbors(v)) for v in range(n)])
     off = shares[~np.eye(n, dtype=bool)]
-    values, counts = np.unique([coarse(s) for s in off], return_counts=True)
+    values, counts = np.unique([rounded_up(s, digits=2) if s > 0 else 0.0 for s in off], return_counts=True)
     spent = np.array([pairwise_epsilon(SAMPLING, NOISE, s, ROUNDS, DELTA) for s in values])
     return float((spent * counts).sum() / counts.sum()), float(spent.max())
-
-
-def coarse(exposure_: float) -> float:
-    """exposure to 2 significant digits, upwards (0 stays 0)."""
-    if exposure_ <= 0:
-        return 0.0
-    scale = 10.0 ** (math.floor(math.log10(exposure_)) - 1)
-    return math.ceil(exposure_ / scale - 1e-9) * scale
 
 
 def main(sizes: list[int]) -> None:

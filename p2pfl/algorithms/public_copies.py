@@ -26,8 +26,9 @@ from p2pfl.gossip.codec_settings import GossipSettings, gossip_codec
 from p2pfl.gossip.codecs import Compressed, GossipCodec, decode_rows_checked, dense_bytes
 from p2pfl.models import initial_parameters
 from p2pfl.settings.fields import option, positive
+from p2pfl.measure.graph_diagnostics import graph_gap, mixing_matrix
 from p2pfl.threats.privacy import exposure
-from topologies import as_matrix, in_neighbours, mixing_weights
+from topologies import in_neighbours, mixing_weights
 
 
 class PublicCopies:
@@ -168,18 +169,13 @@ class GossipAverager(Algorithm):
             phase = "average" if step == 0 else f"average-{step + 1}"
             ctx.flat = neighbour_average(ctx, round_index, ctx.flat, phase)
 
-    def _mixing(self) -> tuple[np.ndarray, list[list[int]]]:
-        """The run's one W as a matrix, and whom each peer hears."""
-        ctx = self.ctx
-        graph = ctx.schedule.graph(0)
-        weights = mixing_weights(graph, ctx.cfg.mixing, ctx.sample_counts)
-        return as_matrix(weights, ctx.cfg.peers), [in_neighbours(graph, v) for v in range(ctx.cfg.peers)]
-
-    def spreading_steps(self) -> int:
+    def spreading_steps(self) -> int | None:
         """ceil(ln n / gap): the plain gossip steps that shrink the peers' spread by a factor of n (the
-        paper's accelerated gossip takes ln n / sqrt(gap))."""
-        second = np.sort(np.abs(np.linalg.eigvals(self._mixing()[0])))[-2]
-        return max(1, math.ceil(math.log(self.ctx.cfg.peers) / max(1 - float(second), 1e-12)))
+        paper's accelerated gossip takes ln n / sqrt(gap)), the gap the run's summary states of its one
+        graph; None where W does not keep the mean (no gap)."""
+        ctx = self.ctx
+        gap = graph_gap(ctx.schedule.graph(0), ctx.cfg.mixing, ctx.sample_counts)
+        return None if gap is None else max(1, math.ceil(math.log(ctx.cfg.peers) / max(gap, 1e-12)))
 
     def _uncounted(self) -> str | None:
         """Why the run's network epsilon is not stated (None: it is)."""
@@ -196,8 +192,9 @@ class GossipAverager(Algorithm):
         what runs (_uncounted)."""
         if self._uncounted() is not None:
             return None
-        mixing, heard = self._mixing()
-        return exposure(mixing, self.gossip_steps, heard)
+        graph = self.ctx.schedule.graph(0)
+        heard = [in_neighbours(graph, v) for v in range(self.ctx.cfg.peers)]
+        return exposure(mixing_matrix(graph, self.ctx.cfg.mixing, self.ctx.sample_counts), self.gossip_steps, heard)
 
     def notes(self) -> list[str]:
         """Under --dp-clip with more than one gossip step: whether dp_epsilon_network is stated, and whether
@@ -210,6 +207,6 @@ class GossipAverager(Algorithm):
             return [f"{steps} gossip steps a round; no dp_epsilon_network: {why}"]
         note = f"{steps} gossip steps a round; dp_epsilon_network counts each noised step over them"
         enough = self.spreading_steps()
-        if steps < enough:
+        if enough is not None and steps < enough:
             note += f"; fewer than ln(n) / gap = {enough}, so later rounds carry more of a noise than the count sees"
         return [note]

@@ -5,13 +5,14 @@ before a peer's model is read:
     x_i <- x_i - lr * (g_i(x_i) + noise_i)        (DP-SGD: --dp-clip, --dp-noise)
     x   <- W^K x                                  (K gossip steps, a message each)
 
-The noise is what makes it private, so --dp-clip and --dp-noise are required. K defaults to ceil(ln n / gap),
-the plain gossip steps that shrink the peers' spread by a factor of n; the paper gossips with Chebyshev
-acceleration, which takes about ln n / sqrt(gap) steps for the same, and which p2pfl does not run. Rows
-state local DP (dp_epsilon) and the paper's pairwise network DP (dp_epsilon_network; docs/threats.md says
-how it is counted and how far it is from the authors' script). One graph for the whole run: the count is
-of one W's powers, so --static is its default. D-PSGD with --gossip-steps K averages before its step instead, so each peer's model
-holds its own last noise unaveraged.
+The noise is what makes it private, so --dp-clip and --dp-noise are required. K defaults to
+ceil(ln n / gap), the plain gossip steps that shrink the peers' spread by a factor of n; the paper gossips
+with Chebyshev acceleration, which takes about ln n / sqrt(gap) steps for the same, and which p2pfl does
+not run. Rows state local DP (dp_epsilon) and the paper's pairwise network DP (dp_epsilon_network;
+docs/threats.md says how it is counted and how it differs from the authors' code, totilas/muffliato's
+private.py). One graph for the whole run: the count is of one W's powers, so --static is its default.
+D-PSGD with --gossip-steps K averages before its step instead, so each peer's model holds its own last
+noise unaveraged.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ class Muffliato(GossipAverager):
     def __init__(self, ctx, settings=None):
         super().__init__(ctx, settings)
         self.steps = self.settings.gossip_steps or self.spreading_steps()
+        if self.steps is None:
+            raise UserError(
+                f"--algo muffliato: --mixing {ctx.cfg.mixing}'s W does not keep the peers' mean, so no spectral gap "
+                "sets its gossip steps: give --gossip-steps K, or --mixing metropolis"
+            )
 
     @property
     def gossip_steps(self) -> int:
