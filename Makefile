@@ -65,6 +65,7 @@ bench: install
 	$(PY) bench/bench_cnn.py --tct-stage1 --device gpu --repeats 1
 	$(PY) bench/bench_eval.py
 	$(PY) bench/bench_codecs.py
+	$(PY) bench/bench_async.py
 
 # p2pfl beside Flower's simulation engine on the same FedAvg work (installs flwr with Ray first).
 bench-flower: install

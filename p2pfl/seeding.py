@@ -61,12 +61,14 @@ def _int32(value: int) -> int:
 
 
 def peer_keys(
-    seed: int, purpose: str, round_index: int, peers: list[int], device: torch.device | str = "cpu"
+    seed: int, purpose: str, round_index: int | list[int], peers: list[int], device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """(len(peers),) int32 keys on device, one per peer: (seed, purpose, round, peer)'s."""
-    return torch.tensor([_int32(derive_seed(seed, purpose, round_index, p)) for p in peers], dtype=torch.int32).to(
-        device
-    )
+    """(len(peers),) int32 keys on device, one per peer: (seed, purpose, round, peer)'s. round_index may be
+    one per peer (an asynchronous run's peers are at steps of their own)."""
+    rounds = round_index if isinstance(round_index, list) else [round_index] * len(peers)
+    return torch.tensor(
+        [_int32(derive_seed(seed, purpose, r, p)) for r, p in zip(rounds, peers)], dtype=torch.int32
+    ).to(device)
 
 
 def keyed_bits(keys: torch.Tensor, *counters: int | torch.Tensor) -> torch.Tensor:

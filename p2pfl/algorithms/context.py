@@ -129,7 +129,7 @@ class RunContext:
 
     def train(
         self,
-        round_index: int,
+        round_index: int | list[int],
         flat: torch.Tensor,
         peers: list[int],
         opt: SGDSettings | None = None,

@@ -83,7 +83,7 @@ class MinibatchPlan:
         peers: list[int],
         batch: int,
         seed: int,
-        round_index: int,
+        round_index: int | list[int],
         budget: torch.Tensor,
         device: torch.device,
     ):
@@ -189,12 +189,13 @@ def train_epochs(
     opt: SGDSettings,
     lr: float,
     seed: int,
-    round_index: int,
+    round_index: int | list[int],
     terms: StepTerms | None = None,
 ) -> torch.Tensor:
     """opt.epochs epochs of minibatch SGD for every row of flat (L, D), in place; returns each peer's
     training loss, the mean of its minibatch losses over the call's steps (each taken before its step).
     Momentum starts from zero each call, as a fresh optimizer per round (the DFedAvgM reference code).
+    round_index keys the minibatches: one for all, or one per peer (an asynchronous run's step counts).
     With stack.batched false, peers train one after another without vmap (the per-peer baseline of the
     benchmark)."""
     size = peer_block(stack, len(peers), opt.batch_size, tuple(train_x.shape[1:]))
@@ -211,7 +212,7 @@ def train_epochs(
             opt,
             lr,
             seed,
-            round_index,
+            round_index[b] if isinstance(round_index, list) else round_index,
             terms.rows(b) if terms else None,
         )
 
@@ -260,7 +261,8 @@ def _train_block(stack, flat, shards, peers, train_x, train_y, opt, lr, seed, ro
                 _, losses = mlp_gradients(stack, flat, x, train_y[index[s]], mask[s], lr)
             else:
                 if opt.dp_clip:  # each sample's gradient clipped, the sum noised (DP-SGD)
-                    keys = [(seed, "dp-noise", round_index, p, epoch, s) for p in peers]
+                    rounds = round_index if isinstance(round_index, list) else [round_index] * len(peers)
+                    keys = [(seed, "dp-noise", r, p, epoch, s) for r, p in zip(rounds, peers)]
                     step = PrivateStep(opt.dp_clip, opt.dp_noise, opt.batch_size, keys)
                     grad, losses = private_gradients(stack, flat, x, train_y[index[s]], mask[s], step)
                 else:

@@ -115,7 +115,7 @@ class RoundMeasure:
         facts = ctx.transport.gather(self.rank_facts(result, deviations, scores, variances))
         if facts is None:
             return None
-        round_facts = self.round_facts(k, facts, times[0], eval_start, times[1])
+        round_facts = self.round_facts(k, facts, times[0], eval_start, times[1], result.seconds)
         if scored:
             self.score_model(round_facts, model, summed)
             if ctx.cfg.grad_norm:
@@ -175,7 +175,9 @@ class RoundMeasure:
             exchanges=counter.take_exchanges(),
         )
 
-    def round_facts(self, k: int, facts: list[RankFacts], train_s: float, eval_start: float, round_start: float):
+    def round_facts(
+        self, k: int, facts: list[RankFacts], train_s: float, eval_start: float, round_start: float, seconds=None
+    ):
         ctx = self.ctx
         return RoundFacts(
             round_index=k,
@@ -189,13 +191,16 @@ class RoundMeasure:
             train_s=train_s,
             eval_start=eval_start,
             round_start=round_start,
-            sim_time_s=self.clock(k, facts),
+            sim_time_s=self.clock(k, facts, seconds),
         )
 
-    def clock(self, k: int, facts: list[RankFacts]) -> float:
+    def clock(self, k: int, facts: list[RankFacts], seconds: float | None = None) -> float:
         """The virtual seconds since the run began after round k (p2pfl.comm.clock): the last row's (a
-        resumed run's rows come back with it) plus this round's, its work timed at the round's start and
-        then its exchanges."""
+        resumed run's rows come back with it) plus this round's: the seconds an asynchronous round spans,
+        else its work timed at the round's start and then its exchanges."""
+        before = self.log.rows[-1]["sim_time_s"] if self.log.rows else 0.0
+        if seconds is not None:
+            return float(f"{before + seconds:.10g}")
         ctx, network = self.ctx, self.ctx.network
         faults = ctx.faults
         taking_part = range(ctx.cfg.peers) if faults is None else faults.taking_part(k, range(ctx.cfg.peers))
@@ -206,7 +211,6 @@ class RoundMeasure:
         deadline = faults.deadline if faults is not None and network.step_times is None else None
         graph = ctx.schedule.graph(k) if self.graph_run else None
         seconds = network.round_time(work, merged_exchanges(facts), graph, deadline)
-        before = self.log.rows[-1]["sim_time_s"] if self.log.rows else 0.0
         return float(f"{before + seconds:.10g}")
 
     def score_model(self, facts: RoundFacts, model: torch.Tensor, deviations: torch.Tensor) -> None:
