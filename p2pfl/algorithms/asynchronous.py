@@ -83,8 +83,10 @@ class AsyncGossip(Algorithm):
         finite = [d for d in self.duration if math.isfinite(d)]
         self.period = self.settings.round_time or statistics.median(finite or [1.0])
         self.change = torch.zeros_like(ctx.flat)  # each peer's change from its work under way (computed)
-        # each peer's next event: [its virtual time, DONE or START, the works it started]; NaN: not begun
-        self.timing = torch.full((len(ctx.peers), 3), math.nan, dtype=torch.float64)
+        # each peer's next event: [its virtual time, DONE or START, the works it started, when the work under way
+        # began]; NaN: not begun
+        self.timing = torch.full((len(ctx.peers), 4), math.nan, dtype=torch.float64)
+        self.away = ctx.faults.availability if ctx.faults is not None else None  # churn, asked at each event
         self.in_flight: list = []  # models on their way: (arrival, dst, src, weights), saved by dst's rank
         self.replica = None  # built at the first round from the state above (a resume's, too)
         self.n = n
@@ -111,9 +113,12 @@ class AsyncGossip(Algorithm):
             if kind == ARRIVAL:
                 self.arrive(t, peer, src, self.mail.pop((t, peer, src)))
             elif kind == DONE:
-                if peer in self.pending:
-                    self._train_pending(round_index)
-                start = self.finished(round_index, t, peer)
+                if self.away is not None and self.away.away_within(peer, self.began[peer], t):
+                    start = self.away.back_at(peer, t)  # away during its work: the work is lost
+                else:
+                    if peer in self.pending:
+                        self._train_pending(round_index)
+                    start = self.finished(round_index, t, peer)
                 if start > t:
                     self.next_event[peer] = (start, START)
                     heapq.heappush(events, (start, START, peer, -1))
@@ -127,7 +132,14 @@ class AsyncGossip(Algorithm):
         return Round(losses.to(ctx.device), seconds=self.period)
 
     def _start(self, t: float, peer: int) -> None:
-        """peer begins a work at t from its weights now."""
+        """peer begins a work at t from its weights now (away at t: it waits to return)."""
+        back = self.away.back_at(peer, t) if self.away is not None else t
+        if back > t:
+            self.next_event[peer] = (back, START)
+            if math.isfinite(back):
+                heapq.heappush(self.events, (back, START, peer, -1))
+            return
+        self.began[peer] = t
         self.pending.add(peer)
         if peer in self.ctx.row:
             self.snapshot[self.ctx.row[peer]] = self.x[peer]
@@ -177,7 +189,7 @@ class AsyncGossip(Algorithm):
         for peers, rows in parts:
             both[peers] = rows.to(ctx.device)
         self.x, self.changes = both[:, :width].contiguous(), both[:, width:].contiguous()
-        timing = torch.empty(self.n, 3, dtype=torch.float64)
+        timing = torch.empty(self.n, 4, dtype=torch.float64)
         for peers, rows in self._everyone((list(ctx.peers), self.timing.cpu())):
             timing[peers] = rows
         self.snapshot = torch.empty_like(ctx.flat)
@@ -186,6 +198,7 @@ class AsyncGossip(Algorithm):
         self.next_event: dict[int, tuple[float, int]] = {}
         self.started = [0 if math.isnan(timing[p, 2]) else int(timing[p, 2]) for p in range(self.n)]
         self.key = [max(s - 1, 0) for s in self.started]
+        self.began = [float(timing[p, 3]) for p in range(self.n)]
         self.replica = True
         for p in range(self.n):
             t, kind = float(timing[p, 0]), timing[p, 1]
@@ -208,9 +221,9 @@ class AsyncGossip(Algorithm):
         own = list(ctx.peers)
         ctx.flat = self.x[own].clone()
         self.change = self.changes[own].clone()
-        self.timing = torch.tensor([[*self.next_event[p], self.started[p]] for p in own], dtype=torch.float64).reshape(
-            len(own), 3
-        )
+        self.timing = torch.tensor(
+            [[*self.next_event[p], self.started[p], self.began[p]] for p in own], dtype=torch.float64
+        ).reshape(len(own), 4)
         self.in_flight = [(t, dst, src, w.cpu()) for (t, dst, src), w in self.mail.items() if dst in ctx.row]
 
     # -- what subclasses share -----------------------------------------------------------------------------
@@ -231,11 +244,15 @@ class AsyncGossip(Algorithm):
         edge = graph.get_edge_data(src, dst) if graph.has_edge(src, dst) else None
         return self.ctx.network.message_time(src, dst, self.x[src].numel() * self.x.element_size(), edge)
 
-    def send(self, src: int, dst: int) -> bool:
+    def send(self, src: int, dst: int, arrival: float) -> bool:
         """src's model sent to dst, counted by src's rank as the transport counts a message; whether it
-        arrives (--drop-links loses it with its probability, drawn by src, dst and src's step count)."""
+        arrives: --drop-links loses it with its probability (drawn by src, dst and src's step count), and a
+        peer away at the arrival (churn) hears nothing."""
         faults, counter = self.ctx.faults, self.ctx.transport.counter
-        arrives = faults is None or faults.delivered(self.key[src], src, dst, "async")
+        lost = faults is not None and uniform_draw(faults.seed, "drop-link/async", self.key[src], src, dst) < (
+            faults.drop_links
+        )
+        arrives = not lost and (self.away is None or self.away.present(dst, arrival))
         if src in self.ctx.row:
             counter.record("gossip", [Message(src, dst, Weights(self.x[src]))])
             counter.lost += not arrives

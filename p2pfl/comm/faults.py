@@ -1,4 +1,5 @@
-"""Simulated faults: peers offline for a round, lost messages, and stragglers against a deadline.
+"""Simulated faults: peers offline for a round, lost messages, and stragglers against a deadline; and peers
+away at a round's start by the run's churn (p2pfl.comm.availability), who sit it out as offline ones do.
 
 Every draw is keyed by (seed, kind, round, peer or link) like every other random choice, so the same
 seed gives the same faults on any number of ranks. The transport applies them to each exchange: an
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from p2pfl.comm.availability import Availability
 from p2pfl.seeding import uniform_draw as _uniform
 
 
@@ -28,18 +30,24 @@ class Faults:
     slow_peers: float = 0.0
     slow_factor: float = 4.0
     deadline: float = 2.0
+    availability: Availability | None = None  # peers that leave and come back (churn): away ones sit rounds out
+
+    @property
+    def faulty(self) -> bool:
+        """Whether any of the faults proper is asked for (the unit clock's deadline is theirs)."""
+        return bool(self.drop_peers or self.drop_links or self.slow_peers)
 
     @property
     def active(self) -> bool:
-        return bool(self.drop_peers or self.drop_links or self.slow_peers)
+        return self.faulty or self.availability is not None
 
     @lru_cache(maxsize=65536)
     def offline(self, round_index: int, peer: int) -> bool:
-        return (
-            peer < self.peers
-            and self.drop_peers > 0
-            and _uniform(self.seed, "drop-peer", round_index, peer) < self.drop_peers
-        )
+        if peer >= self.peers:
+            return False
+        if self.availability is not None and self.availability.absent_in_round(round_index, peer):
+            return True
+        return self.drop_peers > 0 and _uniform(self.seed, "drop-peer", round_index, peer) < self.drop_peers
 
     @lru_cache(maxsize=65536)
     def finish_time(self, round_index: int, peer: int) -> float:

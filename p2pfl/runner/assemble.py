@@ -14,6 +14,7 @@ from p2pfl.runner.fit_checks import check_data_fit, check_model_memory, gpu_shar
 from p2pfl.settings.run_config import RunConfig
 from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file
 from p2pfl.errors import OutOfGPUMemory, UserError
+from p2pfl.comm.availability import Availability, read_availability
 from p2pfl.comm.clock import Network, peer_step_times, read_step_times
 from p2pfl.comm.faults import Faults
 from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
@@ -89,7 +90,14 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
         shards = threats.poison(data, shards)
     transport = make_transport(cfg.peers, 1 if cls.centralized else 0, cfg.comm_timeout, device)
     faults = Faults(
-        cfg.seed, cfg.peers, cfg.drop_peers, cfg.drop_links, cfg.slow_peers, cfg.slow_factor, cfg.round_deadline
+        cfg.seed,
+        cfg.peers,
+        cfg.drop_peers,
+        cfg.drop_links,
+        cfg.slow_peers,
+        cfg.slow_factor,
+        cfg.round_deadline,
+        availability_of(cfg),
     )
     transport.faults = faults if faults.active else None
     peers = transport.placement.peers_of(transport.rank)
@@ -140,6 +148,15 @@ def out_of_gpu_memory(cfg: RunConfig, size: int, device: str) -> OutOfGPUMemory:
         f"rank (more ranks: mpirun -n, or fewer --peers), fewer samples (--samples-per-peer, --train-samples, "
         f"--test-samples), a smaller model (--model, --hidden), or --device cpu"
     )
+
+
+def availability_of(cfg: RunConfig) -> Availability | None:
+    """Peers that leave and come back, from --availability-file or --churn (None: every peer stays)."""
+    if cfg.availability_file:
+        return read_availability(cfg.availability_file, cfg.peers)
+    if cfg.churn > 0:
+        return Availability.seeded(cfg.seed, cfg.peers, cfg.churn, cfg.churn_online, cfg.churn_offline)
+    return None
 
 
 def network_of(cfg: RunConfig) -> Network:

@@ -343,6 +343,13 @@ def check_network(cfg: RunConfig) -> None:
             "are --slower-peers or --step-time-spread, and a round lasts until its last message arrives"
         )
     linked = cfg.link_latency > 0 or cfg.link_bandwidth is not None or cfg.link_spread > 0
+    churned = cfg.churn > 0 or bool(cfg.availability_file)
+    if cfg.churn > 0 and cfg.availability_file:
+        raise UserError("--churn and --availability-file both say when peers are away: give one")
+    if cfg.algorithm.centralized and churned:
+        raise UserError(
+            f"--algo {cfg.algo}: peers leaving and coming back act on graph runs; a star's are not modelled"
+        )
     if cfg.algorithm.centralized and (timed or linked):
         raise UserError(
             f"--algo {cfg.algo}: the network model times graph runs (work, then exchanges); a star's clients "

@@ -41,6 +41,10 @@ def run_rounds(ctx, algorithm, measure: RoundMeasure, first: int, run_dir: Path 
     try:
         for k in range(first, cfg.rounds):
             ctx.transport.round_index = k
+            if ctx.faults is not None and ctx.faults.availability is not None:  # churn asks at the round's start
+                ctx.faults.availability.round_starts[k] = ctx.transport.bcast(
+                    measure.log.rows[-1]["sim_time_s"] if measure.log.rows else 0.0
+                )
             check_same_graph(ctx, k, first)
             synchronize(ctx.device)
             start = time.perf_counter()

@@ -64,7 +64,7 @@ def input_digests(cfg) -> dict[str, str]:
     """{setting: its file's SHA-256} of each file the run reads beside its data (topology_file,
     partition_file), as the run started: config.toml's [p2pfl] table keeps them (as topology_file_sha256),
     and a resume or a tool that reads the file again (analysis topology) refuses one changed since."""
-    named = ("topology_file", "partition_file")
+    named = ("topology_file", "partition_file", "step_time_file", "availability_file")
     return {name: file_digest(Path(getattr(cfg, name))) for name in named if getattr(cfg, name) is not None}
 
 

@@ -208,7 +208,7 @@ class RoundMeasure:
             p: network.work(p, self.work_steps[p], faults.finish_time(k, p) if faults is not None else 1.0)
             for p in taking_part
         }
-        deadline = faults.deadline if faults is not None and network.step_times is None else None
+        deadline = faults.deadline if faults is not None and faults.faulty and network.step_times is None else None
         graph = ctx.schedule.graph(k) if self.graph_run else None
         seconds = network.round_time(work, merged_exchanges(facts), graph, deadline)
         return float(f"{before + seconds:.10g}")

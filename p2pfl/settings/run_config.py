@@ -269,6 +269,18 @@ class RunConfig:
         "network model: each link's latency times, and bandwidth over, a log-normal factor (median 1) of this sigma",
         non_negative,
     )
+    churn: float = option(
+        0.0,
+        "network model: this share of the peers, drawn from --seed, leave and come back (seeded on/off spans)",
+        probability,
+    )
+    churn_online: float = option(20.0, "network model: a churning peer's mean seconds present at a time", positive)
+    churn_offline: float = option(10.0, "network model: a churning peer's mean seconds away at a time", positive)
+    availability_file: str | None = option(
+        None,
+        "network model: a CSV of 'peer,leave,return' lines, when peers are away (instead of --churn)",
+        shown="none",
+    )
     byzantine: float = option(
         0.0,
         "Byzantine peers: a count (2) or a share of the peers (0.1), drawn from --seed; every metric leaves them out",

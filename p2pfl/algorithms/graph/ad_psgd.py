@@ -38,10 +38,11 @@ class ADPSGD(AsyncGossip):
     def finished(self, round_index: int, t: float, peer: int) -> float:
         x, start = self.x, t
         j = self.partner(round_index, peer)
-        if j is not None:  # a lost request (--drop-links) averages nothing, and i moves on after the round trip
-            if self.send(peer, j) and self.send(j, peer):
+        if j is not None:  # a lost message (--drop-links, j away) averages nothing; i moves on after the round trip
+            there = t + self.message_time(round_index, peer, j)
+            start = there + self.message_time(round_index, j, peer)
+            if self.send(peer, j, there) and self.send(j, peer, start):
                 mean = (x[peer] + x[j]) / 2
                 x[peer], x[j] = mean, mean
-            start = t + self.message_time(round_index, peer, j) + self.message_time(round_index, j, peer)
         x[peer] += self.changes[peer]
         return start

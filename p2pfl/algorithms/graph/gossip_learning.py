@@ -15,6 +15,7 @@ and pushes each time its work is done, so that the clock, not the message count,
 from __future__ import annotations
 
 import heapq
+import math
 
 import torch
 
@@ -32,8 +33,8 @@ class GossipLearning(AsyncGossip):
         x = self.x
         x[peer] += self.changes[peer]
         j = self.partner(round_index, peer)
-        if j is not None and self.send(peer, j):
-            arrival = t + self.message_time(round_index, peer, j)
+        arrival = t + self.message_time(round_index, peer, j) if j is not None else math.inf
+        if j is not None and self.send(peer, j, arrival):  # lost (--drop-links), or j away when it arrives
             self.mail[(arrival, j, peer)] = x[peer].clone()
             heapq.heappush(self.events, (arrival, ARRIVAL, j, peer))
         return t
