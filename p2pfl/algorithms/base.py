@@ -45,8 +45,7 @@ class Round:
     # is not the network (TCT's linear model): on rank 0 (aggregated {metric: float}, clients {metric: (peers,)}),
     # ({}, {}) on the others; None: the networks are evaluated as usual
     resumable: bool = True  # whether the declared state holds all the next round needs (False: no checkpoint)
-    seconds: float | None = None  # the round's virtual seconds where the algorithm keeps its own clock (an
-    # asynchronous run's round is a span of virtual time); None: the clock times the round's work and exchanges
+    seconds: float | None = None  # an asynchronous round's virtual seconds (its own clock); None: the clock's model
 
 
 class Algorithm:
