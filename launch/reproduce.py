@@ -128,8 +128,8 @@ def check_row(row: Row, where: str) -> None:
             f"{where}: a claim is a folder name under --runs (letters, digits, '.', '_', '-'), and a method "
             "holds a letter or digit"
         )
-    if not (row.take in ("last", "best") or re.fullmatch(r"rounds_to:0?\.\d+", row.take)):
-        raise UserError(f"{where}: take is last, best or rounds_to:<fraction>, not {row.take!r}")
+    if not (row.take in ("last", "best") or re.fullmatch(r"(rounds|sim_time)_to:0?\.\d+", row.take)):
+        raise UserError(f"{where}: take is last, best, rounds_to:<fraction> or sim_time_to:<fraction>, not {row.take!r}")
 
 
 def _integer(value) -> bool:
@@ -151,8 +151,11 @@ def value_of(row: Row, records: list[dict], final: dict) -> float | None:
         return values[-1][1]
     if row.take == "best":
         return max(v for _, v in values)
-    target = float(row.take.removeprefix("rounds_to:"))
-    return next((rnd for rnd, v in values if v >= target), None)
+    target = float(row.take.partition(":")[2])
+    reached = next((r for r in records if r.get(row.metric) is not None and r[row.metric] >= target), None)
+    if reached is None:
+        return None
+    return reached["round"] if row.take.startswith("rounds_to") else reached.get("sim_time_s")
 
 
 @dataclass
@@ -196,6 +199,8 @@ def shown(row: Row, value: float, averaged: bool = False) -> str:
     """A value as the page prints it; a mean or spread of rounds keeps one decimal."""
     if row.take.startswith("rounds_to"):
         return f"{value:.1f}" if averaged else f"{value:.0f}"
+    if row.take.startswith("sim_time_to"):
+        return f"{value:.3g} s"
     return level(row, value)
 
 

@@ -149,3 +149,23 @@ def test_async_and_churn_are_the_same_on_three_ranks_and_resume_equal(tmp_path, 
     args += ["--rounds", "3", "--no-progress", *NETWORK]
     testing.check_layout_invariance(args, tmp_path / "layout")
     testing.check_resume(args, tmp_path / "resume")
+
+
+def test_the_run_header_states_the_network_model_and_the_asynchronous_round(tmp_path):
+    p2pfl.simulate(
+        "ad-psgd",
+        out=tmp_path / "run",
+        rounds=1,
+        step_time=0.1,
+        slower_peers=0.25,
+        link_latency=0.01,
+        link_bandwidth=1e6,
+        churn=0.25,
+        **RING,
+    )
+    header = (tmp_path / "run" / "config.toml").read_text()
+    assert "# asynchronous: a round is 0.1 virtual seconds" in header
+    assert (
+        "# network model: a local step 0.1 s (median; 0.1 to 1 s over the peers), links 0.01 s + bytes at 1e+06 "
+        "B/s, 2 peers churning (present 20 s, away 10 s on average)" in header
+    )

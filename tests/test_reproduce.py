@@ -92,7 +92,7 @@ def test_run_then_page_from_the_run_folders(tmp_path, monkeypatch):
     "text,says",
     [
         ('[[row]]\nclaim = "x"\n', "missing"),
-        (ROWS.replace('take = "last"', 'take = "final"', 1), "take is last, best or rounds_to"),
+        (ROWS.replace('take = "last"', 'take = "final"', 1), "take is last, best, rounds_to"),
         (ROWS.replace('paper = "A toy paper"\n', "", 1), "names its paper and headline"),
         ("", "no [[row]]"),
         (ROWS.replace("seeds = [0, 1]", 'seeds = "0"', 1), "seeds is '0', not a list of integers"),
@@ -139,3 +139,16 @@ def test_rounds_to_a_target_mean_with_a_decimal_seeds_whole_misses_with_their_be
     assert reproduce.summary(row, found[:1]) == "**23** (23)"
     missed = [reproduce.Outcome(seed, None, 1.0, {}, best) for seed, best in [(0, 0.794), (1, 0.798)]]
     assert reproduce.summary(row, missed) == "target not reached in 2 of 2 runs (test_acc at most 79.4%, 79.8%)"
+
+
+def test_virtual_seconds_to_a_target_are_those_of_the_first_row_reaching_it():
+    row = dataclasses.replace(reproduce.load_rows()[0], take="sim_time_to:0.7")
+    records = [
+        {"round": 10, "test_acc": 0.6, "sim_time_s": 0.25},
+        {"round": 20, "test_acc": 0.72, "sim_time_s": 0.5},
+        {"round": 30, "test_acc": 0.8, "sim_time_s": 0.75},
+    ]
+    assert reproduce.value_of(row, records, {}) == 0.5
+    assert reproduce.value_of(dataclasses.replace(row, take="sim_time_to:0.9"), records, {}) is None
+    found = [reproduce.Outcome(seed, value, 1.0, {}) for seed, value in [(0, 0.5), (1, 0.25)]]
+    assert reproduce.summary(row, found) == "**0.375 s ± 0.177 s** (0.5 s, 0.25 s)"

@@ -91,6 +91,11 @@ class AsyncGossip(Algorithm):
         self.replica = None  # built at the first round from the state above (a resume's, too)
         self.n = n
 
+    def notes(self) -> list[str]:
+        return [
+            f"asynchronous: a round is {self.period:.4g} virtual seconds (--round-time), events in virtual-time order"
+        ]
+
     # -- what a subclass writes ------------------------------------------------------------------------
     def finished(self, round_index: int, t: float, peer: int) -> float:
         """peer's work is done at t: use self.x and self.changes; return when its next work starts (>= t)."""

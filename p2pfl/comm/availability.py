@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from pathlib import Path
 
+from p2pfl.comm.clock import read_trace
 from p2pfl.errors import UserError
 from p2pfl.seeding import derive_seed, uniform_draw
 
@@ -80,24 +80,9 @@ def read_availability(path: str, peers: int) -> Availability:
     """Away spans from a CSV of 'peer,leave,return' lines (seconds of virtual time; an empty return or inf:
     it never comes back; a header line may lead; # starts a comment), checked where it enters."""
     where = f"--availability-file {path}"
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise UserError(f"{where}: {exc.strerror or exc}") from None
     away: dict[int, list[tuple[float, float]]] = {}
-    for number, line in enumerate(lines, 1):
-        words = [w.strip() for w in line.split("#", 1)[0].split(",")]
-        if words == [""]:
-            continue
-        if len(words) != 3:
-            raise UserError(f"{where}: line {number} holds {len(words)} fields; a line reads 'peer,leave,return'")
-        try:
-            peer, leave = int(words[0]), float(words[1])
-            back = math.inf if words[2] in ("", "inf") else float(words[2])
-        except ValueError:
-            if not away and number == 1:
-                continue  # a header
-            raise UserError(f"{where}: line {number}: {line.strip()!r} is not 'peer,leave,return'") from None
+    parse = lambda w: (int(w[0]), float(w[1]), math.inf if w[2] in ("", "inf") else float(w[2]))  # noqa: E731
+    for number, _, (peer, leave, back) in read_trace(path, "--availability-file", "peer,leave,return", parse):
         if not 0 <= peer < peers:
             raise UserError(f"{where}: line {number}: peer {peer} is not one of the run's peers 0..{peers - 1}")
         if not (math.isfinite(leave) and leave >= 0) or math.isnan(back) or back <= leave:

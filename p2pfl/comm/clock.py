@@ -101,27 +101,40 @@ def peer_step_times(
     return tuple(times)
 
 
-def read_step_times(path: str, peers: int) -> tuple[float, ...]:
-    """Every peer's seconds per local step from a CSV of 'peer,seconds' lines (a header line may lead; #
-    starts a comment), checked where it enters: each peer once, each time a positive finite number."""
-    where = f"--step-time-file {path}"
+def read_trace(path: str, flag: str, layout: str, parse) -> list[tuple[int, str, object]]:
+    """The lines of a small CSV a flag names, as (line number, line, parse(its fields)): blank lines and #
+    comments skipped, a first line that does not parse taken for a header; a line of other width or that
+    does not parse is one line naming it (UserError)."""
+    where = f"{flag} {path}"
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
         raise UserError(f"{where}: {exc.strerror or exc}") from None
-    times: dict[int, float] = {}
+    width = len(layout.split(","))
+    out: list[tuple[int, str, object]] = []
     for number, line in enumerate(lines, 1):
         words = [w.strip() for w in line.split("#", 1)[0].split(",")]
         if words == [""]:
             continue
-        if len(words) != 2:
-            raise UserError(f"{where}: line {number} holds {len(words)} fields; a line reads 'peer,seconds'")
+        if len(words) != width:
+            raise UserError(f"{where}: line {number} holds {len(words)} fields; a line reads '{layout}'")
         try:
-            peer, seconds = int(words[0]), float(words[1])
+            out.append((number, line, parse(words)))
         except ValueError:
-            if not times and number == 1:
+            if not out and number == 1:
                 continue  # a header
-            raise UserError(f"{where}: line {number}: {line.strip()!r} is not 'peer,seconds'") from None
+            raise UserError(f"{where}: line {number}: {line.strip()!r} is not '{layout}'") from None
+    return out
+
+
+def read_step_times(path: str, peers: int) -> tuple[float, ...]:
+    """Every peer's seconds per local step from a CSV of 'peer,seconds' lines (a header line may lead; #
+    starts a comment), checked where it enters: each peer once, each time a positive finite number."""
+    where = f"--step-time-file {path}"
+    times: dict[int, float] = {}
+    for number, _, (peer, seconds) in read_trace(
+        path, "--step-time-file", "peer,seconds", lambda w: (int(w[0]), float(w[1]))
+    ):
         if not 0 <= peer < peers:
             raise UserError(f"{where}: line {number}: peer {peer} is not one of the run's peers 0..{peers - 1}")
         if not (math.isfinite(seconds) and seconds > 0):

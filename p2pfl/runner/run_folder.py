@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import shutil
+import statistics
 import stat
 import sys
 from datetime import datetime
@@ -148,12 +149,35 @@ def announce(ctx, algorithm, run_dir: Path | None, write: bool, devices: list | 
     notes = call_hook(algorithm, "notes")
     if ctx.transport.rank != 0:
         return
-    notes = [*notes, *ctx.cfg.notes]
+    notes = [*notes, *ctx.cfg.notes, *network_note(ctx.cfg, ctx.network)]
     placed = device_note([device for device, _ in devices])
     if write and not ctx.cfg.resume:  # a resumed run's header is the one it started with
         write_run_header(ctx, run_dir, [placed, *notes], [name for _, name in devices if name])
     for note in ([placed] if any(d != "cpu" for d, _ in devices) else []) + notes:  # CPU runs: config.toml only
         print(f"p2pfl: {note}", file=sys.stderr)
+
+
+def network_note(cfg: RunConfig, network) -> list[str]:
+    """The run header's line on the virtual clock's network model, where one is asked for (none: the unit
+    clock and peers that stay)."""
+    parts = []
+    if network.step_times is not None:
+        times = sorted(network.step_times)
+        median = statistics.median(times)
+        spread = f" (median; {times[0]:.3g} to {times[-1]:.3g} s over the peers)" if times[0] != times[-1] else ""
+        parts.append(f"a local step {median:.3g} s{spread}")
+    if cfg.link_latency or cfg.link_bandwidth is not None:
+        speed = f" + bytes at {cfg.link_bandwidth:g} B/s" if cfg.link_bandwidth is not None else ""
+        spread = f", spread sigma {cfg.link_spread:g}" if cfg.link_spread else ""
+        parts.append(f"links {cfg.link_latency:g} s{speed}{spread}")
+    if cfg.availability_file:
+        parts.append(f"peers away as {cfg.availability_file} says")
+    elif cfg.churn:
+        parts.append(
+            f"{round(cfg.churn * cfg.peers)} peers churning (present {cfg.churn_online:g} s, away "
+            f"{cfg.churn_offline:g} s on average)"
+        )
+    return [f"network model: {', '.join(parts)}"] if parts else []
 
 
 def device_facts(device: torch.device) -> tuple[str, str | None]:
