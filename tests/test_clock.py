@@ -5,6 +5,7 @@ import math
 
 import networkx as nx
 import pytest
+import torch
 
 import p2pfl
 from p2pfl.comm.clock import Network, peer_step_times, read_step_times
@@ -122,6 +123,7 @@ def test_a_step_time_file_is_read_and_checked(tmp_path):
         (dict(step_time_spread=0.5), "--step-time-spread spreads --step-time"),
         (dict(step_time=0.1, slow_peers=0.2), "--slow-peers belongs to the faults' unit clock"),
         (dict(step_time=0.1, step_time_file="x.csv"), "give one"),
+        (dict(step_time=0.1, peer_flops=1e9), "--step-time and --peer-flops both give the step time"),
         (dict(algo="fedavg", link_latency=0.1), "a star's clients download, train and upload"),
         (dict(link_bandwidth=0.0), "--link-bandwidth must be positive"),
     ],
@@ -144,3 +146,18 @@ def test_the_clock_is_the_same_on_three_ranks_and_resumes_equal(tmp_path):
     args += ["--rounds", "3", "--no-progress", *NETWORK]
     testing.check_layout_invariance(args, tmp_path / "layout")
     testing.check_resume(args, tmp_path / "resume")
+
+
+def test_a_peers_flops_set_its_step_time_from_the_models_flops_a_step():
+    """The MLP's minibatch of 10: forward 2 * 10 * (weights of its two layers), backward the weights'
+    gradients (as much again) and the second layer's input gradient (the first's input needs none)."""
+    from p2pfl.models.flops import step_flops
+
+    ctx, _ = make_context(algo="dpsgd", peers=8)
+    model = build_model(ctx.cfg.model, ctx.data.input_shape, ctx.data.n_classes, ctx.cfg)
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(layers) == 2
+    matmul = [2 * 10 * m.in_features * m.out_features for m in layers]
+    assert step_flops(model, ctx.data.input_shape, 10) == 2 * sum(matmul) + matmul[1]
+    run = p2pfl.simulate("dpsgd", out=None, rounds=1, peer_flops=1e9, **RING)
+    assert run.rows[0]["sim_time_s"] == pytest.approx(step_flops(model, ctx.data.input_shape, 10) / 1e9, rel=1e-9)

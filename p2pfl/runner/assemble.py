@@ -16,6 +16,7 @@ from p2pfl.data import DataRequest, load_dataset, partition, read_partition_file
 from p2pfl.errors import OutOfGPUMemory, UserError
 from p2pfl.comm.availability import Availability, read_availability
 from p2pfl.comm.clock import Network, peer_step_times, read_step_times
+from p2pfl.models.flops import step_flops
 from p2pfl.comm.faults import Faults
 from p2pfl.models import PeerStack, build_model, count_parameters, initial_parameters
 from p2pfl.runner.graph_schedule import schedule_of
@@ -123,7 +124,7 @@ def build(cfg: RunConfig, rank: int, size: int, local_rank: int):
         flat=flat,
         device=device,
         faults=transport.faults,
-        network=network_of(cfg),
+        network=network_of(cfg, lambda: step_flops(model, data.input_shape, cfg.batch_size)),
         threats=threats,
     )
     return ctx, call_hook(cls, "__init__", ctx)
@@ -159,14 +160,14 @@ def availability_of(cfg: RunConfig) -> Availability | None:
     return None
 
 
-def network_of(cfg: RunConfig) -> Network:
-    """The virtual clock's network and system model from the run's flags (p2pfl.comm.clock)."""
+def network_of(cfg: RunConfig, flops=None) -> Network:
+    """The virtual clock's network and system model from the run's flags (p2pfl.comm.clock); flops() counts
+    the model's FLOPs a step, where --peer-flops sets the step time from it."""
+    step_time = cfg.step_time if cfg.peer_flops is None else flops() / cfg.peer_flops
     if cfg.step_time_file:
         steps = read_step_times(cfg.step_time_file, cfg.peers)
-    elif cfg.step_time is not None:
-        steps = peer_step_times(
-            cfg.seed, cfg.peers, cfg.step_time, cfg.step_time_spread, cfg.slower_peers, cfg.slower_by
-        )
+    elif step_time is not None:
+        steps = peer_step_times(cfg.seed, cfg.peers, step_time, cfg.step_time_spread, cfg.slower_peers, cfg.slower_by)
     else:
         steps = None
     return Network(cfg.seed, steps, cfg.link_latency, cfg.link_bandwidth, cfg.link_spread)

@@ -331,12 +331,21 @@ def check_network(cfg: RunConfig) -> None:
     """The network model's flags (p2pfl.comm.clock): a step time once, its spreads only with it, and not
     beside the faults' unit clock's stragglers and deadline; graph runs only (a star's clients download,
     train, then upload, an order the clock does not model)."""
-    timed = cfg.step_time is not None or bool(cfg.step_time_file)
-    if cfg.step_time is not None and cfg.step_time_file:
-        raise UserError("--step-time and --step-time-file both give the step time: give one")
+    given = [
+        flag
+        for flag, on in (
+            ("--step-time", cfg.step_time is not None),
+            ("--step-time-file", bool(cfg.step_time_file)),
+            ("--peer-flops", cfg.peer_flops is not None),
+        )
+        if on
+    ]
+    timed = bool(given)
+    if len(given) > 1:
+        raise UserError(f"{given[0]} and {given[1]} both give the step time: give one")
     for name in ("step_time_spread", "slower_peers"):  # by value: a resumed run's config.toml gives every setting
-        if getattr(cfg, name) > 0 and cfg.step_time is None:
-            raise UserError(f"--{name.replace('_', '-')} spreads --step-time: give --step-time S")
+        if getattr(cfg, name) > 0 and cfg.step_time is None and cfg.peer_flops is None:
+            raise UserError(f"--{name.replace('_', '-')} spreads --step-time: give --step-time S (or --peer-flops F)")
     if timed and cfg.slow_peers > 0:
         raise UserError(
             "--slow-peers belongs to the faults' unit clock (with its --round-deadline); with --step-time slow peers "

@@ -165,7 +165,8 @@ def network_note(cfg: RunConfig, network) -> list[str]:
         times = sorted(network.step_times)
         median = statistics.median(times)
         spread = f" (median; {times[0]:.3g} to {times[-1]:.3g} s over the peers)" if times[0] != times[-1] else ""
-        parts.append(f"a local step {median:.3g} s{spread}")
+        speed = f", the model's FLOPs at {cfg.peer_flops:g} FLOP/s" if cfg.peer_flops is not None else ""
+        parts.append(f"a local step {median:.3g} s{speed}{spread}")
     if cfg.link_latency or cfg.link_bandwidth is not None:
         speed = f" + bytes at {cfg.link_bandwidth:g} B/s" if cfg.link_bandwidth is not None else ""
         spread = f", spread sigma {cfg.link_spread:g}" if cfg.link_spread else ""

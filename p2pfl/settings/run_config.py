@@ -255,6 +255,13 @@ class RunConfig:
         "network model: a CSV of 'peer,seconds' lines, every peer's step time (instead of --step-time)",
         shown="none",
     )
+    peer_flops: float | None = option(
+        None,
+        "network model: a peer's device speed in FLOP/s; a local step takes the model's FLOPs for one minibatch's "
+        "forward and backward pass over it (instead of --step-time)",
+        positive,
+        shown="none",
+    )
     link_latency: float = option(
         0.0, "network model: the seconds a message takes on a link before its bytes", non_negative
     )
