@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from p2pfl import testing  # noqa: E402
+from p2pfl.algorithms import REGISTRY  # noqa: E402
 from tests.test_conformance import ALGOS, FITS, TINY  # noqa: E402
 
 STAGED = {"tct"}  # its stages fix the rounds
@@ -31,7 +32,8 @@ def cases() -> dict[str, list[str]]:
     for algo in ALGOS:
         rounds = [] if algo in STAGED else ["--rounds", "2"]
         out[algo] = [*TINY, *rounds, "--algo", algo, *FITS.get(algo, [])]
-        out[f"{algo}-faults"] = [*out[algo], "--drop-links", "0.2", "--drop-peers", "0.1"]
+        offline = [] if REGISTRY[algo].asynchronous else ["--drop-peers", "0.1"]  # per round: synchronous ones
+        out[f"{algo}-faults"] = [*out[algo], "--drop-links", "0.2", *offline]
     fashion = [
         "--dataset",
         "fashion-mnist",

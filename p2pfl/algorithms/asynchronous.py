@@ -53,6 +53,7 @@ class AsyncGossip(Algorithm):
     travel, when one arrives (arrive)."""
 
     Settings = AsyncSettings
+    asynchronous = True
     mixing = "uniform"  # not used: a pair averages, a merge halves (a run's config.toml names this)
     state = {"change": "peer", "timing": "peer"}
 

@@ -69,6 +69,7 @@ class Algorithm:
     withstands_threats = False  # whether its averaging takes Byzantine peers and robust rules (p2pfl.threats)
     mixing = "metropolis"  # its default --mixing on an undirected graph (a directed one takes uniform)
     push_sum = False  # whether it de-biases what it averages itself (push-sum), so that W need not keep the mean
+    asynchronous = False  # whether its peers run on the event clock (a round is a span of virtual time)
     tasks = ("classification", "regression")  # what it can learn
     # What a checkpoint saves besides ctx.flat and ctx.global_weights (p2pfl.runner.checkpoint), by attribute name:
     # "peer", a tensor with one row per peer of the rank; "server", the server's (rank 0); "pooled", a list

@@ -1,4 +1,6 @@
-"""Transports: in-process and MPI, behind one interface; make_transport picks by how we were launched."""
+"""Transports: in-process and MPI, behind one interface; make_transport picks by how we were launched. Beside
+them, what the network does to messages and time: simulated faults (faults.py), the virtual clock's network
+and system model (clock.py) and peers that leave and come back (availability.py)."""
 
 from __future__ import annotations
 

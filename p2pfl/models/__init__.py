@@ -1,4 +1,5 @@
-"""Models by name, and the stacked (peers x parameters) representation they are trained in."""
+"""Models by name, and the stacked (peers x parameters) representation they are trained in; a step's FLOPs
+(flops.py) for the virtual clock."""
 
 from __future__ import annotations
 
