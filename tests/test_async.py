@@ -133,6 +133,20 @@ def test_asynchronous_and_churn_settings_refused_in_one_line(algo, settings, mes
         p2pfl.simulate(algo, out=None, dataset="synthetic", peers=8, rounds=1, progress=False, **settings)
 
 
+def test_models_in_flight_when_a_round_ends_are_state_a_checkpoint_keeps():
+    """The slow links of the three-rank case below (1e5 B/s: a model takes 0.3 s) leave pushes in flight at
+    the rows' ends, so that its resume carries them."""
+    ctx, algo = make_context(
+        algo="gossip-learning", peers=9, kappa=2, local_epochs=1, step_time=0.1, link_latency=0.01, link_bandwidth=1e5
+    )
+    assert algo.state["in_flight"] == "pooled"
+    in_flight = []
+    for k in range(3):
+        algo.round(k)
+        in_flight.append(len(algo.in_flight))
+    assert max(in_flight) > 0 and all(dst in ctx.row for _, dst, _, _ in algo.in_flight)
+
+
 NETWORK = ["--step-time", "0.1", "--step-time-spread", "0.5", "--slower-peers", "0.25", "--link-latency", "0.01"]
 NETWORK += ["--link-bandwidth", "1e5", "--drop-links", "0.2", "--churn", "0.4", "--churn-online", "0.3"]
 NETWORK += ["--churn-offline", "0.2"]
