@@ -162,6 +162,7 @@ BENCH = [  # every script of `make bench` and of the device check, at a tiny siz
     ["bench_cnn.py", "--tct-stage1", "--device", "gpu", "--repeats", "1"],
     ["bench_eval.py", "--clients", "6", "--rounds", "2"],
     ["bench_codecs.py", "--peers", "6", "--rounds", "1", "--dataset", "synthetic", "--codecs", "dense,qsgd-4"],
+    ["bench_async.py", "--peers", "8", "--rounds", "1", "--dataset", "synthetic"],
     [
         "bench_ntk.py",
         "--peers",
