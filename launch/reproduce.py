@@ -129,7 +129,9 @@ def check_row(row: Row, where: str) -> None:
             "holds a letter or digit"
         )
     if not (row.take in ("last", "best") or re.fullmatch(r"(rounds|sim_time)_to:0?\.\d+", row.take)):
-        raise UserError(f"{where}: take is last, best, rounds_to:<fraction> or sim_time_to:<fraction>, not {row.take!r}")
+        raise UserError(
+            f"{where}: take is last, best, rounds_to:<fraction> or sim_time_to:<fraction>, not {row.take!r}"
+        )
 
 
 def _integer(value) -> bool:
