@@ -36,7 +36,7 @@ CASES = {
 
 def steps_taken(algo) -> int:
     """The local steps the run's peers have started (D-PSGD: none counted here)."""
-    return sum(algo.started) if getattr(algo, "replica", None) else 0
+    return sum(algo.started) if getattr(algo, "started", None) else 0
 
 
 def main() -> None:

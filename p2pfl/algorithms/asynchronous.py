@@ -86,10 +86,11 @@ class AsyncGossip(Algorithm):
         self.change = torch.zeros_like(ctx.flat)  # each peer's change from its work under way (computed)
         # each peer's next event: [its virtual time, DONE or START, the works it started, when the work under way
         # began]; NaN: not begun
-        self.timing = torch.full((len(ctx.peers), 4), math.nan, dtype=torch.float64)
+        self.timing = torch.full((len(ctx.peers), 4), math.nan, dtype=torch.float64, device=ctx.device)
         self.away = ctx.faults.availability if ctx.faults is not None else None  # churn, asked at each event
         self.in_flight: list = []  # models on their way: (arrival, dst, src, weights), saved by dst's rank
-        self.replica = None  # built at the first round from the state above (a resume's, too)
+        self.started: list[int] | None = None  # each peer's works begun; None until the first round builds the
+        # replica from the state above (a resume's, too)
         self.n = n
 
     def notes(self) -> list[str]:
@@ -107,11 +108,11 @@ class AsyncGossip(Algorithm):
 
     # -- the clock ---------------------------------------------------------------------------------------
     def round(self, round_index: int) -> Round:
-        if self.replica is None:
+        if self.started is None:
             self._build()
         ctx = self.ctx
-        self.loss_sum = torch.zeros(len(ctx.peers), dtype=torch.float64)
-        self.loss_count = torch.zeros(len(ctx.peers))
+        self.loss_sum = torch.zeros(len(ctx.peers), dtype=torch.float64, device=ctx.device)
+        self.loss_count = torch.zeros(len(ctx.peers), device=ctx.device)
         horizon = (round_index + 1) * self.period
         events = self.events
         while events and events[0][0] <= horizon:
@@ -126,8 +127,7 @@ class AsyncGossip(Algorithm):
                         self._train_pending(round_index)
                     start = self.finished(round_index, t, peer)
                 if start > t:
-                    self.next_event[peer] = (start, START)
-                    heapq.heappush(events, (start, START, peer, -1))
+                    self._schedule(start, START, peer)
                 else:
                     self._start(start, peer)
             else:
@@ -135,15 +135,19 @@ class AsyncGossip(Algorithm):
         self._train_pending(round_index)
         self._keep_state()
         losses = (self.loss_sum / self.loss_count).to(torch.float32)  # NaN where no work was done in the round
-        return Round(losses.to(ctx.device), seconds=self.period)
+        return Round(losses, seconds=self.period)
+
+    def _schedule(self, t: float, kind: int, peer: int) -> None:
+        """peer's next event (a work done, or a start); one at t = inf never comes."""
+        self.next_event[peer] = (t, kind)
+        if math.isfinite(t):
+            heapq.heappush(self.events, (t, kind, peer, -1))
 
     def _start(self, t: float, peer: int) -> None:
         """peer begins a work at t from its weights now (away at t: it waits to return)."""
         back = self.away.back_at(peer, t) if self.away is not None else t
         if back > t:
-            self.next_event[peer] = (back, START)
-            if math.isfinite(back):
-                heapq.heappush(self.events, (back, START, peer, -1))
+            self._schedule(back, START, peer)
             return
         self.began[peer] = t
         self.pending.add(peer)
@@ -151,10 +155,7 @@ class AsyncGossip(Algorithm):
             self.snapshot[self.ctx.row[peer]] = self.x[peer]
         self.key[peer] = self.started[peer]
         self.started[peer] += 1
-        done = t + self.duration[peer]
-        self.next_event[peer] = (done, DONE)
-        if math.isfinite(done):
-            heapq.heappush(self.events, (done, DONE, peer, -1))
+        self._schedule(t + self.duration[peer], DONE, peer)
 
     def _train_pending(self, round_index: int) -> None:
         """Every pending work's change at once: this rank's peers trained as one batch from their snapshots,
@@ -168,22 +169,20 @@ class AsyncGossip(Algorithm):
             rows = [ctx.row[p] for p in mine]
             part = self.snapshot[rows].clone()
             losses = ctx.train([self.key[p] for p in mine], part, mine, self.local_sgd(), lr=ctx.lr(round_index))
-            self.loss_sum[rows] += losses.double().cpu()
+            self.loss_sum[rows] += losses.double()
             self.loss_count[rows] += 1
             shared = (mine, part - self.snapshot[rows])
         for got in self._everyone(shared):
             if got is not None:
-                self.changes[got[0]] = got[1].to(self.x.device)
+                self.changes[got[0]] = got[1]
         self.pending.clear()
 
     def _everyone(self, obj) -> list:
-        """obj from every rank, on every rank (itself alone on one rank)."""
+        """obj from every rank, on every rank (itself alone on one rank): (peers, rows) or a list of models in
+        flight, their tensors crossing on the CPU and handed back on the run's device."""
         transport = self.ctx.transport
-        if transport.size == 1:
-            return [obj]
-        if obj is not None:
-            obj = (obj[0], obj[1].cpu())
-        return transport.bcast(transport.gather(obj))
+        got = [obj] if transport.size == 1 else transport.bcast(transport.gather(_moved(obj, "cpu")))
+        return [_moved(part, self.ctx.device) for part in got]
 
     # -- the replica and the state a checkpoint saves ---------------------------------------------------
     def _build(self) -> None:
@@ -193,32 +192,29 @@ class AsyncGossip(Algorithm):
         width = ctx.flat.shape[1]
         both = torch.empty(self.n, 2 * width, dtype=ctx.flat.dtype, device=ctx.device)
         for peers, rows in parts:
-            both[peers] = rows.to(ctx.device)
+            both[peers] = rows
         self.x, self.changes = both[:, :width].contiguous(), both[:, width:].contiguous()
-        timing = torch.empty(self.n, 4, dtype=torch.float64)
-        for peers, rows in self._everyone((list(ctx.peers), self.timing.cpu())):
+        timing = torch.empty(self.n, 4, dtype=torch.float64, device=ctx.device)
+        for peers, rows in self._everyone((list(ctx.peers), self.timing)):
             timing[peers] = rows
+        timing = timing.tolist()
         self.snapshot = torch.empty_like(ctx.flat)
         self.pending: set[int] = set()
         self.events: list = []
         self.next_event: dict[int, tuple[float, int]] = {}
-        self.started = [0 if math.isnan(timing[p, 2]) else int(timing[p, 2]) for p in range(self.n)]
+        self.started = [0 if math.isnan(row[2]) else int(row[2]) for row in timing]
         self.key = [max(s - 1, 0) for s in self.started]
-        self.began = [float(timing[p, 3]) for p in range(self.n)]
-        self.replica = True
-        for p in range(self.n):
-            t, kind = float(timing[p, 0]), timing[p, 1]
+        self.began = [row[3] for row in timing]
+        for p, (t, kind, _, _) in enumerate(timing):
             if math.isnan(t):  # not begun: every peer starts its first work at 0
                 self._start(0.0, p)
             else:
-                self.next_event[p] = (t, int(kind))
-                if math.isfinite(t):
-                    heapq.heappush(self.events, (t, int(kind), p, -1))
-        travelling = self.ctx.transport.bcast(self.in_flight if ctx.transport.rank == 0 else None)
+                self._schedule(t, int(kind), p)
         self.mail = {}
-        for arrival, dst, src, weights in travelling or []:
-            self.mail[(arrival, dst, src)] = weights.to(ctx.device)
-            heapq.heappush(self.events, (arrival, ARRIVAL, dst, src))
+        for part in self._everyone(self.in_flight):  # a resume's, all on rank 0
+            for arrival, dst, src, weights in part:
+                self.mail[(arrival, dst, src)] = weights
+                heapq.heappush(self.events, (arrival, ARRIVAL, dst, src))
 
     def _keep_state(self) -> None:
         """This rank's part of the replica as the checkpointed state: weights (ctx.flat), changes, next
@@ -228,7 +224,7 @@ class AsyncGossip(Algorithm):
         ctx.flat = self.x[own].clone()
         self.change = self.changes[own].clone()
         self.timing = torch.tensor(
-            [[*self.next_event[p], self.started[p], self.began[p]] for p in own], dtype=torch.float64
+            [[*self.next_event[p], self.started[p], self.began[p]] for p in own], dtype=torch.float64, device=ctx.device
         ).reshape(len(own), 4)
         self.in_flight = [(t, dst, src, w.cpu()) for (t, dst, src), w in self.mail.items() if dst in ctx.row]
 
@@ -237,8 +233,7 @@ class AsyncGossip(Algorithm):
         """The neighbour peer exchanges with after its current work: one of the round's graph's, drawn from
         the seed by peer and its step count (None: it has none)."""
         graph = self.ctx.schedule.graph(round_index)
-        out = graph.successors(peer) if graph.is_directed() else graph.neighbors(peer)
-        neighbours = sorted(out)
+        neighbours = sorted(graph.neighbors(peer))  # a digraph's neighbours are its successors
         if not neighbours:
             return None
         draw = uniform_draw(self.ctx.cfg.seed, "async-partner", peer, self.key[peer])
@@ -263,3 +258,12 @@ class AsyncGossip(Algorithm):
             counter.record("gossip", [Message(src, dst, Weights(self.x[src]))])
             counter.lost += not arrives
         return arrives
+
+
+def _moved(obj, device):
+    """obj with its tensors on device: (peers, rows), a list of models in flight, or None."""
+    if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[1], torch.Tensor):
+        return obj[0], obj[1].to(device)
+    if isinstance(obj, list):
+        return [(t, dst, src, w.to(device)) for t, dst, src, w in obj]
+    return obj
